@@ -1,0 +1,64 @@
+# ddpjob — every install step lives here, so a fresh machine needs only `make demo` / `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+IMAGE ?= ghcr.io/ddpjob/trainer
+TAG ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+SPEC ?= examples/quickstart.yaml
+
+.PHONY: venv demo test test-fast lint fmt image push cluster-up cluster-down tools kind-up e2e bench schema
+
+venv: $(STAMP)  ## create .venv and install ddpjob with every extra (torch included)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
+	$(PY) -m controller run $(SPEC) --local
+
+test: venv  ## the whole suite: unit, multi-process DDP, local control plane, end-to-end
+	$(PY) -m ruff check .
+	$(PY) -m pytest
+
+test-fast: venv  ## everything that needs no control plane
+	$(PY) -m pytest -m "not cluster"
+
+lint: venv
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+fmt: venv
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+schema: venv  ## regenerate the checked-in JSON Schema of the job spec
+	$(PY) -m controller schema > controller/spec.schema.json
+
+cluster-up: venv  ## build (once, cached) and start a real control plane on 127.0.0.1
+	$(PY) -m tests.cluster up
+
+cluster-down:  ## stop exactly what cluster-up started and remove its state
+	$(PY) -m tests.cluster down
+
+tools: venv  ## build the pinned control-plane binaries into the cache, start nothing
+	$(PY) -m tests.cluster build
+
+kind-up:  ## for machines with Docker: a kind cluster with the Kubeflow training operator
+	$(PY) -m tests.cluster kind-up
+
+e2e: venv
+	$(PY) -m pytest tests/e2e tests/cluster
+
+bench: venv  ## benchmarks: ratios measured side by side in one run
+	$(PY) bench/run.py
+
+image:  ## build the CUDA trainer image (needs a Docker engine)
+	docker build -t $(IMAGE):$(TAG) .
+
+push: image
+	docker push $(IMAGE):$(TAG)

@@ -1,0 +1,1 @@
+"""ddpjob's controller: job spec, PyTorchJob rendering, cluster client and CLI."""

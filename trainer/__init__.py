@@ -1,0 +1,1 @@
+"""ddpjob's DDP trainer: ``python -m trainer [--config FILE.yaml] [key=value ...]``."""

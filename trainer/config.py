@@ -1,0 +1,276 @@
+"""The one schema of a training run: ``TrainConfig``.
+
+Imports pydantic and PyYAML only (never torch): the controller embeds this model in its job
+spec, so a bad trainer setting fails on the laptop, before submission, with the same message
+the pod would print.
+
+Precedence: ``key=value`` overrides on the command line > the ``--config`` YAML file > the
+defaults written on the fields below.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(Exception):
+    """A user's configuration mistake: one line per problem, ``<key>: <what> (got <x>)``."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class CheckpointConfig(_Section):
+    """Where and how often rank 0 writes full training state."""
+
+    dir: str = Field(
+        "checkpoints",
+        description="Directory for checkpoints (a PVC mount on a cluster). Created if missing.",
+    )
+    every_steps: int = Field(
+        100, ge=0, description="Write a checkpoint every N optimizer steps; 0 = only at the end."
+    )
+    keep: int = Field(3, ge=1, description="Keep the newest N checkpoints, delete older ones.")
+
+
+class DDPConfig(_Section):
+    """Knobs passed straight to torch.nn.parallel.DistributedDataParallel."""
+
+    bucket_cap_mb: float = Field(25.0, gt=0, description="Gradient bucket size in MiB.")
+    find_unused_parameters: bool = Field(
+        False, description="Allow parameters that get no gradient in a step (slower)."
+    )
+    gradient_as_bucket_view: bool = Field(
+        True, description="Gradients alias the all-reduce buckets: saves one copy of the grads."
+    )
+    static_graph: bool = Field(
+        False, description="Promise the graph and unused parameters never change between steps."
+    )
+    broadcast_buffers: bool = Field(
+        True, description="Broadcast rank 0's buffers (e.g. BatchNorm stats) every forward."
+    )
+
+
+class TrainConfig(_Section):
+    """A training run. Every field can be set as ``key=value`` (dotted for sections)."""
+
+    task: str = Field(
+        "vision",
+        description=(
+            "Built-in task (`vision`, `lm`) or your own as `package.module:factory`, where "
+            "factory(**task_args) returns a Task."
+        ),
+    )
+    task_args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for the task factory."
+    )
+    max_steps: int = Field(200, gt=0, description="Optimizer steps to train for.")
+    batch_size: int = Field(32, gt=0, description="Samples per rank per micro-batch.")
+    grad_accum: int = Field(
+        1, ge=1, description="Micro-batches per optimizer step (one all-reduce per step)."
+    )
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="fp32, bf16 autocast, or fp16 autocast with a GradScaler."
+    )
+    lr: float = Field(1e-3, gt=0, description="Peak learning rate (AdamW).")
+    scale_lr: bool = Field(
+        False, description="Multiply lr by world size (linear scaling rule)."
+    )
+    weight_decay: float = Field(0.01, ge=0, description="AdamW decoupled weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup steps before cosine decay.")
+    min_lr_ratio: float = Field(
+        0.1, ge=0, le=1, description="Cosine decays to lr * min_lr_ratio at max_steps."
+    )
+    grad_clip: float = Field(
+        1.0, ge=0, description="Clip the global gradient norm to this value; 0 disables."
+    )
+    sync_batchnorm: bool = Field(False, description="Convert BatchNorm layers to SyncBatchNorm.")
+    ema_decay: float | None = Field(
+        None, gt=0, lt=1, description="Keep an EMA of the weights with this decay (e.g. 0.999)."
+    )
+    ddp: DDPConfig = Field(default_factory=DDPConfig, description="DDP wrapper options.")
+    eval_every: int = Field(
+        0, ge=0, description="Evaluate every N steps (metrics reduced across ranks); 0 = at end."
+    )
+    eval_batches: int = Field(
+        8, ge=1, description="Batches per rank in one evaluation."
+    )
+    log_every: int = Field(10, ge=1, description="Print a `train` event every N steps.")
+    seed: int = Field(0, ge=0, description="Base seed; each rank seeds with seed + rank.")
+    compile: bool = Field(False, description="torch.compile the model.")
+    tf32: bool = Field(True, description="Allow TF32 matmuls/convolutions on Ampere+ GPUs.")
+    deterministic: bool = Field(
+        False, description="Deterministic algorithms (slower; bitwise-reproducible on GPU)."
+    )
+    device: Literal["auto", "cuda", "cpu"] = Field(
+        "auto", description="auto = CUDA when available, else CPU."
+    )
+    backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="Process-group backend; auto = nccl with CUDA, gloo without."
+    )
+    timeout_s: int = Field(
+        600, gt=0, description="Process-group timeout: a collective stuck this long fails."
+    )
+    num_workers: int = Field(0, ge=0, description="DataLoader worker processes per rank.")
+    checkpoint: CheckpointConfig = Field(
+        default_factory=CheckpointConfig, description="Checkpointing."
+    )
+    resume: str = Field(
+        "auto",
+        description=(
+            "`auto` = continue from the newest valid checkpoint in checkpoint.dir if any; "
+            "`never` = start fresh; or a path to a checkpoint file."
+        ),
+    )
+    max_nonfinite_skips: int = Field(
+        0,
+        ge=0,
+        description="Skip up to N steps with a NaN/inf loss before stopping (exit 1); 0 = stop.",
+    )
+    tensorboard_dir: str | None = Field(
+        None, description="Also write scalars for TensorBoard here (rank 0)."
+    )
+    progress: Literal["auto", "always", "never"] = Field(
+        "auto", description="tqdm bar on rank 0: auto = only when stdout is a TTY."
+    )
+
+    @field_validator("task")
+    @classmethod
+    def _task_form(cls, v: str) -> str:
+        if v in ("vision", "lm") or re.fullmatch(r"[\w.]+:\w+", v):
+            return v
+        raise ValueError("must be `vision`, `lm` or `package.module:factory`")
+
+    @field_validator("resume")
+    @classmethod
+    def _resume_form(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must be `auto`, `never` or a checkpoint path")
+        return v
+
+    @model_validator(mode="after")
+    def _cross(self) -> TrainConfig:
+        if self.warmup_steps >= self.max_steps and self.warmup_steps > 0:
+            raise ValueError(
+                f"warmup_steps ({self.warmup_steps}) < max_steps ({self.max_steps}) does not hold"
+            )
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors and loading
+
+
+def format_errors(err: ValidationError, prefix: str = "") -> list[str]:
+    """Render pydantic errors as ``<dotted.key>: <what> (got <x>)`` lines."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in (prefix.split(".") if prefix else []) + list(e["loc"]))
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        where = loc or "(top level)"
+        if e["type"] in ("missing", "model_type") or "input" not in e:
+            lines.append(f"{where}: {msg}")
+        else:
+            lines.append(f"{where}: {msg} (got {_short(e['input'])})")
+    return lines
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value) if not isinstance(value, str) else value
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """Turn ``["a.b=1", "lr=3e-4"]`` into ``{"a": {"b": 1}, "lr": 0.0003}``.
+
+    Values are parsed as YAML scalars (``true``, ``3e-4``, ``[1, 2]``), so the command line
+    and the file agree on types.
+    """
+    out: dict[str, Any] = {}
+    problems = []
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key):
+            problems.append(f"{item}: expected key=value with a dotted key (got {item!r})")
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        # YAML reads 1e-3 as a string (no dot); numbers are what users mean.
+        if isinstance(value, str):
+            try:
+                value = float(value) if re.fullmatch(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+", value) else value
+            except ValueError:
+                pass
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                problems.append(f"{key}: {p} is not a section")
+                break
+        else:
+            node[leaf] = value
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Merge ``override`` into a copy of ``base``; nested dicts merge, other values replace."""
+    merged = dict(base)
+    for k, v in override.items():
+        if isinstance(v, dict) and isinstance(merged.get(k), dict):
+            merged[k] = deep_merge(merged[k], v)
+        else:
+            merged[k] = v
+    return merged
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Read a YAML file; a missing file or a syntax error becomes a ConfigError."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError([f"{p}: no such file. Check the path."]) from None
+    except OSError as e:
+        raise ConfigError([f"{p}: cannot read ({e.strerror})"]) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError([f"{where}: YAML syntax error: {problem}"]) from None
+
+
+def build_config(data: dict[str, Any] | None, overrides: list[str] | None = None) -> TrainConfig:
+    """Validate a mapping (plus ``key=value`` overrides) into a TrainConfig or raise ConfigError."""
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError([f"(top level): expected a mapping of keys (got {_short(data)})"])
+    merged = deep_merge(data or {}, parse_overrides(overrides or []))
+    try:
+        return TrainConfig.model_validate(merged)
+    except ValidationError as e:
+        raise ConfigError(format_errors(e)) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
+    """Load ``--config FILE`` (optional) and apply overrides; raise ConfigError on any mistake."""
+    data = read_yaml(path) if path else None
+    return build_config(data, overrides)
