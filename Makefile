@@ -57,8 +57,12 @@ e2e: venv
 bench: venv  ## benchmarks: ratios measured side by side in one run
 	$(PY) bench/run.py
 
-image:  ## build the CUDA trainer image (needs a Docker engine)
-	docker build -t $(IMAGE):$(TAG) .
+image:  ## build the CUDA trainer image (needs a Docker engine with BuildKit): make image IMAGE=... TAG=...
+	DOCKER_BUILDKIT=1 docker build \
+		--build-arg VERSION=$(TAG) \
+		--build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
+		--build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ) \
+		-t $(IMAGE):$(TAG) .
 
-push: image
+push: image  ## build, then push $(IMAGE):$(TAG) (run `docker login` for the registry first)
 	docker push $(IMAGE):$(TAG)
