@@ -211,11 +211,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         except yaml.YAMLError:
             value = raw
         # YAML reads 1e-3 as a string (no dot); numbers are what users mean.
-        if isinstance(value, str):
-            try:
-                value = float(value) if re.fullmatch(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+", value) else value
-            except ValueError:
-                pass
+        if isinstance(value, str) and re.fullmatch(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+", value):
+            value = float(value)
         node = out
         *parents, leaf = key.split(".")
         for p in parents:

@@ -1,0 +1,117 @@
+"""``python -m trainer [--config FILE.yaml] [key=value ...]`` — the one entrypoint everywhere.
+
+Runbook::
+
+    python -m trainer max_steps=100                                  # one process (CPU or 1 GPU)
+    torchrun --nproc-per-node 2 -m trainer task=lm                   # N processes on one machine
+    # A Kubeflow PyTorchJob pod runs exactly `python -m trainer key=value ...`: with
+    # nprocPerNode > 1 it re-launches itself under torchrun (one process per GPU).
+
+Exit codes: 0 done, 1 failure (NaN/inf loss, an exception), 2 bad configuration,
+143 preempted (SIGTERM; a checkpoint was written, so the operator's retry resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import subprocess
+import sys
+import traceback
+
+from trainer.config import ConfigError, TrainConfig, load_config
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_PREEMPTED = 0, 1, 2, 143
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer",
+        description="Train with DDP. Precedence: key=value > --config file > defaults.",
+    )
+    parser.add_argument("--config", help="YAML file with TrainConfig keys")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for config errors")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="dotted overrides, e.g. lr=3e-4 checkpoint.every_steps=50")
+    return parser.parse_args(argv)
+
+
+def relaunch_under_torchrun(argv: list[str]) -> int:
+    """Run this same command as ``PET_NPROC_PER_NODE`` processes under the real torchrun.
+
+    SIGTERM/SIGINT are forwarded (torchrun passes them on to the workers, which checkpoint and
+    exit 143). torchrun itself reports a signalled shutdown as a plain failure, so a forwarded
+    SIGTERM followed by a non-zero exit is reported as 143: retryable, as preemption should be.
+    """
+    from trainer.distributed import torchrun_argv
+
+    proc = subprocess.Popen(torchrun_argv(argv))
+    received: list[int] = []
+
+    def forward(signum: int, frame) -> None:
+        received.append(signum)
+        proc.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    rc = proc.wait()
+    if rc != 0 and signal.SIGTERM in received:
+        return EXIT_PREEMPTED
+    return rc if rc >= 0 else 128 - rc  # killed by a signal: the shell's convention
+
+
+def train(cfg: TrainConfig) -> int:
+    """Join the job, train, and map the outcome to an exit code. Always leaves the group."""
+    from trainer import distributed
+    from trainer.metrics import Reporter
+    from trainer.tasks import load_task
+    from trainer.train import COMPLETED, PREEMPTED, Trainer
+
+    task = load_task(cfg.task, cfg.task_args)  # a bad task is a config error: before joining
+    env = distributed.setup(cfg.device, cfg.backend, cfg.timeout_s)
+    logging.basicConfig(
+        level=logging.INFO if env.is_main else logging.WARNING,
+        format=f"[rank {env.rank}] %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    reporter = Reporter(env.is_main, cfg.max_steps, cfg.progress, cfg.tensorboard_dir)
+    try:
+        reason = Trainer(cfg, env, task, reporter).fit()
+    except ConfigError:
+        raise
+    except Exception as e:
+        reporter.event("done", step=None, max_steps=cfg.max_steps, loss=None, elapsed_s=None,
+                       reason="error", error=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        distributed.teardown()
+    return {COMPLETED: EXIT_OK, PREEMPTED: EXIT_PREEMPTED}.get(reason, EXIT_FAILED)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        from trainer.distributed import needs_torchrun
+
+        if needs_torchrun():
+            from trainer.tasks import load_task
+
+            load_task(cfg.task, cfg.task_args)  # fail with exit 2 here, not once per worker
+            return relaunch_under_torchrun(argv)
+        return train(cfg)
+    except ConfigError as e:
+        if args.debug:
+            traceback.print_exc()
+        for line in e.problems:
+            print(line, file=sys.stderr)
+        return EXIT_CONFIG
+    except Exception:
+        traceback.print_exc()
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

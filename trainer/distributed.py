@@ -1,0 +1,170 @@
+"""Who am I in the job: read the launcher's environment, set up and tear down the process group.
+
+Three launchers, one contract (see ARCHITECTURE.md, "The launcher contract"):
+
+- nothing at all: one process, world size 1, no process group;
+- torchrun: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT are set per process;
+- the Kubeflow PyTorchJob operator: RANK is the *node* rank, WORLD_SIZE = nodes x nproc, and
+  LOCAL_RANK is not set. With one process per pod that is already a complete description; with
+  ``PET_NPROC_PER_NODE`` > 1, ``trainer.__main__`` re-launches itself under torchrun, which then
+  sets the per-process variables.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job, and the device it trains on."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 owns stdout events, checkpoints and TensorBoard."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """A process group exists (even of size 1, when a launcher asked for one)."""
+        return dist.is_available() and dist.is_initialized()
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    return int(raw) if raw not in (None, "") else default
+
+
+def nproc_per_node_from_env() -> int:
+    """Processes the Kubeflow operator wants per pod (``PET_NPROC_PER_NODE``; 1 when absent)."""
+    raw = os.environ.get("PET_NPROC_PER_NODE", "")
+    return int(raw) if raw.isdigit() else 1
+
+
+def needs_torchrun() -> bool:
+    """True inside a Kubeflow pod that must run several processes but is still just one.
+
+    torchrun sets LOCAL_RANK on each worker, so its children never re-launch again.
+    """
+    return nproc_per_node_from_env() > 1 and "LOCAL_RANK" not in os.environ
+
+
+def torchrun_argv(trainer_args: list[str]) -> list[str]:
+    """The torchrun command that turns this pod into ``PET_NPROC_PER_NODE`` trainer processes.
+
+    The operator's variables are passed explicitly: torchrun reads ``PET_*`` on its own, but
+    MASTER_ADDR/MASTER_PORT (not ``PET_MASTER_*``) are what the operator sets for the rendezvous.
+    """
+    import sys
+
+    env = os.environ
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        env.get("PET_NNODES", "1"),
+        "--node-rank",
+        env.get("PET_NODE_RANK", env.get("RANK", "0")),
+        "--nproc-per-node",
+        str(nproc_per_node_from_env()),
+        "--master-addr",
+        env.get("MASTER_ADDR", "127.0.0.1"),
+        "--master-port",
+        env.get("MASTER_PORT", "29500"),
+        "-m",
+        "trainer",
+        *trainer_args,
+    ]
+
+
+def setup(device: str = "auto", backend: str = "auto", timeout_s: int = 600) -> DistEnv:
+    """Read the launcher's environment, pick the device, and join the process group if any.
+
+    A process group is created whenever a launcher set WORLD_SIZE, even to 1, so the same code
+    path (DDP, collectives) runs on a one-replica cluster job as on eight.
+    """
+    use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
+    launched = "WORLD_SIZE" in os.environ
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    # Kubeflow with one process per pod sets no LOCAL_RANK: the only process is local rank 0.
+    local_rank = _env_int("LOCAL_RANK", 0)
+
+    if use_cuda:
+        dev = torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
+        # Before init_process_group: NCCL binds each process to the device current at init.
+        torch.cuda.set_device(dev)
+    else:
+        dev = torch.device("cpu")
+
+    if launched:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29500")
+        chosen = backend if backend != "auto" else ("nccl" if use_cuda else "gloo")
+        dist.init_process_group(
+            backend=chosen,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=dev if chosen == "nccl" else None,
+        )
+    return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=dev)
+
+
+def teardown() -> None:
+    """Destroy the process group; safe to call when there is none (used in ``finally``)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    """Wait for every rank; a no-op without a process group."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over ranks in place and return it (identity without a process group)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def gather_objects(obj: Any) -> list[Any] | None:
+    """Every rank's ``obj`` as a list on rank 0 (None elsewhere)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    rank = dist.get_rank()
+    out: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+def scatter_object(objs: list[Any] | None) -> Any:
+    """Rank 0's ``objs[r]`` on rank r (the inverse of :func:`gather_objects`)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return objs[0] if objs else None
+    box: list[Any] = [None]
+    dist.scatter_object_list(box, objs if dist.get_rank() == 0 else None, src=0)
+    return box[0]

@@ -1,0 +1,160 @@
+"""What rank 0 tells the world: JSON-lines events on stdout, a tqdm bar, NVML, TensorBoard.
+
+The events are the trainer's stdout contract with the controller (ARCHITECTURE.md): one JSON
+object per line with an ``"event"`` key, flushed immediately. Keys are added, never renamed.
+Only rank 0 emits; on other ranks every method is a no-op, so the loop needs no ``if rank``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from typing import Any
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN/inf: report a non-finite number as null (the `done` event says why)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+class GpuMonitor:
+    """Per-GPU utilization, memory, temperature and power via NVML (nvidia-ml-py).
+
+    Silently empty when the library or a driver is missing: a CPU run has no GPU keys at all.
+    """
+
+    def __init__(self) -> None:
+        self.handles: list[Any] = []
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            self.handles = [
+                pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())
+            ]
+        except Exception:  # no package, no driver, no GPU: nothing to report
+            self.handles = []
+
+    def read(self) -> list[dict[str, float]]:
+        out = []
+        for i, h in enumerate(self.handles):
+            try:
+                nv = self.nvml
+                util = nv.nvmlDeviceGetUtilizationRates(h)
+                mem = nv.nvmlDeviceGetMemoryInfo(h)
+                out.append({
+                    "index": i,
+                    "util_pct": float(util.gpu),
+                    "mem_used_gib": mem.used / 2**30,
+                    "mem_total_gib": mem.total / 2**30,
+                    "temp_c": float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+                    "power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
+                })
+            except Exception:  # a reading can fail transiently; skip that GPU this time
+                continue
+        return out
+
+
+class Reporter:
+    """Rank 0's outputs. Construct on every rank; only rank 0 does anything."""
+
+    def __init__(
+        self, enabled: bool, max_steps: int, progress: str, tensorboard_dir: str | None,
+        stream=None,
+    ):
+        self.enabled = enabled
+        self.stream = stream or sys.stdout
+        self.gpus = GpuMonitor() if enabled else None
+        self.bar = None
+        self.tb = None
+        if not enabled:
+            return
+        show_bar = progress == "always" or (progress == "auto" and self.stream.isatty())
+        if show_bar:
+            from tqdm import tqdm
+
+            # The bar goes to stderr so stdout stays pure JSON lines plus human lines.
+            self.bar = tqdm(total=max_steps, desc="train", unit="step", dynamic_ncols=True)
+        if tensorboard_dir:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(tensorboard_dir)
+
+    def event(self, name: str, **fields: Any) -> None:
+        """Print one ``{"event": name, ...}`` line and flush (a pod's stdout is a pipe)."""
+        if not self.enabled:
+            return
+        if name == "train" and self.gpus and self.gpus.handles:
+            fields["gpus"] = self.gpus.read()
+        line = json.dumps(_clean({"event": name, **fields}), separators=(", ", ": "))
+        if self.bar is not None:
+            self.bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream, flush=True)
+        self._tensorboard(name, fields)
+
+    def say(self, text: str) -> None:
+        """A human line on stdout (rank 0), beside the events."""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def advance(self, step: int, loss: float | None = None) -> None:
+        """Move the bar to ``step``."""
+        if self.bar is not None:
+            self.bar.n = step
+            if loss is not None:
+                self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+            self.bar.refresh()
+
+    def _tensorboard(self, name: str, fields: dict[str, Any]) -> None:
+        if self.tb is None or "step" not in fields:
+            return
+        step = fields["step"]
+        scalars = fields.get("metrics", fields) if name == "eval" else fields
+        for key, value in scalars.items():
+            if isinstance(value, int | float) and key not in ("step", "max_steps", "epoch"):
+                group = "perf" if key.endswith(("_per_s", "_s")) or key == "data_wait" else name
+                self.tb.add_scalar(f"{group}/{key}", value, step)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+class Throughput:
+    """Wall time, data-wait time and samples over a logging window."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.start = time.perf_counter()
+        self.data_s = 0.0
+        self.steps = 0
+        self.samples = 0
+        self.loss_sum = 0.0
+
+    def window(self) -> dict[str, float]:
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        return {
+            "elapsed_s": elapsed,
+            "samples_per_s": self.samples / elapsed,
+            "step_time_s": elapsed / max(self.steps, 1),
+            "data_wait": self.data_s / elapsed,
+            "loss": self.loss_sum / max(self.steps, 1),
+        }
