@@ -1,0 +1,565 @@
+"""The cluster commands of ``python -m controller``: submit, wait, status, logs, list, delete,
+events, doctor, plot.
+
+    python -m controller doctor examples/quickstart.yaml
+    python -m controller submit examples/quickstart.yaml --wait --follow
+    python -m controller status quickstart
+    python -m controller logs quickstart -f --rank 1
+    python -m controller wait quickstart --timeout 600
+    python -m controller plot quickstart -o curves.png
+    python -m controller delete quickstart --wait
+
+Nothing heavy is imported here at import time (argparse only): the kubernetes client, pydantic
+and matplotlib load inside the command that needs them, so ``--help`` stays fast.
+Exit codes: 0 ok (Succeeded), 1 the job or the cluster failed, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from controller.cluster import Cluster
+
+DEFAULT_TAIL_LINES = 20  # log lines shown for a failed replica
+
+
+# --------------------------------------------------------------------------------------------
+# Shared plumbing
+
+
+def _cluster(args: argparse.Namespace) -> Cluster:
+    from controller.cluster import Cluster
+
+    return Cluster(kubeconfig=args.kubeconfig, context=args.context)
+
+
+def _namespace(args: argparse.Namespace, cluster: Cluster) -> str:
+    return args.namespace or cluster.default_namespace()
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+class ProgressPrinter:
+    """Rank-0 lines for ``--follow``: human lines as they are, the trainer's ``train`` events
+    as one progress line (step/max_steps, loss, samples/s, ETA), other events kept short."""
+
+    def __init__(self, out: Any = None):
+        self.out = out or sys.stdout
+
+    def __call__(self, line: str) -> None:
+        from controller.explain import format_progress, latest_progress, parse_event
+
+        ev = parse_event(line)
+        if ev is None:
+            text = line
+        elif ev.get("event") in ("train", "done"):
+            p = latest_progress([line]) or {}
+            bar = _bar(p.get("step"), p.get("max_steps"))
+            text = f"{bar} {format_progress(p)}"
+        elif ev.get("event") == "checkpoint":
+            text = f"[checkpoint] step {ev.get('step')} -> {ev.get('path')}"
+        elif ev.get("event") == "resume":
+            text = f"[resume] from step {ev.get('step')} ({ev.get('path')})"
+        else:
+            return  # start/eval/...: machine-readable detail, see `logs`
+        self.out.write(text + "\n")
+        self.out.flush()
+
+
+def _bar(step: Any, max_steps: Any, width: int = 20) -> str:
+    if not isinstance(step, int) or not isinstance(max_steps, int) or max_steps <= 0:
+        return ""
+    filled = min(width, width * step // max_steps)
+    return "[" + "#" * filled + "." * (width - filled) + f"] {100 * step // max_steps:3d}%"
+
+
+def _kubectl_hints(name: str, namespace: str) -> str:
+    from controller.cluster import CONTAINER, LABEL_JOB_NAME
+
+    return "\n".join(
+        [
+            f"  kubectl get pytorchjob {name} -n {namespace}",
+            f"  kubectl get pods -l {LABEL_JOB_NAME}={name} -n {namespace}",
+            f"  kubectl logs -f {name}-master-0 -c {CONTAINER} -n {namespace}",
+            f"  kubectl describe pytorchjob {name} -n {namespace}",
+            f"  python -m controller status {name} -n {namespace}",
+        ]
+    )
+
+
+def _outcome(cluster: Cluster, job: dict[str, Any], namespace: str) -> int:
+    """Print how the job ended; 0 Succeeded, 1 Failed (with the failing replica's story)."""
+    from controller.cluster import LABEL_JOB_NAME
+    from controller.errors import JobFailed
+    from controller.explain import age, job_terminal
+
+    name = job["metadata"]["name"]
+    state = job_terminal(job)
+    if state == "Succeeded":
+        started = job.get("status", {}).get("startTime") or job["metadata"].get("creationTimestamp")
+        took = age(started) if started else "?"
+        print(f"job {namespace}/{name} Succeeded (started {took} ago)")
+        return 0
+    pods = cluster.list_pods(namespace, f"{LABEL_JOB_NAME}={name}")
+    raise JobFailed(failure_report(cluster, job, pods, namespace))
+
+
+def failure_report(
+    cluster: Cluster, job: dict[str, Any], pods: list[dict[str, Any]], namespace: str
+) -> str:
+    """Which replica failed, its exit code and reason, and its last log lines."""
+    from controller.errors import ClusterError
+    from controller.explain import explain_failure
+
+    failure = explain_failure(job, pods)
+    if failure.pod is not None:
+        try:
+            text = cluster.read_log(
+                failure.pod, namespace, tail_lines=DEFAULT_TAIL_LINES, previous=failure.previous
+            )
+            failure.last_lines = text.splitlines()[-DEFAULT_TAIL_LINES:]
+        except ClusterError as e:
+            failure.last_lines = [f"(log unavailable: {e})"]
+    return failure.render(f"{namespace}/{job['metadata']['name']}")
+
+
+def _announce(job: dict[str, Any]) -> None:
+    from controller.explain import condition_message, job_condition
+
+    cond = job_condition(job)
+    msg = condition_message(job, cond)
+    _say(f"job {job['metadata']['name']}: {cond}" + (f" ({msg})" if msg else ""))
+
+
+# --------------------------------------------------------------------------------------------
+# Commands
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from controller.doctor import FAIL, run_checks
+
+    cluster = _cluster(args)
+    manifest, namespace = None, args.namespace
+    if args.spec:
+        manifest = _manifest(args)
+        namespace = manifest["metadata"]["namespace"]
+    checks = run_checks(cluster, namespace or cluster.default_namespace(), manifest)
+    for c in checks:
+        print(c.line())
+    return 1 if any(c.status == FAIL for c in checks) else 0
+
+
+def _manifest(args: argparse.Namespace) -> dict[str, Any]:
+    from controller.cli import load_spec
+    from controller.render import render_pytorchjob
+
+    spec = load_spec(args.spec, args.set)
+    manifest = render_pytorchjob(spec)
+    if args.namespace:
+        manifest["metadata"]["namespace"] = args.namespace
+    return manifest
+
+
+def preflight(cluster: Cluster, manifest: dict[str, Any], *, force: bool) -> None:
+    """Run doctor before submitting; refuse on a failed check (``--force`` lets a job that
+    does not fit the nodes through, to wait Pending)."""
+    from controller.doctor import FAIL, OK, run_checks
+    from controller.errors import ClusterError, UserError
+
+    checks = run_checks(cluster, manifest["metadata"]["namespace"], manifest)
+    failed = [c for c in checks if c.status == FAIL]
+    for c in checks:
+        if c.status != OK:
+            _say(f"preflight {c.line()}")
+    if force and failed and all(c.name == "job fits" for c in failed):
+        _say("preflight: --force: submitting a job that cannot schedule now; it will stay Pending")
+        return
+    if not failed:
+        _say(f"preflight: ok ({len(checks)} checks)")
+        return
+    first = failed[0]
+    err_cls = UserError if first.name == "job accepted" else ClusterError
+    raise err_cls(f"submit: preflight {first.name} failed: {first.detail}")
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from controller.errors import NotFound
+    from controller.watch import wait_deleted, wait_for_job
+
+    manifest = _manifest(args)
+    name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
+    cluster = _cluster(args)
+    if args.replace:
+        try:
+            cluster.delete_job(name, namespace)
+            _say(f"submit: --replace: deleting job {namespace}/{name} and its pods")
+            wait_deleted(cluster, name, namespace, timeout_s=120)
+        except NotFound:
+            pass
+    if not args.no_preflight:
+        preflight(cluster, manifest, force=args.force)
+    cluster.create_job(manifest)
+    print(f"submitted pytorchjob {namespace}/{name}")
+    print(_kubectl_hints(name, namespace))
+    sys.stdout.flush()
+    if args.follow:
+        return _follow_to_end(cluster, name, namespace, rank=0, timeout_s=args.timeout)
+    if args.wait:
+        job = wait_for_job(cluster, name, namespace, timeout_s=args.timeout, on_change=_announce)
+        return _outcome(cluster, job, namespace)
+    return 0
+
+
+def _follow_to_end(
+    cluster: Cluster, name: str, namespace: str, *, rank: int, timeout_s: float | None
+) -> int:
+    import time
+
+    from controller.logs import RankFollower
+    from controller.watch import WaitTimeout
+
+    follower = RankFollower(cluster, namespace, name, rank, ProgressPrinter(), _say)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    job = follower.follow(deadline)
+    if job is None:
+        raise WaitTimeout(
+            f"submit: job {namespace}/{name} has not ended after {timeout_s:g} s. "
+            f"See `python -m controller status {name} -n {namespace}`"
+        )
+    return _outcome(cluster, job, namespace)
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    from controller.watch import wait_for_job
+
+    cluster = _cluster(args)
+    namespace = _namespace(args, cluster)
+    job = wait_for_job(cluster, args.name, namespace, timeout_s=args.timeout, on_change=_announce)
+    return _outcome(cluster, job, namespace)
+
+
+def job_status(cluster: Cluster, name: str, namespace: str) -> dict[str, Any]:
+    """Everything ``status`` shows, as one JSON-ready dict."""
+    from controller.cluster import LABEL_JOB_NAME, LABEL_JOB_ROLE
+    from controller.errors import ClusterError
+    from controller.explain import (
+        age,
+        condition_message,
+        job_condition,
+        latest_progress,
+        pending_reason,
+        replica_rows,
+    )
+
+    job = cluster.get_job(name, namespace)
+    pods = cluster.list_pods(namespace, f"{LABEL_JOB_NAME}={name}")
+    cond = job_condition(job)
+    out: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "condition": cond,
+        "message": condition_message(job, cond),
+        "age": age(job["metadata"].get("creationTimestamp")),
+        "replicas": [r.as_dict() for r in replica_rows(pods)],
+        "progress": None,
+        "pending": [],
+    }
+    waiting = [p for p in pods if p.get("status", {}).get("phase") == "Pending"]
+    if waiting or not pods:
+        events = cluster.list_events(namespace)
+        mine = [e for e in events if e.get("involvedObject", {}).get("name", "").startswith(name)]
+        for pod in waiting:
+            reason = pending_reason(pod, mine)
+            out["pending"].append({"pod": pod["metadata"]["name"], "reason": reason})
+        if not pods and cond not in ("Succeeded", "Failed"):
+            out["pending"].append({"pod": None, "reason": pending_reason(None, mine)})
+    master = [p for p in pods if p["metadata"].get("labels", {}).get(LABEL_JOB_ROLE) == "master"]
+    if master and master[0].get("status", {}).get("phase") != "Pending":
+        try:
+            text = cluster.read_log(master[0]["metadata"]["name"], namespace, tail_lines=200)
+            out["progress"] = latest_progress(text.splitlines())
+        except ClusterError:
+            pass
+    return out
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import json
+
+    from controller.explain import format_progress, format_table
+
+    cluster = _cluster(args)
+    namespace = _namespace(args, cluster)
+    st = job_status(cluster, args.name, namespace)
+    if args.output == "json":
+        print(json.dumps(st, indent=2))
+        return 0
+    msg = f" ({st['message']})" if st["message"] else ""
+    print(f"job {namespace}/{st['name']}: {st['condition']}{msg}, age {st['age']}")
+    if st["replicas"]:
+        rows = [["REPLICA", "POD", "PHASE", "NODE", "RESTARTS", "EXIT", "REASON"]]
+        for r in st["replicas"]:
+            exit_code = "-" if r["exit_code"] is None else str(r["exit_code"])
+            rows.append(
+                [
+                    r["replica"],
+                    r["pod"],
+                    r["phase"],
+                    r["node"],
+                    str(r["restarts"]),
+                    exit_code,
+                    r["reason"] or "-",
+                ]
+            )
+        print(format_table(rows))
+    for p in st["pending"]:
+        who = p["pod"] or "no pods yet"
+        print(f"pending: {who}: {p['reason'] or 'no reason reported yet'}")
+    if st["progress"]:
+        print(f"progress: {format_progress(st['progress'])}")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    import time
+
+    from controller.cluster import LABEL_JOB_NAME, LABEL_REPLICA_INDEX, LABEL_REPLICA_TYPE
+    from controller.errors import NotFound
+    from controller.logs import RankFollower
+
+    cluster = _cluster(args)
+    namespace = _namespace(args, cluster)
+    cluster.get_job(args.name, namespace)  # NotFound early, in plain words
+    if args.follow:
+        out = sys.stdout
+
+        def emit(line: str) -> None:
+            out.write(line + "\n")
+            out.flush()
+
+        follower = RankFollower(cluster, namespace, args.name, args.rank, emit, _say)
+        deadline = None if args.timeout is None else time.monotonic() + args.timeout
+        job = follower.follow(deadline)
+        return 0 if job is not None else 1
+    rtype, index = ("master", 0) if args.rank == 0 else ("worker", args.rank - 1)
+    selector = (
+        f"{LABEL_JOB_NAME}={args.name},{LABEL_REPLICA_TYPE}={rtype},{LABEL_REPLICA_INDEX}={index}"
+    )
+    pods = cluster.list_pods(namespace, selector)
+    if not pods:
+        raise NotFound(
+            f"logs: job {namespace}/{args.name} has no pod for rank {args.rank} "
+            f"(got none with {selector}). See `python -m controller status {args.name}`"
+        )
+    from controller.explain import pending_reason
+
+    pod = pods[-1]
+    if pod.get("status", {}).get("phase") == "Pending":
+        events = cluster.list_events(namespace)
+        _say(f"logs: {pod['metadata']['name']} is pending: {pending_reason(pod, events)}")
+        return 0
+    sys.stdout.write(cluster.read_log(pod["metadata"]["name"], namespace, tail_lines=args.tail))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from controller.explain import age, format_table, job_condition
+
+    cluster = _cluster(args)
+    namespace = _namespace(args, cluster)
+    jobs = cluster.list_jobs(namespace, args.selector)
+    if not jobs:
+        print(
+            f"no PyTorchJobs in {namespace}" + (f" with {args.selector}" if args.selector else "")
+        )
+        return 0
+    rows = [["NAME", "STATUS", "NODES", "AGE"]]
+    for job in sorted(jobs, key=lambda j: j["metadata"]["name"]):
+        specs = job.get("spec", {}).get("pytorchReplicaSpecs", {})
+        nodes = sum(int(s.get("replicas", 1)) for s in specs.values())
+        rows.append(
+            [
+                job["metadata"]["name"],
+                job_condition(job),
+                str(nodes),
+                age(job["metadata"].get("creationTimestamp")),
+            ]
+        )
+    print(format_table(rows))
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    from controller.watch import wait_deleted
+
+    cluster = _cluster(args)
+    namespace = _namespace(args, cluster)
+    cluster.delete_job(args.name, namespace)
+    print(f"deleting pytorchjob {namespace}/{args.name}")
+    if args.wait:
+        wait_deleted(cluster, args.name, namespace, timeout_s=args.timeout)
+        print(f"deleted pytorchjob {namespace}/{args.name} and its pods")
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    from controller.explain import age, format_table, sort_events
+
+    cluster = _cluster(args)
+    namespace = _namespace(args, cluster)
+    cluster.get_job(args.name, namespace)
+    events = [
+        e
+        for e in cluster.list_events(namespace)
+        if e.get("involvedObject", {}).get("name", "") == args.name
+        or e.get("involvedObject", {}).get("name", "").startswith(f"{args.name}-")
+    ]
+    if not events:
+        print(f"no events for job {namespace}/{args.name} (events expire after about an hour)")
+        return 0
+    rows = [["AGE", "TYPE", "REASON", "OBJECT", "MESSAGE"]]
+    for e in sort_events(events):
+        obj = e.get("involvedObject", {})
+        when = (
+            e.get("lastTimestamp") or e.get("eventTime") or e["metadata"].get("creationTimestamp")
+        )
+        rows.append(
+            [
+                age(when),
+                e.get("type", ""),
+                e.get("reason", ""),
+                f"{obj.get('kind', '').lower()}/{obj.get('name', '')}",
+                " ".join((e.get("message") or "").split()),
+            ]
+        )
+    print(format_table(rows))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from controller.cluster import LABEL_JOB_NAME, LABEL_JOB_ROLE
+    from controller.errors import NotFound
+    from controller.plot import plot_curves
+
+    cluster = _cluster(args)
+    namespace = _namespace(args, cluster)
+    cluster.get_job(args.name, namespace)
+    pods = cluster.list_pods(namespace, f"{LABEL_JOB_NAME}={args.name},{LABEL_JOB_ROLE}=master")
+    if not pods:
+        raise NotFound(f"plot: job {namespace}/{args.name} has no master pod (got none)")
+    text = cluster.read_log(pods[0]["metadata"]["name"], namespace)
+    n = plot_curves(text.splitlines(), args.output, title=f"{namespace}/{args.name}")
+    print(f"wrote {args.output} ({n} train events)")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# Parser
+
+
+def _common(p: argparse.ArgumentParser, *, name: bool = True) -> None:
+    if name:
+        p.add_argument("name", metavar="NAME", help="job name (the spec's `name:`)")
+    p.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig context's)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
+    p.add_argument("--context", help="kubeconfig context (default: the current one)")
+    # SUPPRESS: without the flag here, the top-level --debug keeps its value.
+    p.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks for errors"
+    )
+
+
+def _spec_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    p.add_argument(
+        "spec", metavar="SPEC", nargs=None if required else "?", help="job spec YAML file"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec field, dotted (e.g. --set trainer.max_steps=50)",
+    )
+
+
+def add_commands(sub: Any) -> None:
+    """Register the cluster commands on the CLI's subparsers (``controller/cli.py``)."""
+    p = sub.add_parser(
+        "submit",
+        help="create the PyTorchJob on the cluster (after a preflight)",
+        description="Run the preflight checks (doctor), create the PyTorchJob, "
+        "print the kubectl commands to inspect it. Exit 0 Succeeded, 1 Failed.",
+    )
+    _spec_args(p)
+    _common(p, name=False)
+    p.add_argument("--wait", action="store_true", help="wait until the job ends")
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="stream rank-0 logs with progress and ETA until the job ends",
+    )
+    p.add_argument("--replace", action="store_true", help="delete a job of the same name first")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="submit even if no node can fit the pods (it will stay Pending)",
+    )
+    p.add_argument("--no-preflight", action="store_true", help="skip the doctor checks")
+    p.add_argument("--timeout", type=float, metavar="S", help="with --wait/--follow: give up")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("wait", help="wait until a job ends (watch-based); exit 0 Succeeded")
+    _common(p)
+    p.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds (exit 1)")
+    p.set_defaults(func=cmd_wait)
+
+    p = sub.add_parser("status", help="condition, replicas, progress of a job")
+    _common(p)
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("logs", help="a rank's log; -f follows it through restarts")
+    _common(p)
+    p.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
+    p.add_argument(
+        "--rank",
+        type=int,
+        default=0,
+        metavar="N",
+        help="node rank: 0 = master, i = worker i-1 (default 0)",
+    )
+    p.add_argument("--tail", type=int, metavar="N", help="without -f: only the last N lines")
+    p.add_argument("--timeout", type=float, metavar="S", help="with -f: give up (exit 1)")
+    p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser("list", help="PyTorchJobs with their status")
+    _common(p, name=False)
+    p.add_argument("-l", "--selector", help="label selector, e.g. app.kubernetes.io/name=ddpjob")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("delete", help="delete a job and its pods")
+    _common(p)
+    p.add_argument("--wait", action="store_true", help="wait until the job and pods are gone")
+    p.add_argument(
+        "--timeout", type=float, default=120, metavar="S", help="with --wait (default 120)"
+    )
+    p.set_defaults(func=cmd_delete)
+
+    p = sub.add_parser("events", help="Kubernetes events of a job and its pods")
+    _common(p)
+    p.set_defaults(func=cmd_events)
+
+    p = sub.add_parser("doctor", help="check the cluster (and a spec) before submitting")
+    _spec_args(p, required=False)
+    _common(p, name=False)
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("plot", help="loss and throughput curves from rank-0 events (PNG)")
+    _common(p)
+    p.add_argument("-o", "--output", default="curves.png", metavar="PNG")
+    p.set_defaults(func=cmd_plot)

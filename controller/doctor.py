@@ -1,0 +1,331 @@
+"""``doctor``: can this cluster run our jobs? Also the preflight of ``submit``.
+
+Each check says what it saw; a failed check names the fix. Checks, in order: the API server
+answers; it serves kubeflow.org/v1 pytorchjobs (the CRD); the training operator runs; RBAC lets
+the current user do every verb the CLI uses (SelfSubjectAccessReview); and, with a job, the
+server accepts the manifest (server-side dry run, which also runs the operator's webhook) and
+its pods fit some node (allocatable ``nvidia.com/gpu``, cpu, memory; nodeSelector and taints).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from controller.cluster import (
+    CRD_NAME,
+    JOB_GROUP,
+    JOB_KIND,
+    JOB_PLURAL,
+    JOB_VERSION,
+    OPERATOR_POD_SELECTOR,
+    Cluster,
+)
+from controller.errors import ClusterError, DdpjobError, UserError
+
+GPU = "nvidia.com/gpu"
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+
+# Every API call the CLI makes: (verb, resource, group, subresource, what needs it).
+PERMISSIONS = [
+    ("create", JOB_PLURAL, JOB_GROUP, None, "submit"),
+    ("get", JOB_PLURAL, JOB_GROUP, None, "status, wait"),
+    ("list", JOB_PLURAL, JOB_GROUP, None, "list, wait"),
+    ("watch", JOB_PLURAL, JOB_GROUP, None, "wait, logs -f"),
+    ("delete", JOB_PLURAL, JOB_GROUP, None, "delete, submit --replace"),
+    ("list", "pods", "", None, "status, logs"),
+    ("watch", "pods", "", None, "logs -f"),
+    ("get", "pods", "", "log", "logs, status progress"),
+    ("list", "events", "", None, "events, pending reasons"),
+]
+# Cluster-scoped and only needed for the GPU fit check: missing means a warning.
+OPTIONAL_PERMISSIONS = [("list", "nodes", "", None, "GPU fit check")]
+
+# A PyTorchJob the operator's validating webhook must refuse (Master replicas must be 1):
+# a dry-run create of it proves the webhook, i.e. the operator process, answers.
+PROBE_NAME = "ddpjob-doctor-probe"
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # ok | warn | FAIL
+    detail: str
+
+    def line(self) -> str:
+        return f"[{self.status:>4}] {self.name}: {self.detail}"
+
+
+def probe_job(namespace: str) -> dict[str, Any]:
+    template = {
+        "spec": {"containers": [{"name": "pytorch", "image": "busybox", "command": ["true"]}]}
+    }
+    return {
+        "apiVersion": f"{JOB_GROUP}/{JOB_VERSION}",
+        "kind": JOB_KIND,
+        "metadata": {"name": PROBE_NAME, "namespace": namespace},
+        "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 2, "template": template}}},
+    }
+
+
+def run_checks(
+    cluster: Cluster, namespace: str, manifest: dict[str, Any] | None = None
+) -> list[Check]:
+    """All checks, stopping early when the API server or the CRD is missing."""
+    checks: list[Check] = []
+    try:
+        version = cluster.version().get("gitVersion", "?")
+    except DdpjobError as e:
+        return [Check("cluster reachable", FAIL, str(e))]
+    checks.append(Check("cluster reachable", OK, f"{cluster.server} (Kubernetes {version})"))
+
+    if not cluster.job_api_served():
+        checks.append(
+            Check(
+                "PyTorchJob CRD",
+                FAIL,
+                (
+                    f"the API server does not serve {CRD_NAME}. "
+                    "Install the Kubeflow training operator "
+                    "(`make cluster-up` locally; on a real cluster its standalone manifests)"
+                ),
+            )
+        )
+        return checks
+    checks.append(Check("PyTorchJob CRD", OK, f"{CRD_NAME} served ({JOB_GROUP}/{JOB_VERSION})"))
+
+    rbac = _check_rbac(cluster, namespace)
+    checks.extend(rbac)
+    can_create = not any(c.status == FAIL and "create pytorchjobs" in c.detail for c in rbac)
+    checks.append(_check_operator(cluster, namespace, can_create))
+    if manifest is not None:
+        checks.append(_check_manifest(cluster, manifest, can_create))
+        checks.append(_check_fit(cluster, manifest))
+    return checks
+
+
+def _check_rbac(cluster: Cluster, namespace: str) -> list[Check]:
+    missing, optional_missing = [], []
+    for perms, bucket in ((PERMISSIONS, missing), (OPTIONAL_PERMISSIONS, optional_missing)):
+        for verb, resource, group, sub, used_by in perms:
+            allowed, _ = cluster.can_i(
+                verb,
+                resource,
+                group=group,
+                namespace=None if resource == "nodes" else namespace,
+                subresource=sub,
+            )
+            if not allowed:
+                res = f"{resource}/{sub}" if sub else resource
+                bucket.append(f"{verb} {res} (for {used_by})")
+    out = []
+    if missing:
+        out.append(
+            Check(
+                "RBAC",
+                FAIL,
+                (
+                    f"in namespace {namespace} the current user may not: {'; '.join(missing)}. "
+                    "Ask an admin to bind a Role with these verbs (k8s/rbac.yaml)"
+                ),
+            )
+        )
+    else:
+        out.append(Check("RBAC", OK, f"every verb the CLI uses is allowed in {namespace}"))
+    if optional_missing:
+        out.append(
+            Check(
+                "RBAC (nodes)",
+                WARN,
+                (f"may not {'; '.join(optional_missing)}: GPU fit cannot be checked before submit"),
+            )
+        )
+    return out
+
+
+def _check_operator(cluster: Cluster, namespace: str, can_create: bool) -> Check:
+    name = "training operator"
+    # 1. A deployment from the upstream manifests: its pod, Ready.
+    try:
+        pods = cluster.list_pods_all_namespaces(OPERATOR_POD_SELECTOR)
+    except ClusterError:
+        pods = []
+    ready = [p for p in pods if _pod_ready(p)]
+    if ready:
+        meta = ready[0]["metadata"]
+        return Check(name, OK, f"pod {meta['namespace']}/{meta['name']} is Ready")
+    # 2. Its validating webhook answers a dry run (works when it runs outside the cluster).
+    if can_create:
+        try:
+            cluster.create_job(probe_job(namespace), dry_run=True)
+        except UserError as e:
+            if "must be 1" in str(e) or "admission webhook" in str(e):
+                return Check(name, OK, "its admission webhook answered a server-side dry run")
+        except ClusterError as e:
+            if "webhook" in str(e):
+                return Check(
+                    name,
+                    FAIL,
+                    (f"its admission webhook does not answer (the operator is down?): {e}"),
+                )
+    # 3. Jobs it has reconciled recently.
+    if pods:
+        meta = pods[0]["metadata"]
+        return Check(name, FAIL, f"pod {meta['namespace']}/{meta['name']} is not Ready")
+    return Check(
+        name,
+        WARN,
+        (
+            "no operator pod is visible and no admission webhook answered; cannot confirm it runs. "
+            "A submitted job that gets no status within a minute means it does not"
+        ),
+    )
+
+
+def _pod_ready(pod: dict[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in pod.get("status", {}).get("conditions") or []
+    )
+
+
+def _check_manifest(cluster: Cluster, manifest: dict[str, Any], can_create: bool) -> Check:
+    name = "job accepted"
+    if not can_create:
+        return Check(name, WARN, "not checked: no permission to create PyTorchJobs")
+    try:
+        cluster.create_job(manifest, dry_run=True)
+    except UserError as e:
+        return Check(name, FAIL, str(e))
+    except ClusterError as e:
+        if "already exists" in str(e):
+            return Check(name, OK, "server-side dry run passed (a job of this name exists)")
+        return Check(name, FAIL, str(e))
+    return Check(name, OK, "server-side dry run passed (CRD schema and operator webhook)")
+
+
+# ----------------------------------------------------------------------------------------
+# Does the job fit the nodes? (pure, on API dicts)
+
+
+def pod_requests(manifest: dict[str, Any]) -> list[tuple[str, dict[str, Decimal], dict[str, Any]]]:
+    """(replica type, {resource: amount}, pod spec) for every pod the job will create."""
+    out = []
+    for rtype, rspec in manifest.get("spec", {}).get("pytorchReplicaSpecs", {}).items():
+        pod_spec = rspec.get("template", {}).get("spec", {})
+        need: dict[str, Decimal] = {}
+        for c in pod_spec.get("containers", []):
+            res = c.get("resources", {})
+            for key, value in {**res.get("limits", {}), **res.get("requests", {})}.items():
+                need[key] = need.get(key, Decimal(0)) + _qty(value)
+        out.extend((rtype, need, pod_spec) for _ in range(int(rspec.get("replicas", 1))))
+    return out
+
+
+def _qty(value: Any) -> Decimal:
+    from controller.spec import parse_quantity
+
+    return parse_quantity(str(value))
+
+
+def node_eligible(node: dict[str, Any], pod_spec: dict[str, Any]) -> bool:
+    """nodeSelector matches and every NoSchedule/NoExecute taint is tolerated."""
+    if node.get("spec", {}).get("unschedulable"):
+        return False
+    labels = node.get("metadata", {}).get("labels", {})
+    if any(labels.get(k) != v for k, v in (pod_spec.get("nodeSelector") or {}).items()):
+        return False
+    tolerations = pod_spec.get("tolerations") or []
+    for taint in node.get("spec", {}).get("taints") or []:
+        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+            continue
+        if not any(_tolerates(t, taint) for t in tolerations):
+            return False
+    return True
+
+
+def _tolerates(t: dict[str, Any], taint: dict[str, Any]) -> bool:
+    if t.get("effect") and t["effect"] != taint.get("effect"):
+        return False
+    if t.get("operator") == "Exists":
+        return not t.get("key") or t["key"] == taint.get("key")
+    return t.get("key") == taint.get("key") and t.get("value", "") == taint.get("value", "")
+
+
+def fit_problem(manifest: dict[str, Any], nodes: list[dict[str, Any]]) -> str | None:
+    """Why the job can never run with all its pods at once on these nodes; None if it can.
+
+    Counts allocatable capacity of empty nodes (what runs there now may finish): a job that
+    fails this can never schedule, not merely wait.
+    """
+    pods = pod_requests(manifest)
+    free = [
+        {k: _qty(v) for k, v in (n.get("status", {}).get("allocatable") or {}).items()}
+        for n in nodes
+    ]
+    # Largest pods first onto the node with the most room left (first fit decreasing).
+    order = sorted(range(len(pods)), key=lambda i: pods[i][1].get(GPU, Decimal(0)), reverse=True)
+    for i in order:
+        rtype, need, pod_spec = pods[i]
+        fitting = [
+            j
+            for j, n in enumerate(nodes)
+            if node_eligible(n, pod_spec)
+            and all(free[j].get(k, Decimal(0)) >= v for k, v in need.items() if v > 0)
+        ]
+        if not fitting:
+            return _why_not(need, pod_spec, nodes, rtype, len(pods))
+        j = max(fitting, key=lambda j: free[j].get(GPU, Decimal(0)))
+        for k, v in need.items():
+            free[j][k] = free[j].get(k, Decimal(0)) - v
+    return None
+
+
+def _why_not(
+    need: dict[str, Decimal],
+    pod_spec: dict[str, Any],
+    nodes: list[dict[str, Any]],
+    rtype: str,
+    total: int,
+) -> str:
+    eligible = [n for n in nodes if node_eligible(n, pod_spec)]
+    if not eligible:
+        return (
+            f"no node matches the pods' nodeSelector/tolerations (got {len(nodes)} nodes, "
+            f"nodeSelector {pod_spec.get('nodeSelector') or {}})"
+        )
+    for key, v in sorted(need.items()):
+        best = max(
+            _qty((n.get("status", {}).get("allocatable") or {}).get(key, 0)) for n in eligible
+        )
+        if best < v:
+            return (
+                f"a {rtype} pod asks {key}: {_fmt(v)} but the largest node has "
+                f"{_fmt(best)} allocatable (got {len(eligible)} eligible nodes)"
+            )
+    return (
+        f"the {total} pods do not fit on the {len(eligible)} eligible nodes together "
+        f"(per pod {', '.join(f'{k}: {_fmt(v)}' for k, v in sorted(need.items()))})"
+    )
+
+
+def _fmt(v: Decimal) -> str:
+    return str(int(v)) if v == v.to_integral_value() else f"{v:f}"
+
+
+def _check_fit(cluster: Cluster, manifest: dict[str, Any]) -> Check:
+    name = "job fits"
+    try:
+        nodes = cluster.list_nodes()
+    except ClusterError as e:
+        return Check(name, WARN, f"not checked: cannot list nodes ({e})")
+    problem = fit_problem(manifest, nodes)
+    if problem:
+        return Check(
+            name,
+            FAIL,
+            f"{problem}; it can never schedule. Lower resources or use --force to submit anyway",
+        )
+    gpus = sum(_qty((n.get("status", {}).get("allocatable") or {}).get(GPU, 0)) for n in nodes)
+    return Check(name, OK, f"all pods fit ({len(nodes)} nodes, {_fmt(gpus)} GPUs allocatable)")

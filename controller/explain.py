@@ -1,0 +1,344 @@
+"""Read a PyTorchJob, its pods and events (plain API dicts) and say what is going on.
+
+Pure functions, no API calls: the operator's conditions are generic ("1 Worker replica(s)
+failed"), so the reason a job died or waits is read here from the pods' container states,
+pod conditions and events.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from controller.cluster import CONTAINER, LABEL_REPLICA_INDEX, LABEL_REPLICA_TYPE
+
+TERMINAL = ("Succeeded", "Failed")
+# Exit codes with a conventional meaning (128 + signal number).
+EXIT_MEANINGS = {
+    1: "the program raised or exited 1",
+    2: "bad command-line or config",
+    126: "command not executable",
+    127: "command not found",
+    130: "SIGINT",
+    134: "SIGABRT (abort)",
+    137: "SIGKILL (killed: OOM, kill -9 or grace period over)",
+    139: "SIGSEGV (segmentation fault)",
+    143: "SIGTERM (preempted or deleted; retried under restartPolicy ExitCode)",
+}
+
+
+# ----------------------------------------------------------------------------------------
+# The job
+
+
+def job_condition(job: dict[str, Any]) -> str:
+    """The job's current state: the last condition whose status is True, else Pending."""
+    conds = [c for c in job.get("status", {}).get("conditions") or [] if c.get("status") == "True"]
+    if job.get("metadata", {}).get("deletionTimestamp"):
+        return "Deleting"
+    return conds[-1]["type"] if conds else "Pending"
+
+
+def job_terminal(job: dict[str, Any]) -> str | None:
+    """ "Succeeded" or "Failed" once the job has ended, else None."""
+    for c in job.get("status", {}).get("conditions") or []:
+        if c.get("type") in TERMINAL and c.get("status") == "True":
+            return c["type"]
+    return None
+
+
+def condition_message(job: dict[str, Any], ctype: str) -> str:
+    for c in job.get("status", {}).get("conditions") or []:
+        if c.get("type") == ctype:
+            return c.get("message", "") or c.get("reason", "")
+    return ""
+
+
+def parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def age(text: str | None, now: datetime | None = None) -> str:
+    """``kubectl``-style age: 45s, 3m12s, 2h5m, 3d4h."""
+    start = parse_time(text)
+    if start is None:
+        return "-"
+    s = int(((now or datetime.now(timezone.utc)) - start).total_seconds())
+    s = max(s, 0)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60}m"
+    return f"{s // 86400}d{s % 86400 // 3600}h"
+
+
+# ----------------------------------------------------------------------------------------
+# Pods
+
+
+def replica_name(pod: dict[str, Any]) -> str:
+    """``master-0`` / ``worker-1`` from the operator's labels (the pod name as a fallback)."""
+    labels = pod.get("metadata", {}).get("labels", {})
+    rtype, index = labels.get(LABEL_REPLICA_TYPE), labels.get(LABEL_REPLICA_INDEX)
+    if rtype is None or index is None:
+        return pod.get("metadata", {}).get("name", "?")
+    return f"{rtype}-{index}"
+
+
+def node_rank(pod: dict[str, Any]) -> int:
+    """The operator's RANK for this pod: master 0, worker i -> i + 1."""
+    labels = pod.get("metadata", {}).get("labels", {})
+    index = int(labels.get(LABEL_REPLICA_INDEX, 0))
+    return index if labels.get(LABEL_REPLICA_TYPE) == "master" else index + 1
+
+
+def container_status(pod: dict[str, Any]) -> dict[str, Any]:
+    for cs in pod.get("status", {}).get("containerStatuses") or []:
+        if cs.get("name") == CONTAINER:
+            return cs
+    return {}
+
+
+def last_termination(pod: dict[str, Any]) -> dict[str, Any]:
+    """The trainer container's latest termination (current state, else the previous run)."""
+    cs = container_status(pod)
+    term = (cs.get("state") or {}).get("terminated")
+    if term:
+        return term
+    return (cs.get("lastState") or {}).get("terminated") or {}
+
+
+@dataclass
+class ReplicaRow:
+    """One line of ``status``'s replica table."""
+
+    replica: str
+    pod: str
+    phase: str
+    node: str
+    restarts: int
+    exit_code: int | None
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def replica_rows(pods: list[dict[str, Any]]) -> list[ReplicaRow]:
+    rows = []
+    for pod in sorted(pods, key=node_rank):
+        status = pod.get("status", {})
+        term = last_termination(pod)
+        phase = status.get("phase", "Unknown")
+        if pod.get("metadata", {}).get("deletionTimestamp"):
+            phase = "Terminating"
+        reason = term.get("reason") or status.get("reason") or _waiting_reason(pod) or ""
+        rows.append(
+            ReplicaRow(
+                replica=replica_name(pod),
+                pod=pod.get("metadata", {}).get("name", "?"),
+                phase=phase,
+                node=pod.get("spec", {}).get("nodeName") or "-",
+                restarts=int(container_status(pod).get("restartCount", 0)),
+                exit_code=term.get("exitCode"),
+                reason=reason,
+            )
+        )
+    return rows
+
+
+def _waiting_reason(pod: dict[str, Any]) -> str:
+    waiting = (container_status(pod).get("state") or {}).get("waiting") or {}
+    return waiting.get("reason", "")
+
+
+def format_table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# Why a pod is not running yet
+
+
+def pending_reason(pod: dict[str, Any] | None, events: list[dict[str, Any]]) -> str:
+    """Why the pod (or, with ``pod=None``, the job) is not running yet, in one line; "" if
+    nothing explains it."""
+    if pod is not None:
+        status = pod.get("status", {})
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                return f"{cond.get('reason', 'Unschedulable')}: {cond.get('message', '')}".strip()
+        for cs in (status.get("initContainerStatuses") or []) + (
+            status.get("containerStatuses") or []
+        ):
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") and waiting["reason"] not in (
+                "ContainerCreating",
+                "PodInitializing",
+            ):
+                return f"{waiting['reason']}: {waiting.get('message', '')}".strip(": ")
+        name = pod.get("metadata", {}).get("name")
+        events = [e for e in events if e.get("involvedObject", {}).get("name") == name]
+    warnings = [e for e in events if e.get("type") == "Warning"]
+    if warnings:
+        last = max(warnings, key=_event_time)
+        return f"{last.get('reason', '')}: {last.get('message', '')}".strip(": ")
+    if pod is not None and not pod.get("spec", {}).get("nodeName"):
+        return "waiting for the scheduler"
+    return ""
+
+
+def _event_time(e: dict[str, Any]) -> str:
+    return (
+        e.get("lastTimestamp")
+        or e.get("eventTime")
+        or e.get("firstTimestamp")
+        or e.get("metadata", {}).get("creationTimestamp")
+        or ""
+    )
+
+
+def sort_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(events, key=_event_time)
+
+
+# ----------------------------------------------------------------------------------------
+# Why a job failed
+
+
+@dataclass
+class Failure:
+    """The first replica that failed and how; ``last_lines`` are filled in by the caller."""
+
+    replica: str | None
+    pod: str | None
+    exit_code: int | None
+    reason: str
+    message: str
+    restarts: int = 0
+    last_lines: list[str] = field(default_factory=list)
+    previous: bool = False  # the failed run is the container's previous one
+
+    def render(self, job_name: str) -> str:
+        """The lines ``submit --wait`` / ``wait`` print for a failed job."""
+        if self.pod is None:
+            return f"job {job_name} Failed: {self.message or self.reason}"
+        what = f"exit code {self.exit_code}" if self.exit_code is not None else "no exit code"
+        meaning = EXIT_MEANINGS.get(self.exit_code or 0, "")
+        reason = self.reason + (f", {meaning}" if meaning else "")
+        lines = [
+            f"job {job_name} Failed: replica {self.replica} (pod {self.pod}) {what} ({reason})"
+        ]
+        if self.message:
+            lines.append(f"  {self.message}")
+        if self.last_lines:
+            lines.append(f"last {len(self.last_lines)} log lines of {self.replica}:")
+            lines.extend(f"  | {line}" for line in self.last_lines)
+        return "\n".join(lines)
+
+
+def explain_failure(job: dict[str, Any], pods: list[dict[str, Any]]) -> Failure:
+    """Pick the replica whose failure ended the job: the earliest non-zero termination (the
+    others usually die afterwards of a broken collective), or an evicted pod."""
+    candidates = []
+    for pod in pods:
+        status = pod.get("status", {})
+        term = last_termination(pod)
+        if status.get("reason") == "Evicted" or (status.get("phase") == "Failed" and not term):
+            candidates.append(
+                (
+                    status.get("startTime") or "",
+                    pod,
+                    {
+                        "reason": status.get("reason") or "Failed",
+                        "message": status.get("message", ""),
+                    },
+                )
+            )
+        elif term and term.get("exitCode", 0) != 0:
+            candidates.append((term.get("finishedAt") or "", pod, term))
+    if not candidates:
+        msg = condition_message(job, "Failed") or "no pod says why (they may have been deleted)"
+        return Failure(None, None, None, "Failed", msg)
+    _, pod, term = min(candidates, key=lambda c: c[0])
+    cs = container_status(pod)
+    in_previous = not (cs.get("state") or {}).get("terminated") and bool(
+        (cs.get("lastState") or {}).get("terminated")
+    )
+    return Failure(
+        replica=replica_name(pod),
+        pod=pod["metadata"]["name"],
+        exit_code=term.get("exitCode"),
+        reason=term.get("reason") or "Error",
+        message=(term.get("message") or "").strip(),
+        restarts=int(cs.get("restartCount", 0)),
+        previous=in_previous,
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# The trainer's JSON event lines
+
+
+def parse_event(line: str) -> dict[str, Any] | None:
+    """The trainer's ``{"event": ...}`` line as a dict, or None for a human line."""
+    text = line.strip()
+    if not text.startswith("{") or '"event"' not in text:
+        return None
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) and "event" in obj else None
+
+
+def latest_progress(lines: list[str]) -> dict[str, Any] | None:
+    """The newest ``train`` (or ``done``) event among ``lines``, with an ETA added."""
+    latest = None
+    for line in lines:
+        ev = parse_event(line)
+        if ev and ev.get("event") in ("train", "done"):
+            latest = ev
+    if latest is None:
+        return None
+    out = dict(latest)
+    step, max_steps = latest.get("step"), latest.get("max_steps")
+    rate = latest.get("steps_per_s")
+    if rate is None and latest.get("samples_per_s") and latest.get("global_batch_size"):
+        rate = latest["samples_per_s"] / latest["global_batch_size"]
+    if rate is None and latest.get("step_time_s"):
+        rate = 1.0 / latest["step_time_s"]
+    if latest.get("event") == "done":
+        out["eta_s"] = 0.0
+    elif rate and step is not None and max_steps:
+        out["eta_s"] = max(0.0, (max_steps - step) / rate)
+    return out
+
+
+def format_progress(p: dict[str, Any]) -> str:
+    parts = [f"step {p.get('step', '?')}/{p.get('max_steps', '?')}"]
+    if p.get("loss") is not None:
+        parts.append(f"loss {p['loss']:.4g}")
+    if p.get("samples_per_s") is not None:
+        parts.append(f"{p['samples_per_s']:.1f} samples/s")
+    if p.get("eta_s") is not None:
+        parts.append(f"ETA {_duration(p['eta_s'])}")
+    return "  ".join(parts)
+
+
+def _duration(s: float) -> str:
+    s = round(s)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"

@@ -1,0 +1,344 @@
+"""Follow one rank's log across container restarts and pod re-creation, with no line lost and
+none printed twice.
+
+A container run is identified by (pod UID, restartCount): a pod the operator re-creates has a
+new UID and its log starts from line 0; a container restarted in place gets restartCount + 1
+and its predecessor's log stays readable with ``previous=true``. Within one run the log is
+streamed with timestamps; when a stream breaks (API server restart, network) it is re-opened
+from the start and a ``LineCursor`` drops what was already printed, by timestamp (and, for
+lines sharing one timestamp, by how many of those were printed). When a run ends its log is
+read once more without ``follow`` so the tail the stream had not delivered yet is not lost.
+
+The kubelet (and kwok) keep a followed stream open after the container exits, so the end of a
+run is learned from the pod watch, never from the stream.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from controller.cluster import (
+    LABEL_JOB_NAME,
+    LABEL_REPLICA_INDEX,
+    LABEL_REPLICA_TYPE,
+    RESYNC,
+    Cluster,
+    LogStreamBroken,
+)
+from controller.errors import ClusterError, NotFound
+from controller.explain import (
+    container_status,
+    job_terminal,
+    pending_reason,
+)
+
+# While a pod stays pending with no reason on the pod itself, look at events this often.
+PENDING_EVENTS_EVERY_S = 5.0
+# After the job ended, wait this long for the followed container to be reported terminated.
+END_GRACE_S = 15.0
+
+
+def split_timestamp(line: str) -> tuple[tuple[str, int] | None, str]:
+    """``2026-01-02T03:04:05.123456789Z text`` -> (("2026-01-02T03:04:05", 123456789), "text").
+
+    The key sorts in time order whatever the fraction's width (Go trims trailing zeros in
+    RFC3339Nano). A line without a timestamp gives (None, line).
+    """
+    head, sep, rest = line.partition(" ")
+    if not sep or len(head) < 20 or head[4] != "-" or head[10] != "T" or not head.endswith("Z"):
+        return None, line
+    stamp = head[:-1]
+    seconds, _, frac = stamp.partition(".")
+    if not frac.isdigit() and frac:
+        return None, line
+    return (seconds, int((frac or "0").ljust(9, "0")[:9])), rest
+
+
+class LineCursor:
+    """What has been printed of one container run; ``accept`` says whether a line is new.
+
+    Call ``restart_pass()`` before re-reading the run's log from its beginning.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0  # lines printed from this run
+        self.last_ts: tuple[str, int] | None = None
+        self.at_last_ts = 0  # lines printed that carry exactly last_ts
+        self._pass_lines = 0
+        self._pass_at_ts = 0
+
+    def restart_pass(self) -> None:
+        self._pass_lines = 0
+        self._pass_at_ts = 0
+
+    def accept(self, ts: tuple[str, int] | None) -> bool:
+        self._pass_lines += 1
+        if ts is None:  # no timestamps: count lines
+            if self._pass_lines <= self.count:
+                return False
+            self.count += 1
+            return True
+        if self.last_ts is not None and ts < self.last_ts:
+            return False
+        if ts == self.last_ts:
+            self._pass_at_ts += 1
+            if self._pass_at_ts <= self.at_last_ts:
+                return False
+            self.at_last_ts += 1
+        else:
+            self.last_ts, self.at_last_ts, self._pass_at_ts = ts, 1, 1
+        self.count += 1
+        return True
+
+
+class _Run:
+    """One container run being followed: its cursor, its reader thread, its stream."""
+
+    def __init__(self, pod: str, uid: str, restart: int):
+        self.pod, self.uid, self.restart = pod, uid, restart
+        self.cursor = LineCursor()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.stream: Any = None
+        self.thread: threading.Thread | None = None
+        self.done = False
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.uid, self.restart)
+
+
+class RankFollower:
+    """Follow the pod of one node rank of a job until the job ends.
+
+    ``emit(text)`` gets each log line (without its timestamp), from reader threads but never
+    concurrently; ``say(text)`` gets status notes (pending reasons, re-attaching).
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        namespace: str,
+        job: str,
+        rank: int,
+        emit: Callable[[str], None],
+        say: Callable[[str], None],
+    ):
+        self.cluster, self.namespace, self.job, self.rank = cluster, namespace, job, rank
+        self.emit, self.say = emit, say
+        self.runs: dict[tuple[str, int], _Run] = {}
+        self.current: _Run | None = None
+        self.events: queue.Queue[tuple[str, str, dict[str, Any]]] = queue.Queue()
+        self._emit_lock = threading.Lock()
+        self._last_pending = ""
+        self.lines = 0
+
+    # -- selection -------------------------------------------------------------------------
+
+    def _selector(self) -> str:
+        rtype, index = ("master", 0) if self.rank == 0 else ("worker", self.rank - 1)
+        return (
+            f"{LABEL_JOB_NAME}={self.job},{LABEL_REPLICA_TYPE}={rtype},"
+            f"{LABEL_REPLICA_INDEX}={index}"
+        )
+
+    # -- threads feeding the main loop ------------------------------------------------------
+
+    def _watch_into_queue(self, kind: str, **kwargs: Any) -> None:
+        try:
+            for etype, obj in self.cluster.watch(kind, self.namespace, **kwargs):
+                if etype == RESYNC:
+                    if kind == "job" and obj.get("count") == 0:
+                        self.events.put(("job", "DELETED", {}))
+                    continue
+                self.events.put((kind, etype, obj))
+        except Exception as e:  # surfaces in the main loop
+            self.events.put(("error", kind, {"error": e}))
+
+    def _start_watches(self) -> None:
+        for kind, kwargs in (
+            ("job", {"field_selector": f"metadata.name={self.job}"}),
+            ("pod", {"selector": self._selector()}),
+        ):
+            threading.Thread(
+                target=self._watch_into_queue,
+                args=(kind,),
+                kwargs=kwargs,
+                daemon=True,
+                name=f"watch-{kind}",
+            ).start()
+
+    def _read(self, run: _Run) -> None:
+        """Reader thread: stream the run's log, re-attaching until told to stop."""
+        failures = 0
+        while not run.stop.is_set():
+            try:
+                stream = self.cluster.stream_log(run.pod, self.namespace)
+            except LogStreamBroken:
+                failures += 1
+                run.stop.wait(min(2.0, 0.1 * failures))
+                continue
+            run.stream = stream
+            with run.lock:
+                run.cursor.restart_pass()
+            try:
+                for raw in stream:
+                    if run.stop.is_set():
+                        break
+                    self._offer(run, raw)
+                failures = 0
+            except LogStreamBroken:
+                pass
+            finally:
+                stream.close()
+            if not run.stop.is_set():
+                failures += 1
+                if failures == 1:
+                    self.say(f"logs: stream of {run.pod} broke; re-attaching")
+                run.stop.wait(min(2.0, 0.1 * failures))
+
+    def _offer(self, run: _Run, raw: str) -> None:
+        ts, text = split_timestamp(raw)
+        with run.lock:
+            if not run.cursor.accept(ts):
+                return
+            with self._emit_lock:
+                self.lines += 1
+                self.emit(text)
+
+    # -- run lifecycle ---------------------------------------------------------------------
+
+    def _start_run(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        restart = int(container_status(pod).get("restartCount", 0))
+        key = (meta["uid"], restart)
+        if key in self.runs:
+            return
+        run = _Run(meta["name"], meta["uid"], restart)
+        self.runs[key] = run
+        if self.current is not None and not self.current.done:
+            same_pod = self.current.uid == run.uid
+            self._finish(self.current, previous=same_pod)
+        self.current = run
+        if self.lines:
+            self.say(f"logs: following {run.pod} (attempt {len(self.runs)})")
+        run.thread = threading.Thread(
+            target=self._read, args=(run,), daemon=True, name=f"log-{run.pod}"
+        )
+        run.thread.start()
+
+    def _finish(self, run: _Run, *, previous: bool = False) -> None:
+        """Stop the run's stream and read its log once more for the tail not yet delivered."""
+        if run.done:
+            return
+        run.done = True
+        run.stop.set()
+        if run.stream is not None:
+            run.stream.close()
+        if run.thread is not None:
+            run.thread.join(timeout=5)
+        try:
+            text = self.cluster.read_log(
+                run.pod, self.namespace, previous=previous, timestamps=True
+            )
+        except (NotFound, ClusterError):
+            return  # the pod is gone: what the stream delivered is all there is
+        with run.lock:
+            run.cursor.restart_pass()
+        for raw in text.splitlines():
+            self._offer(run, raw)
+
+    # -- main loop -------------------------------------------------------------------------
+
+    def follow(self, deadline: float | None = None) -> dict[str, Any] | None:
+        """Follow until the job ends (returns the job) or ``deadline`` (returns None)."""
+        self._start_watches()
+        job: dict[str, Any] | None = None
+        pod: dict[str, Any] | None = None
+        ended_at: float | None = None
+        next_events = time.monotonic() + PENDING_EVENTS_EVERY_S
+        while True:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return None
+            timeout = 0.5 if ended_at is not None else 1.0
+            try:
+                kind, etype, obj = self.events.get(timeout=timeout)
+            except queue.Empty:
+                kind, etype, obj = "tick", "", {}
+            if kind == "error":
+                raise obj["error"]
+            if kind == "job":
+                job = obj if etype != "DELETED" else None
+                if etype == "DELETED":
+                    self._end_all()
+                    raise NotFound(f"logs: job {self.namespace}/{self.job} was deleted")
+                if job_terminal(job) and ended_at is None:
+                    ended_at = time.monotonic()
+            elif kind == "pod":
+                if etype == "DELETED":
+                    if pod is not None and pod["metadata"]["uid"] == obj["metadata"]["uid"]:
+                        pod = None
+                    run = self.current
+                    if run is not None and run.uid == obj["metadata"]["uid"]:
+                        self._finish(run)
+                else:
+                    pod = self._on_pod(obj)
+            if (pod is None or not _started(pod)) and time.monotonic() >= next_events:
+                self._explain_pending(pod)
+                next_events = time.monotonic() + PENDING_EVENTS_EVERY_S
+            if ended_at is not None:
+                run = self.current
+                settled = run is None or run.done or (pod is not None and _terminated(pod))
+                if settled or time.monotonic() - ended_at > END_GRACE_S:
+                    self._end_all()
+                    return job
+
+    def _on_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        if _started(pod):
+            self._start_run(pod)
+            run = self.current
+            if run is not None and run.uid == pod["metadata"]["uid"] and _terminated(pod):
+                self._finish(run)
+        elif not pod.get("metadata", {}).get("deletionTimestamp"):
+            self._explain_pending(pod)
+        return pod
+
+    def _explain_pending(self, pod: dict[str, Any] | None) -> None:
+        try:
+            events = self.cluster.list_events(self.namespace)
+        except ClusterError:
+            events = []
+        if pod is None:
+            events = [e for e in events if e.get("involvedObject", {}).get("name") == self.job]
+        reason = pending_reason(pod, events)
+        what = pod["metadata"]["name"] if pod else f"the pod of rank {self.rank}"
+        line = f"logs: {what} is pending: {reason}" if reason else ""
+        if pod is None and not reason:
+            line = f"logs: waiting for {what} to be created"
+        if line and line != self._last_pending:
+            self._last_pending = line
+            self.say(line)
+
+    def _end_all(self) -> None:
+        for run in list(self.runs.values()):
+            self._finish(run)
+
+
+def _started(pod: dict[str, Any]) -> bool:
+    """The trainer container has run (or runs): its log exists."""
+    cs = container_status(pod)
+    state = cs.get("state") or {}
+    return bool(state.get("running") or state.get("terminated") or cs.get("restartCount"))
+
+
+def _terminated(pod: dict[str, Any]) -> bool:
+    state = container_status(pod).get("state") or {}
+    return bool(state.get("terminated")) or pod.get("status", {}).get("phase") in (
+        "Succeeded",
+        "Failed",
+    )
