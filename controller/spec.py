@@ -1,0 +1,643 @@
+"""The job spec: one YAML file that says what to train, on how many pods, with what resources.
+
+Validated once, here, before anything is rendered or submitted. Every model forbids unknown keys
+(a typo fails at its exact path) and every field carries a description, which flows into the
+JSON Schema (``python -m controller schema``) that editors use for completion.
+
+The ``trainer`` section *is* the trainer's own ``TrainConfig``: a bad trainer setting fails on the
+laptop with the same message the pod would print.
+
+    spec = load_spec_data(yaml.safe_load(text))   # or controller.cli.load_spec(path)
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from controller.errors import UserError
+from trainer.config import TrainConfig, format_errors
+
+# --------------------------------------------------------------------------------------------
+# Names and formats Kubernetes insists on
+
+# The operator's webhook checks the job name as a DNS-1035 label (starts with a letter).
+DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+QUANTITY = re.compile(
+    r"(?P<num>\d+(\.\d*)?|\.\d+)(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][-+]?\d+)?"
+)
+_SUFFIX_FACTOR = {
+    None: Decimal(1),
+    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
+    "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12, "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40, "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
+}  # fmt: skip
+
+# Set by the training operator in every pod; a user value would be overwritten or conflict.
+OPERATOR_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "PYTHONUNBUFFERED")
+OPERATOR_ENV_PREFIX = "PET_"
+# Volumes and mount paths the renderer adds itself (see controller.render).
+RESERVED_VOLUMES = ("dshm", "tmp")
+RESERVED_MOUNTS = ("/dev/shm", "/tmp")
+# Label keys the renderer sets; a user label with one of these keys would fight it.
+RESERVED_LABEL_PREFIXES = ("app.kubernetes.io/", "kueue.x-k8s.io/", "training.kubeflow.org/")
+# The longest replica type the operator puts in pod and service names: `<name>-worker-<index>`.
+_POD_NAME_MAX = 63
+
+
+def parse_quantity(text: str) -> Decimal:
+    """A Kubernetes quantity (``500m``, ``16Gi``, ``1e3``) as a number; ValueError if not."""
+    m = QUANTITY.fullmatch(text)
+    if not m:
+        raise ValueError("must be a Kubernetes quantity such as 500m, 2, 512Mi or 16Gi")
+    suffix = m["suffix"]
+    try:
+        if suffix and suffix[0] in "eE":
+            return Decimal(m["num"] + suffix)
+        return Decimal(m["num"]) * _SUFFIX_FACTOR[suffix]
+    except InvalidOperation:  # pragma: no cover - the regex admits only valid numbers
+        raise ValueError("not a number") from None
+
+
+def _quantity(value: Any, *, positive: bool = True) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError("must be a Kubernetes quantity such as 500m, 2, 512Mi or 16Gi")
+    text = str(value).strip()
+    if parse_quantity(text) <= 0 and positive:
+        raise ValueError("must be greater than 0")
+    return text
+
+
+def _label_key(key: str) -> str | None:
+    """None if ``key`` is a valid label/annotation key, else what is wrong with it."""
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.fullmatch(prefix)):
+        return "key prefix must be a DNS subdomain (e.g. example.com/)"
+    if not name or len(name) > 63 or not LABEL_NAME.fullmatch(name):
+        return "key name must be 1-63 characters: letters, digits, -, _, . (alphanumeric ends)"
+    return None
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --------------------------------------------------------------------------------------------
+# Sections
+
+
+class Resources(_Model):
+    """What each pod (one node of the job) asks for; limits and requests are set equal."""
+
+    gpus: int = Field(
+        0, ge=0, le=16, description="NVIDIA GPUs per pod (`nvidia.com/gpu`); 0 runs on CPU."
+    )
+    cpu: str = Field("1", description="CPU cores per pod as a Kubernetes quantity (`4`, `500m`).")
+    memory: str = Field(
+        "2Gi", description="Memory per pod as a Kubernetes quantity (`16Gi`, `512Mi`)."
+    )
+
+    @field_validator("cpu", "memory", mode="before")
+    @classmethod
+    def _is_quantity(cls, v: Any) -> str:
+        return _quantity(v)
+
+
+class SecretKeyRef(_Model):
+    """One key of a Kubernetes Secret, exposed to the trainer as an environment variable."""
+
+    secret: str = Field(description="Name of the Secret in the job's namespace.")
+    key: str = Field(description="Key inside the Secret.")
+
+    @field_validator("secret")
+    @classmethod
+    def _secret_name(cls, v: str) -> str:
+        if len(v) > 253 or not DNS1123_SUBDOMAIN.fullmatch(v):
+            raise ValueError("must be a Secret name (lowercase DNS subdomain)")
+        return v
+
+    @field_validator("key")
+    @classmethod
+    def _key_form(cls, v: str) -> str:
+        if not re.fullmatch(r"[-._a-zA-Z0-9]+", v) or len(v) > 253:
+            raise ValueError("must be a Secret key: letters, digits, -, _ and .")
+        return v
+
+
+class Volume(_Model):
+    """A PersistentVolumeClaim mounted into every pod (data sets, checkpoints)."""
+
+    name: str = Field(description="Volume name inside the pod (DNS-1123 label), e.g. `ckpt`.")
+    claim: str = Field(description="Name of an existing PersistentVolumeClaim in the namespace.")
+    mount_path: str = Field(description="Absolute path inside the container, e.g. `/ckpt`.")
+    read_only: bool = Field(False, description="Mount read-only (data sets shared by many jobs).")
+    sub_path: str | None = Field(None, description="Mount only this sub-directory of the volume.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if len(v) > 63 or not DNS1123_LABEL.fullmatch(v):
+            raise ValueError("must be a DNS-1123 label: lowercase letters, digits and -")
+        if v in RESERVED_VOLUMES:
+            raise ValueError(f"is used by ddpjob itself; pick another name than {v}")
+        return v
+
+    @field_validator("claim")
+    @classmethod
+    def _claim(cls, v: str) -> str:
+        if len(v) > 253 or not DNS1123_SUBDOMAIN.fullmatch(v):
+            raise ValueError("must be a PersistentVolumeClaim name (lowercase DNS subdomain)")
+        return v
+
+    @field_validator("mount_path")
+    @classmethod
+    def _mount_path(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("must be an absolute path")
+        if v.rstrip("/") in RESERVED_MOUNTS:
+            raise ValueError(f"is mounted by ddpjob itself ({v} is an emptyDir)")
+        return v
+
+    @field_validator("sub_path")
+    @classmethod
+    def _sub_path(cls, v: str | None) -> str | None:
+        if v is not None and (v.startswith("/") or ".." in v.split("/")):
+            raise ValueError("must be a relative path without ..")
+        return v
+
+
+class Toleration(_Model):
+    """Lets pods schedule onto tainted nodes (e.g. GPU pools tainted `nvidia.com/gpu`)."""
+
+    key: str | None = Field(None, description="Taint key to match; empty with Exists = all.")
+    operator: Literal["Equal", "Exists"] = Field(
+        "Equal", description="`Equal` matches key and value; `Exists` matches the key alone."
+    )
+    value: str | None = Field(None, description="Taint value to match (with Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to match; empty matches all effects."
+    )
+    toleration_s: int | None = Field(
+        None, ge=0, description="With NoExecute: how long the pod stays after the taint appears."
+    )
+
+    @model_validator(mode="after")
+    def _exists_has_no_value(self) -> Toleration:
+        if self.operator == "Exists" and self.value is not None:
+            raise ValueError("operator Exists takes no value; remove value or use Equal")
+        if self.key is None and self.operator != "Exists":
+            raise ValueError("an empty key needs operator Exists")
+        return self
+
+
+class Gang(_Model):
+    """Gang scheduling: start all pods together or none (Volcano / scheduler-plugins)."""
+
+    scheduler_name: str | None = Field(
+        None,
+        description=(
+            "Pod schedulerName, e.g. `volcano` or `scheduler-plugins-scheduler`; empty lets the "
+            "operator fill in its --gang-scheduler-name."
+        ),
+    )
+    min_available: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Pods that must be schedulable at once; default: all nodes (elastic: min_nodes)."
+        ),
+    )
+
+
+class Elastic(_Model):
+    """torchrun elastic training: the job keeps going while pods come and go within a range."""
+
+    min_nodes: int = Field(ge=1, description="Fewest pods the job runs with.")
+    max_nodes: int = Field(ge=1, description="Most pods the job scales up to.")
+    max_restarts: int = Field(
+        3, ge=0, description="Worker-group restarts torchrun allows before failing the job."
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The spec
+
+
+class JobSpec(_Model):
+    """A distributed training job: rendered into one Kubeflow PyTorchJob, or run locally."""
+
+    model_config = ConfigDict(extra="forbid", title="ddpjob job spec")
+
+    name: str = Field(
+        description=(
+            "Job name: a DNS-1035 label (lowercase letters, digits, -; starts with a letter), "
+            "short enough that `<name>-worker-<index>` fits in 63 characters."
+        )
+    )
+    namespace: str = Field("default", description="Kubernetes namespace to run in.")
+    image: str = Field(description="Container image with the trainer (and your code).")
+    command: list[str] | None = Field(
+        None,
+        description="Container command; default `python -m trainer`.",
+    )
+    args: list[str] | None = Field(
+        None,
+        description=(
+            "Container args; default: the `trainer` settings below as sorted `key=value` "
+            "strings. Set either args or trainer, not both."
+        ),
+    )
+    trainer: TrainConfig = Field(
+        default_factory=TrainConfig,
+        description="Trainer settings (the trainer's own schema); passed as key=value args.",
+    )
+    nodes: int = Field(1, ge=1, le=1024, description="Pods in the job, the master included (>= 1).")
+    nproc_per_node: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Processes per pod (usually = GPUs per pod); > 1 runs torchrun in the pod.",
+    )
+    resources: Resources = Field(
+        default_factory=Resources, description="CPU, memory and GPUs per pod."
+    )
+    shm_size: str = Field(
+        "1Gi",
+        description=(
+            "Size of the memory-backed /dev/shm (DataLoader workers and NCCL need more than "
+            "the container runtime's 64Mi). Counts against resources.memory."
+        ),
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables for the trainer, in this order (values are strings).",
+    )
+    secret_env: dict[str, SecretKeyRef] = Field(
+        default_factory=dict,
+        description=(
+            "Environment variables read from Secret keys. Only the reference is written into "
+            "the manifest, never the value."
+        ),
+    )
+    volumes: list[Volume] = Field(
+        default_factory=list, description="PersistentVolumeClaims to mount (data, checkpoints)."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the pods must match."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Taints the pods tolerate."
+    )
+    priority_class: str | None = Field(
+        None, description="PriorityClass of the pods (and of the gang, with gang scheduling)."
+    )
+    service_account: str | None = Field(
+        None, description="ServiceAccount the pods run as; default: the namespace's default."
+    )
+    image_pull_secrets: list[str] = Field(
+        default_factory=list, description="Secrets with registry credentials to pull the image."
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Extra labels on the PyTorchJob and its pods."
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict, description="Extra annotations on the PyTorchJob and its pods."
+    )
+    queue: str | None = Field(
+        None,
+        description=(
+            "Kueue LocalQueue name: sets the `kueue.x-k8s.io/queue-name` label (and the gang's "
+            "queue with gang scheduling)."
+        ),
+    )
+    gang: Gang | None = Field(
+        None, description="Gang scheduling: all pods start together or none do."
+    )
+    elastic: Elastic | None = Field(
+        None,
+        description=(
+            "Elastic training: Worker pods only, torchrun rendezvous (c10d) between "
+            "min_nodes and max_nodes."
+        ),
+    )
+    restart_policy: Literal["ExitCode", "OnFailure", "Never", "Always"] = Field(
+        "ExitCode",
+        description=(
+            "When the operator restarts a pod. ExitCode: retry exit codes 130/137/138/143 "
+            "(preemption, OOM kill), fail on the others."
+        ),
+    )
+    backoff_limit: int = Field(
+        3, ge=0, description="Pod restarts allowed before the job is marked Failed."
+    )
+    active_deadline_s: int | None = Field(
+        None, gt=0, description="Fail the job after this many seconds of running."
+    )
+    ttl_after_finished_s: int | None = Field(
+        None, ge=0, description="Delete the finished job (and its pods) after this many seconds."
+    )
+    clean_pod_policy: Literal["None", "Running", "All"] = Field(
+        "Running",
+        description=(
+            "Pods deleted when the job finishes: Running frees stragglers' GPUs and keeps "
+            "finished pods' logs; All deletes every pod; None keeps all."
+        ),
+    )
+    suspend: bool = Field(
+        False, description="Create the job suspended (Kueue un-suspends it when admitted)."
+    )
+
+    # -- single fields -------------------------------------------------------------------------
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not DNS1035_LABEL.fullmatch(v):
+            raise ValueError(
+                "must be a DNS-1035 label: lowercase letters, digits and -, starting with a "
+                "letter and ending with a letter or digit"
+            )
+        return v
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, v: str) -> str:
+        if len(v) > 63 or not DNS1123_LABEL.fullmatch(v):
+            raise ValueError("must be a DNS-1123 label: lowercase letters, digits and -")
+        return v
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        if not v or v != v.strip() or any(c.isspace() for c in v):
+            raise ValueError("must be an image reference without spaces, e.g. repo/trainer:1.0")
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and not v:
+            raise ValueError("must not be empty; leave it out for the default trainer")
+        return v
+
+    @field_validator("shm_size", mode="before")
+    @classmethod
+    def _shm(cls, v: Any) -> str:
+        return _quantity(v)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_values_as_strings(cls, v: Any) -> Any:
+        # YAML reads `OMP_NUM_THREADS: 4` as an int and `true` as a bool; the pod wants strings.
+        if isinstance(v, dict):
+            return {k: _env_string(x) for k, x in v.items()}
+        return v
+
+    @field_validator("env", "secret_env")
+    @classmethod
+    def _env_names(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key in v:
+            if not ENV_NAME.fullmatch(key):
+                raise ValueError(f"{key} is not a valid environment variable name")
+            if key in OPERATOR_ENV or key.startswith(OPERATOR_ENV_PREFIX):
+                raise ValueError(f"{key} is set by the training operator; remove it")
+        return v
+
+    @field_validator("node_selector", "labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if problem := _label_key(key):
+                raise ValueError(f"{key}: {problem}")
+            if value and (len(value) > 63 or not LABEL_NAME.fullmatch(value)):
+                raise ValueError(
+                    f"{key}: value must be at most 63 letters, digits, -, _, . "
+                    f"(alphanumeric ends) (got {value})"
+                )
+        return v
+
+    @field_validator("annotations")
+    @classmethod
+    def _annotation_keys(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if problem := _label_key(key):
+                raise ValueError(f"{key}: {problem}")
+        return v
+
+    @field_validator("priority_class", "service_account", "queue")
+    @classmethod
+    def _object_name(cls, v: str | None) -> str | None:
+        if v is not None and (len(v) > 253 or not DNS1123_SUBDOMAIN.fullmatch(v)):
+            raise ValueError("must be a Kubernetes object name (lowercase DNS subdomain)")
+        return v
+
+    @field_validator("image_pull_secrets")
+    @classmethod
+    def _pull_secrets(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if len(name) > 253 or not DNS1123_SUBDOMAIN.fullmatch(name):
+                raise ValueError(f"{name} is not a Secret name (lowercase DNS subdomain)")
+        return v
+
+    # -- rules across fields: each message states the equation that failed ---------------------
+
+    @model_validator(mode="after")
+    def _cross(self) -> JobSpec:
+        problems = [
+            *self._name_fits(),
+            *self._topology(),
+            *self._resources_fit(),
+            *self._unique_names(),
+            *self._args_or_trainer(),
+        ]
+        if problems:
+            # One ValueError carries every problem; spec_errors() splits it back into lines.
+            raise ValueError("\n".join(problems))
+        return self
+
+    def _name_fits(self) -> list[str]:
+        workers = self.elastic.max_nodes if self.elastic else self.nodes - 1
+        if workers < 1:
+            return []
+        longest = f"{self.name}-worker-{workers - 1}"
+        if len(longest) <= _POD_NAME_MAX:
+            return []
+        room = _POD_NAME_MAX - len(longest) + len(self.name)
+        return [
+            f"name: {longest!r} is {len(longest)} characters; pod and service names hold "
+            f"{_POD_NAME_MAX}. Shorten name to at most {room} characters"
+        ]
+
+    def _topology(self) -> list[str]:
+        out = []
+        if self.elastic:
+            e = self.elastic
+            if not e.min_nodes <= self.nodes <= e.max_nodes:
+                out.append(
+                    f"elastic: min_nodes ({e.min_nodes}) <= nodes ({self.nodes}) <= "
+                    f"max_nodes ({e.max_nodes}) does not hold"
+                )
+        min_available = self.gang.min_available if self.gang else None
+        if min_available is not None and min_available > self.nodes:
+            out.append(
+                f"gang.min_available: min_available ({min_available}) <= "
+                f"nodes ({self.nodes}) does not hold"
+            )
+        gpus = self.resources.gpus
+        if gpus and self.nproc_per_node > gpus:
+            out.append(
+                f"nproc_per_node: nproc_per_node ({self.nproc_per_node}) <= resources.gpus "
+                f"({gpus}) does not hold; one process drives one GPU"
+            )
+        if not gpus and self.trainer.device == "cuda":
+            out.append(
+                "trainer.device: cuda needs resources.gpus > 0 (got 0). Set resources.gpus "
+                "or device auto"
+            )
+        if not gpus and self.trainer.backend == "nccl":
+            out.append("trainer.backend: nccl needs resources.gpus > 0 (got 0). Use gloo or auto")
+        return out
+
+    def _resources_fit(self) -> list[str]:
+        shm = parse_quantity(self.shm_size)
+        memory = parse_quantity(self.resources.memory)
+        if shm > memory:
+            return [
+                f"shm_size: shm_size ({self.shm_size}) <= resources.memory "
+                f"({self.resources.memory}) does not hold; /dev/shm counts against memory"
+            ]
+        return []
+
+    def _unique_names(self) -> list[str]:
+        out = []
+        for field in ("name", "mount_path"):
+            seen: set[str] = set()
+            for v in self.volumes:
+                value = getattr(v, field).rstrip("/") or "/"
+                if value in seen:
+                    out.append(f"volumes: {field} {value} is used twice")
+                seen.add(value)
+        both = sorted(set(self.env) & set(self.secret_env))
+        if both:
+            out.append(f"secret_env: {', '.join(both)} also set in env; keep one")
+        for key in self.labels:
+            if key.startswith(RESERVED_LABEL_PREFIXES):
+                out.append(f"labels: {key} is set by ddpjob or the operator; remove it")
+        return out
+
+    def _args_or_trainer(self) -> list[str]:
+        if self.args is not None and self.trainer.model_fields_set:
+            return ["args: set either args or trainer, not both (trainer settings become the args)"]
+        return []
+
+    # -- derived values the renderer and the local runner share --------------------------------
+
+    @property
+    def worker_replicas(self) -> int:
+        """Worker pods: nodes - 1 beside the Master, or all nodes in elastic mode (no Master)."""
+        return self.nodes if self.elastic else self.nodes - 1
+
+    @property
+    def world_size(self) -> int:
+        """Processes in the job: nodes x nproc_per_node."""
+        return self.nodes * self.nproc_per_node
+
+
+def _env_string(value: Any) -> Any:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# Validation with readable errors
+
+
+def validate_spec(data: Any) -> JobSpec:
+    """Validate a parsed YAML document into a JobSpec, or raise UserError (one line a problem)."""
+    if data is None:
+        raise UserError("(top level): the spec is empty; it needs at least name and image")
+    if not isinstance(data, dict):
+        raise UserError(f"(top level): expected a mapping of keys (got {type(data).__name__})")
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as e:
+        raise UserError(spec_errors(e)) from None
+
+
+def spec_errors(err: ValidationError) -> list[str]:
+    """``<dotted.path>: <what> (got <x>)`` lines, with a hint for misspelt keys."""
+    lines: list[str] = []
+    for e, line in zip(err.errors(), format_errors(err), strict=True):
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "value_error" and isinstance(e.get("input"), dict):
+            # A rule across fields: the message names its fields; the input is the whole mapping.
+            for part in msg.split("\n"):
+                lines.append(part if not loc else f"{loc}: {part}")
+        elif e["type"] == "extra_forbidden":
+            lines.append(line + _did_you_mean(e["loc"]))
+        else:
+            lines.append(line)
+    return lines
+
+
+def _did_you_mean(loc: tuple[Any, ...]) -> str:
+    model: Any = JobSpec
+    for part in loc[:-1]:
+        if isinstance(part, int) or model is None:
+            continue
+        ann = model.model_fields.get(part)
+        model = _model_in(ann.annotation) if ann else None
+    if model is None:
+        return ""
+    key = str(loc[-1])
+    close = difflib.get_close_matches(key, list(model.model_fields), n=3, cutoff=0.5)
+    if not close:
+        return ""
+    # Typos keep the start of a word: prefer the candidate sharing the longest prefix.
+    best = max(close, key=lambda c: _shared_prefix(c, key))
+    return f". Did you mean {best}?"
+
+
+def _shared_prefix(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside ``X``, ``X | None`` or ``list[X]``, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of the spec (draft 2020-12), as checked in at controller/spec.schema.json."""
+    schema = JobSpec.model_json_schema()
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}

@@ -1,0 +1,161 @@
+"""The CLI: exit codes 0/2, one `error:` line per problem, no traceback, and a cheap start."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+
+import pytest
+import yaml
+
+from controller.cli import load_spec, main
+from controller.errors import UserError
+from controller.render import render_pytorchjob
+from controller.spec import json_schema
+from tests.controller.conftest import PYTHON, REPO, minimal
+
+QUICKSTART = str(REPO / "examples" / "quickstart.yaml")
+
+
+def test_validate_ok(capsys):
+    assert main(["validate", QUICKSTART]) == 0
+    assert "quickstart.yaml: ok (quickstart: 2 node(s)" in capsys.readouterr().out
+
+
+def test_validate_reports_each_problem_and_exits_2(write_spec, capsys):
+    path = write_spec(minimal(trainer={"max_steps": -5}, nprocs=2))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert "error: trainer.max_steps: Input should be greater than 0 (got -5)" in err
+    assert "error: nprocs: unknown key (got 2). Did you mean nproc_per_node?" in err
+    assert len(err) == 2
+
+
+def test_yaml_syntax_error_has_line_and_column(write_spec, capsys):
+    path = write_spec("name: job\nimage: x\ntrainer:\n  max_steps: [1\n  lr: 2\n")
+    assert main(["validate", str(path)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: {path}:5:")
+    assert "YAML syntax error" in line
+
+
+def test_missing_file_said_plainly(tmp_path, capsys):
+    assert main(["validate", str(tmp_path / "nope.yaml")]) == 2
+    expected = f"error: {tmp_path / 'nope.yaml'}: no such file. Check the path.\n"
+    assert capsys.readouterr().err == expected
+
+
+def test_set_overrides_a_spec_field(write_spec, capsys):
+    path = write_spec(minimal())
+    assert main(["validate", str(path), "--set", "trainer.max_steps=0"]) == 2
+    assert "trainer.max_steps: Input should be greater than 0 (got 0)" in capsys.readouterr().err
+    spec = load_spec(str(path), ["nodes=3", "trainer.lr=1e-4"])
+    assert (spec.nodes, spec.trainer.lr) == (3, 1e-4)
+
+
+def test_load_spec_raises_user_error(write_spec):
+    with pytest.raises(UserError) as info:
+        load_spec(str(write_spec("- a list\n")))
+    assert info.value.problems == ["(top level): expected a mapping of keys (got list)"]
+
+
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+def test_render_prints_the_manifest(fmt, capsys):
+    assert main(["render", QUICKSTART, "-o", fmt]) == 0
+    out = capsys.readouterr().out
+    got = json.loads(out) if fmt == "json" else yaml.safe_load(out)
+    assert got == render_pytorchjob(load_spec(QUICKSTART))
+    if fmt == "yaml":
+        assert out == (REPO / "tests/controller/golden/quickstart.yaml").read_text()
+
+
+def test_run_needs_local(capsys):
+    assert main(["run", QUICKSTART]) == 2
+    assert "only --local is supported" in capsys.readouterr().err
+
+
+def test_checked_in_schema_is_current():
+    checked_in = (REPO / "controller" / "spec.schema.json").read_text()
+    assert checked_in == json.dumps(json_schema(), indent=2) + "\n", (
+        "controller/spec.schema.json is stale: run `make schema`"
+    )
+
+
+def test_schema_command_prints_it(capsys):
+    assert main(["schema"]) == 0
+    assert json.loads(capsys.readouterr().out)["title"] == "ddpjob job spec"
+
+
+def test_examples_point_editors_at_the_schema():
+    for example in sorted((REPO / "examples").glob("*.yaml")):
+        first = example.read_text().splitlines()[0]
+        assert first == "# yaml-language-server: $schema=../controller/spec.schema.json", example
+
+
+# Put first on sys.meta_path: any import of torch or the kubernetes client fails loudly.
+BLOCKER = textwrap.dedent("""
+    import sys
+    class Block:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("torch", "kubernetes", "kubeflow"):
+                raise ImportError(f"blocked import of {name}")
+    sys.meta_path.insert(0, Block())
+""")
+RUN_CONTROLLER = (
+    "import runpy, sys\n"
+    "sys.argv = ['controller', *sys.argv[1:]]\n"
+    "runpy.run_module('controller', run_name='__main__', alter_sys=True)\n"
+)
+
+
+def _run(*args: str, blocker: bool = False) -> subprocess.CompletedProcess:
+    code = (BLOCKER if blocker else "") + RUN_CONTROLLER
+    return subprocess.run(
+        [PYTHON, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_user_mistake_prints_no_traceback_but_debug_does(write_spec):
+    path = str(write_spec(minimal(nodes=0)))
+    plain = _run("validate", path)
+    assert plain.returncode == 2 and "Traceback" not in plain.stderr
+    assert plain.stderr.startswith("error: nodes: Input should be greater than or equal to 1")
+    debug = _run("--debug", "validate", path)
+    assert debug.returncode == 2 and "Traceback" in debug.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--help",),
+        ("validate", QUICKSTART),
+        ("render", QUICKSTART),
+        ("render", "-o", "json", QUICKSTART),
+        ("schema",),
+    ],
+    ids=["help", "validate", "render", "render-json", "schema"],
+)
+def test_cli_works_with_torch_and_kubernetes_blocked(args):
+    result = _run(*args, blocker=True)
+    assert result.returncode == 0, result.stderr
+    assert "blocked import" not in result.stderr
+    assert result.stdout
+
+
+def test_the_blocker_really_blocks():
+    # If the blocker were broken, the test above would prove nothing.
+    for module in ("torch", "kubernetes"):
+        result = subprocess.run(
+            [PYTHON, "-c", BLOCKER + f"import {module}"], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode != 0 and f"blocked import of {module}" in result.stderr
+
+
+def test_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("validate", "render", "schema", "run"):
+        assert command in out
