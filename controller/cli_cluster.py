@@ -44,40 +44,6 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-class ProgressPrinter:
-    """Rank-0 lines for ``--follow``: human lines as they are, the trainer's ``train`` events
-    as one progress line (step/max_steps, loss, samples/s, ETA), other events kept short."""
-
-    def __init__(self, out: Any = None):
-        self.out = out or sys.stdout
-
-    def __call__(self, line: str) -> None:
-        from controller.explain import format_progress, latest_progress, parse_event
-
-        ev = parse_event(line)
-        if ev is None:
-            text = line
-        elif ev.get("event") in ("train", "done"):
-            p = latest_progress([line]) or {}
-            bar = _bar(p.get("step"), p.get("max_steps"))
-            text = f"{bar} {format_progress(p)}"
-        elif ev.get("event") == "checkpoint":
-            text = f"[checkpoint] step {ev.get('step')} -> {ev.get('path')}"
-        elif ev.get("event") == "resume":
-            text = f"[resume] from step {ev.get('step')} ({ev.get('path')})"
-        else:
-            return  # start/eval/...: machine-readable detail, see `logs`
-        self.out.write(text + "\n")
-        self.out.flush()
-
-
-def _bar(step: Any, max_steps: Any, width: int = 20) -> str:
-    if not isinstance(step, int) or not isinstance(max_steps, int) or max_steps <= 0:
-        return ""
-    filled = min(width, width * step // max_steps)
-    return "[" + "#" * filled + "." * (width - filled) + f"] {100 * step // max_steps:3d}%"
-
-
 def _kubectl_hints(name: str, namespace: str) -> str:
     from controller.cluster import CONTAINER, LABEL_JOB_NAME
 
@@ -221,11 +187,13 @@ def _follow_to_end(
     import time
 
     from controller.logs import RankFollower
+    from controller.progress import Progress
     from controller.watch import WaitTimeout
 
-    follower = RankFollower(cluster, namespace, name, rank, ProgressPrinter(), _say)
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    job = follower.follow(deadline)
+    with Progress(sys.stdout, label=name) as progress:
+        follower = RankFollower(cluster, namespace, name, rank, progress.feed, _say)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        job = follower.follow(deadline)
     if job is None:
         raise WaitTimeout(
             f"submit: job {namespace}/{name} has not ended after {timeout_s:g} s. "

@@ -55,6 +55,8 @@ REQUEST_TIMEOUT_S = (5, 60)
 WATCH_SERVER_TIMEOUT_S = 240
 # Backoff between reconnect attempts while the API server is away.
 RECONNECT_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)
+# A watch gives up when the API server has been away this long.
+RECONNECT_GIVE_UP_S = 300
 
 # What a watch reports besides ADDED / MODIFIED / DELETED.
 RESYNC = "RESYNC"  # a fresh list replaced the watch (after 410 Gone or a long outage)
@@ -483,11 +485,12 @@ class Cluster:
             kwargs["field_selector"] = field_selector
         known: dict[str, dict[str, Any]] = {}  # uid -> latest object
         rv: str | None = None
-        failures = 0
+        outage = _Outage(self, where)
         while deadline is None or time.monotonic() < deadline:
             try:
                 if rv is None:
                     body = self._call(where, kind, list_fn, **kwargs)
+                    outage.over()
                     rv = body.get("metadata", {}).get("resourceVersion")
                     items = body.get("items", [])
                     yield from _resync(known, items)
@@ -519,7 +522,7 @@ class Cluster:
                                 f"(got {obj.get('code')} {obj.get('message')})"
                             )
                         rv = obj.get("metadata", {}).get("resourceVersion", rv)
-                        failures = 0
+                        outage.over()
                         if etype == "BOOKMARK":
                             continue
                         uid = obj.get("metadata", {}).get("uid", "")
@@ -538,17 +541,11 @@ class Cluster:
                     continue
                 if e.status and e.status < 500 and e.status != 429:
                     raise self._translate(e, where, kind) from None
-                failures = self._backoff(where, failures, e)
+                outage.wait(e, f"{e.status} {_api_message(e)}")
             except Unreachable as e:  # from the list call
-                failures = self._backoff(where, failures, e)
+                outage.wait(e, "no answer")
             except (urllib3.exceptions.HTTPError, OSError) as e:
-                failures = self._backoff(where, failures, e)
-
-    def _backoff(self, where: str, failures: int, err: BaseException) -> int:
-        if failures == 0:
-            self.notice(f"{where}: lost the API server ({_short_reason(err)}); reconnecting...")
-        time.sleep(RECONNECT_BACKOFF_S[min(failures, len(RECONNECT_BACKOFF_S) - 1)])
-        return failures + 1
+                outage.wait(e, _short_reason(e))
 
     def _list_fn(self, kind: str, namespace: str) -> Callable[..., Any]:
         import functools
@@ -566,6 +563,42 @@ class Cluster:
         if kind == "event":
             return functools.partial(self.core.list_namespaced_event, namespace)
         raise ValueError(f"watch: unknown kind {kind!r}")
+
+
+class _Outage:
+    """Reconnect bookkeeping of one watch: back off while the API server is away, say so once,
+    give up after RECONNECT_GIVE_UP_S (or at once if it never answered)."""
+
+    def __init__(self, cluster: Cluster, where: str):
+        self.cluster, self.where = cluster, where
+        self.connected = False
+        self.since: float | None = None
+        self.tries = 0
+
+    def over(self) -> None:
+        self.connected = True
+        if self.since is not None:
+            took = time.monotonic() - self.since
+            self.cluster.notice(f"{self.where}: reconnected after {took:.1f} s")
+        self.since, self.tries = None, 0
+
+    def wait(self, err: BaseException, reason: str) -> None:
+        if not self.connected:
+            raise (
+                err if isinstance(err, ClusterError) else self.cluster._translate(err, self.where)
+            ) from None
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+            self.cluster.notice(f"{self.where}: lost the API server ({reason}); reconnecting...")
+        elif now - self.since > RECONNECT_GIVE_UP_S:
+            raise Unreachable(
+                f"{self.where}: the API server at {self.cluster.server} has not answered for "
+                f"{now - self.since:.0f} s (got {reason}). Check the cluster, then run the "
+                "command again: the job itself is not affected"
+            )
+        time.sleep(RECONNECT_BACKOFF_S[min(self.tries, len(RECONNECT_BACKOFF_S) - 1)])
+        self.tries += 1
 
 
 class LogStreamBroken(Exception):

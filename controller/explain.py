@@ -7,12 +7,12 @@ pod conditions and events.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 from controller.cluster import CONTAINER, LABEL_REPLICA_INDEX, LABEL_REPLICA_TYPE
+from controller.progress import parse_event
 
 TERMINAL = ("Succeeded", "Failed")
 # Exit codes with a conventional meaning (128 + signal number).
@@ -287,18 +287,6 @@ def explain_failure(job: dict[str, Any], pods: list[dict[str, Any]]) -> Failure:
 
 # ----------------------------------------------------------------------------------------
 # The trainer's JSON event lines
-
-
-def parse_event(line: str) -> dict[str, Any] | None:
-    """The trainer's ``{"event": ...}`` line as a dict, or None for a human line."""
-    text = line.strip()
-    if not text.startswith("{") or '"event"' not in text:
-        return None
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return None
-    return obj if isinstance(obj, dict) and "event" in obj else None
 
 
 def latest_progress(lines: list[str]) -> dict[str, Any] | None:

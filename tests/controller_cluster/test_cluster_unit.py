@@ -1,0 +1,142 @@
+"""The API module without a cluster: errors become one plain line naming the fix, the CLI never
+prints a traceback for them, and the cluster commands import neither kubernetes nor torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from controller import errors
+from controller.cluster import Cluster, _resync
+
+PY = sys.executable
+
+
+def bare_cluster() -> Cluster:
+    c = Cluster.__new__(Cluster)
+    c.server = "https://127.0.0.1:6443"
+    return c
+
+
+def api_error(status: int, message: str, details: dict | None = None):
+    from kubernetes.client.exceptions import ApiException
+
+    e = ApiException(status=status, reason="x")
+    e.body = json.dumps({"kind": "Status", "message": message, "details": details or {}})
+    return e
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "details", "what", "cls", "words"),
+    [
+        (409, 'pytorchjobs.kubeflow.org "q" already exists', {"name": "q"},
+         "PyTorchJob default/q", errors.Conflict, "--replace"),
+        (404, "the server could not find the requested resource", {}, "PyTorchJob default/q",
+         errors.NotFound, "Install the Kubeflow training operator"),
+        (404, 'pytorchjobs.kubeflow.org "q" not found', {"name": "q"}, "PyTorchJob default/q",
+         errors.NotFound, "not found"),
+        (403, 'User "bob" cannot create resource "pytorchjobs" in API group "kubeflow.org"', {},
+         "PyTorchJob default/q", errors.Forbidden, 'cannot create resource "pytorchjobs"'),
+        (403, 'admission webhook "validator.pytorchjob" denied the request: must be 1', {},
+         "PyTorchJob default/q", errors.UserError, "must be 1"),
+        (500, 'Internal error: failed calling webhook "validator": connection refused', {},
+         "PyTorchJob default/q", errors.ClusterError, "Is the operator running?"),
+        (503, "etcd unavailable", {}, "x", errors.ClusterError, "503 etcd unavailable"),
+    ],
+)
+def test_api_errors_translate(status, message, details, what, cls, words):
+    err = bare_cluster()._translate(api_error(status, message, details), "submit", what)
+    assert type(err) is cls
+    assert str(err).startswith("submit: ") and words in str(err)
+
+
+def test_connection_refused_says_what_to_do():
+    import urllib3
+
+    cause = ConnectionRefusedError(111, "Connection refused")
+    exc = urllib3.exceptions.MaxRetryError(None, "/version", reason=cause)
+    err = bare_cluster()._translate(exc, "status", "")
+    assert isinstance(err, errors.Unreachable)
+    assert "(got connection refused)" in str(err) and "make cluster-up" in str(err)
+
+
+def test_resync_reports_vanished_objects_as_deleted():
+    known = {"a": {"metadata": {"uid": "a"}}, "b": {"metadata": {"uid": "b"}}}
+    events = list(_resync(known, [{"metadata": {"uid": "b"}}, {"metadata": {"uid": "c"}}]))
+    assert [(t, o["metadata"]["uid"]) for t, o in events] == [
+        ("DELETED", "a"), ("MODIFIED", "b"), ("ADDED", "c")]
+    assert set(known) == {"b", "c"}
+
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([PY, "-m", "controller", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=60)
+
+
+def test_no_kubeconfig_is_one_line_exit_1(tmp_path):
+    r = _cli("status", "q", env={"KUBECONFIG": str(tmp_path / "missing"), "HOME": str(tmp_path)})
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "export KUBECONFIG=" in r.stderr
+
+
+def test_unreachable_api_server_is_one_line_exit_1(tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(textwrap.dedent("""\
+        apiVersion: v1
+        kind: Config
+        clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+        users: [{name: u, user: {token: t}}]
+        contexts: [{name: x, context: {cluster: c, user: u}}]
+        current-context: x
+    """))
+    r = _cli("wait", "q", "--kubeconfig", str(kubeconfig))
+    assert r.returncode == 1, r.stderr
+    assert "does not answer (got connection refused)" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = _cli("--debug", "wait", "q", "--kubeconfig", str(kubeconfig))
+    assert "Traceback" in r.stderr
+
+
+def test_cluster_commands_import_without_kubernetes_and_torch():
+    code = textwrap.dedent("""\
+        import sys
+        for mod in ("kubernetes", "torch", "matplotlib"):
+            sys.modules[mod] = None
+        import controller.cli_cluster, controller.cluster, controller.logs, controller.doctor
+        import controller.watch, controller.explain, controller.plot
+        from controller.cli import build_parser
+        build_parser().parse_args(["submit", "x.yaml", "--wait", "--follow"])
+        print("ok")
+    """)
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
+def test_subcommand_debug_flag_keeps_the_global_one():
+    from controller.cli import build_parser
+
+    assert build_parser().parse_args(["--debug", "status", "q"]).debug is True
+    assert build_parser().parse_args(["status", "q", "--debug"]).debug is True
+    assert build_parser().parse_args(["status", "q"]).debug is False
+
+
+def test_plot_writes_a_png(tmp_path):
+    from controller.plot import plot_curves, train_series
+
+    lines = [json.dumps({"event": "train", "step": s, "max_steps": 30, "loss": 3.0 / s,
+                         "samples_per_s": 100.0 + s}) for s in (10, 20, 30)]
+    lines.insert(2, json.dumps({"event": "train", "step": 20, "loss": 9.9, "samples_per_s": 1}))
+    assert train_series(lines)["step"] == [10.0, 20.0, 30.0]
+    out = tmp_path / "curves.png"
+    assert plot_curves(lines, str(out)) == 3
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(errors.UserError):
+        plot_curves(["no events"], str(out))

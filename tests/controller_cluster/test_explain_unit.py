@@ -1,0 +1,174 @@
+"""Reading jobs, pods and events (API dicts, as kubectl -o json prints them) without a cluster:
+why a job failed, why a pod waits, what the replica table and progress say."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.explain import (
+    explain_failure,
+    job_condition,
+    job_terminal,
+    latest_progress,
+    pending_reason,
+    replica_rows,
+)
+
+
+def pod(
+    rtype: str,
+    index: int,
+    *,
+    phase: str = "Running",
+    terminated: dict[str, Any] | None = None,
+    last: dict[str, Any] | None = None,
+    restarts: int = 0,
+    reason: str | None = None,
+    conditions: list[dict[str, Any]] | None = None,
+    waiting: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    state: dict[str, Any] = {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+    if terminated:
+        state = {"terminated": terminated}
+    if waiting:
+        state = {"waiting": waiting}
+    status: dict[str, Any] = {
+        "phase": phase,
+        "containerStatuses": [
+            {
+                "name": "pytorch",
+                "state": state,
+                "lastState": {"terminated": last} if last else {},
+                "restartCount": restarts,
+            }
+        ],
+        "conditions": conditions or [],
+    }
+    if reason:
+        status["reason"] = reason
+    return {
+        "metadata": {
+            "name": f"job-{rtype}-{index}",
+            "uid": f"uid-{rtype}-{index}",
+            "labels": {
+                "training.kubeflow.org/replica-type": rtype,
+                "training.kubeflow.org/replica-index": str(index),
+            },
+        },
+        "spec": {"nodeName": "kwok-node-0"},
+        "status": status,
+    }
+
+
+FAILED_JOB = {
+    "metadata": {"name": "job"},
+    "status": {
+        "conditions": [
+            {"type": "Created", "status": "True"},
+            {"type": "Running", "status": "False"},
+            {
+                "type": "Failed",
+                "status": "True",
+                "message": "PyTorchJob default/job is failed because 1 Worker replica(s) failed.",
+            },
+        ]
+    },
+}
+
+
+def test_first_failure_wins_over_ranks_that_died_after_it():
+    master = pod("master", 0, phase="Failed",
+                 terminated={"exitCode": 1, "reason": "Error", "finishedAt": "2026-01-01T00:01:09Z"})
+    worker = pod("worker", 0, phase="Failed",
+                 terminated={"exitCode": 1, "reason": "Error", "finishedAt": "2026-01-01T00:01:05Z"})
+    f = explain_failure(FAILED_JOB, [master, worker])
+    assert (f.replica, f.pod, f.exit_code, f.reason) == ("worker-0", "job-worker-0", 1, "Error")
+    f.last_lines = ["Traceback (most recent call last):", "ValueError: boom"]
+    text = f.render("default/job")
+    assert "replica worker-0 (pod job-worker-0) exit code 1 (Error" in text
+    assert "  | ValueError: boom" in text
+
+
+def test_oom_killed_is_named():
+    w = pod("worker", 1, phase="Failed", terminated={"exitCode": 137, "reason": "OOMKilled"})
+    f = explain_failure(FAILED_JOB, [pod("master", 0), w])
+    assert (f.replica, f.exit_code, f.reason) == ("worker-1", 137, "OOMKilled")
+    assert "SIGKILL" in f.render("default/job")
+
+
+def test_evicted_pod_is_named():
+    p = pod("master", 0, phase="Failed", reason="Evicted")
+    p["status"]["containerStatuses"] = []
+    p["status"]["message"] = "The node was low on resource: memory."
+    f = explain_failure(FAILED_JOB, [p])
+    assert (f.replica, f.reason) == ("master-0", "Evicted")
+    assert "low on resource" in f.render("default/job")
+
+
+def test_failure_from_a_restarted_container_reads_the_previous_log():
+    p = pod("master", 0, restarts=1, last={"exitCode": 2, "reason": "Error"})
+    f = explain_failure(FAILED_JOB, [p])
+    assert f.exit_code == 2 and f.previous
+
+
+def test_no_pods_left_falls_back_to_the_condition():
+    f = explain_failure(FAILED_JOB, [])
+    assert f.pod is None and "1 Worker replica(s) failed" in f.render("default/job")
+
+
+def test_conditions():
+    assert job_condition(FAILED_JOB) == "Failed"
+    assert job_terminal(FAILED_JOB) == "Failed"
+    assert job_condition({"status": {}}) == "Pending"
+    assert job_terminal({"status": {"conditions": [{"type": "Running", "status": "True"}]}}) is None
+
+
+def test_pending_reason_from_the_scheduler():
+    p = pod("master", 0, phase="Pending", conditions=[{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
+    }])
+    p["status"]["containerStatuses"] = []
+    assert pending_reason(p, []) == (
+        "Unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+    )
+
+
+def test_pending_reason_from_a_waiting_container():
+    p = pod("worker", 0, phase="Pending",
+            waiting={"reason": "ImagePullBackOff", "message": "Back-off pulling image x"})
+    assert pending_reason(p, []) == "ImagePullBackOff: Back-off pulling image x"
+
+
+def test_pending_reason_from_events_of_the_job():
+    events = [
+        {"type": "Normal", "reason": "SuccessfulCreate", "involvedObject": {"name": "job"},
+         "lastTimestamp": "2026-01-01T00:00:01Z"},
+        {"type": "Warning", "reason": "FailedCreatePod", "message": "pods is forbidden",
+         "involvedObject": {"name": "job"}, "lastTimestamp": "2026-01-01T00:00:02Z"},
+    ]
+    assert pending_reason(None, events) == "FailedCreatePod: pods is forbidden"
+
+
+def test_replica_rows_sorted_by_rank_with_last_exit():
+    rows = replica_rows([
+        pod("worker", 0, restarts=1, last={"exitCode": 137, "reason": "Error"}),
+        pod("master", 0),
+    ])
+    assert [r.replica for r in rows] == ["master-0", "worker-0"]
+    assert (rows[1].restarts, rows[1].exit_code, rows[1].reason) == (1, 137, "Error")
+
+
+def test_progress_and_eta_from_the_latest_train_event():
+    lines = [
+        "starting",
+        '{"event": "train", "step": 10, "max_steps": 100, "loss": 2.5, "step_time_s": 0.5}',
+        "some human line",
+        '{"event": "train", "step": 20, "max_steps": 100, "loss": 2.1, "samples_per_s": 64.0,'
+        ' "step_time_s": 0.25}',
+        '{"event": "checkpoint", "step": 20, "path": "/ckpt/20"}',
+    ]
+    p = latest_progress(lines)
+    assert p is not None
+    assert (p["step"], p["loss"], p["eta_s"]) == (20, 2.1, 20.0)
+    assert latest_progress(["no events here"]) is None
