@@ -1,0 +1,126 @@
+"""The raw manifests in k8s/, statically: what `kubectl apply -k k8s/` would create.
+
+The same manifests go through the real apiserver (server-side dry run, PodSecurity admission,
+RBAC) in test_cluster_packaging.py.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+import yaml
+
+from controller.doctor import PERMISSIONS
+from controller.render import render_pytorchjob
+from controller.spec import validate_spec
+
+from .conftest import EXAMPLES, K8S, ROOT, tools
+
+NAMESPACE = "ddpjob"
+
+
+def kubectl_bin() -> str:
+    built = tools.bin_path("kubectl")
+    found = str(built) if built.exists() else shutil.which("kubectl")
+    if not found:
+        pytest.skip("no kubectl (make tools builds one)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def objects() -> list[dict[str, Any]]:
+    """`kubectl kustomize k8s/`, parsed."""
+    out = subprocess.run(
+        [kubectl_bin(), "kustomize", str(K8S)], capture_output=True, text=True, check=True
+    )
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (obj,) = [o for o in objects if o["kind"] == kind]
+    return obj
+
+
+def test_kustomization_lists_every_manifest():
+    listed = yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"]
+    on_disk = sorted(p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
+    assert sorted(listed) == on_disk
+
+
+def test_everything_lands_in_the_restricted_namespace(objects):
+    kinds = sorted(o["kind"] for o in objects)
+    assert kinds == sorted(
+        ["Namespace", "ServiceAccount", "Role", "RoleBinding", "PersistentVolumeClaim",
+         "PyTorchJob"]
+    )  # fmt: skip
+    ns = by_kind(objects, "Namespace")
+    assert ns["metadata"]["name"] == NAMESPACE
+    labels = ns["metadata"]["labels"]
+    for mode in ("enforce", "audit", "warn"):
+        assert labels[f"pod-security.kubernetes.io/{mode}"] == "restricted", mode
+    for obj in objects:
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"]["namespace"] == NAMESPACE, obj["kind"]
+
+
+def _granted(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    out = set()
+    for rule in role["rules"]:
+        assert set(rule) == {"apiGroups", "resources", "verbs"}, rule  # no resourceNames games
+        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    out.add((verb, resource, group))
+    return out
+
+
+def test_role_grants_exactly_what_the_controller_calls(objects):
+    """doctor.PERMISSIONS lists every API call the CLI makes; the Role is that list, plus `get
+    pods` for `kubectl logs <pod>` with the same identity. Nothing else."""
+    granted = _granted(by_kind(objects, "Role"))
+    needed = {
+        (verb, f"{res}/{sub}" if sub else res, group) for verb, res, group, sub, _ in PERMISSIONS
+    }
+    assert needed <= granted, needed - granted
+    assert granted - needed == {("get", "pods", "")}
+    # What must never be there.
+    resources = {r for _, r, _ in granted}
+    assert not resources & {"secrets", "configmaps", "pods/exec", "pods/attach", "roles"}
+    assert not {v for v, r, _ in granted if r == "pods"} - {"get", "list", "watch"}
+
+
+def test_rolebinding_binds_the_role_to_the_service_account(objects):
+    sa = by_kind(objects, "ServiceAccount")
+    binding = by_kind(objects, "RoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": by_kind(objects, "Role")["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+    assert sa.get("automountServiceAccountToken") is False
+
+
+def test_pvc_is_shared_by_all_nodes(objects):
+    pvc = by_kind(objects, "PersistentVolumeClaim")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    # The name examples/gpu.yaml mounts.
+    gpu = yaml.safe_load((ROOT / "examples" / "gpu.yaml").read_text())
+    assert pvc["metadata"]["name"] in {v["claim"] for v in gpu["volumes"]}
+
+
+def test_example_job_is_what_controller_render_gives(objects):
+    job = by_kind(objects, "PyTorchJob")
+    (quickstart,) = [p for p in EXAMPLES if p.name == "quickstart.yaml"]
+    data = yaml.safe_load(quickstart.read_text())
+    expected = render_pytorchjob(validate_spec({**data, "namespace": NAMESPACE}))
+    assert job == expected, (
+        "k8s/pytorchjob.yaml is stale: python -m controller render examples/quickstart.yaml "
+        "--set namespace=ddpjob > k8s/pytorchjob.yaml"
+    )
