@@ -1,0 +1,32 @@
+"""The Kubeflow SDK (`kubeflow-training` from PyPI) reads the jobs we submit: what we render is
+an ordinary PyTorchJob to every other tool."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.helpers import ddpjob, write_spec
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+def test_kubeflow_sdk_reads_our_job(cluster, namespace, tmp_path):
+    from kubeflow.training import TrainingClient
+
+    spec = write_spec(tmp_path, "compat", namespace, max_steps=20)
+    r = ddpjob(cluster, "submit", str(spec), "--wait")
+    assert r.returncode == 0, r.stderr
+
+    sdk = TrainingClient(config_file=str(cluster.kubeconfig), namespace=namespace)
+    job = sdk.wait_for_job_conditions("compat", wait_timeout=30, polling_interval=1)
+    assert job.metadata.name == "compat"
+    assert sdk.is_job_succeeded("compat")
+    got = sdk.get_job("compat")
+    assert got.spec.pytorch_replica_specs["Master"].replicas == 1
+    assert got.spec.pytorch_replica_specs["Worker"].replicas == 1
+    assert got.spec.pytorch_replica_specs["Master"].template.spec.containers[0].name == "pytorch"
+    logs, _ = sdk.get_job_logs("compat")
+    assert list(logs) == ["compat-master-0"]
+    assert '"event": "done"' in logs["compat-master-0"]
+    pods = sdk.get_job_pod_names("compat", is_master=False)
+    assert sorted(pods) == ["compat-master-0", "compat-worker-0"]

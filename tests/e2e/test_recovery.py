@@ -1,0 +1,157 @@
+"""Faults on the local control plane: a pod process killed (-9), a pod deleted (SIGTERM), the
+API server restarted. The job recovers from its checkpoint, `wait` and `logs -f` reconnect, and
+a followed log equals what the pods printed: no line lost, none twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from tests.e2e.helpers import (
+    Background,
+    agent_log_lines,
+    ddpjob,
+    latest_step,
+    pod_pid,
+    restart_apiserver,
+    running_pod,
+    wait_until,
+    write_spec,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+MAX_STEPS = 160
+
+
+def _events(text: str, name: str) -> list[dict]:
+    out = []
+    for line in text.splitlines():
+        if line.startswith("{") and f'"event": "{name}"' in line:
+            out.append(json.loads(line))
+    return out
+
+
+def _assert_same_lines(followed: str, truth: list[str], what: str) -> None:
+    got = followed.splitlines()
+    pairs = zip(got, truth, strict=False)
+    first = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(got), len(truth)))
+    assert got == truth, (
+        f"{what}: followed {len(got)} lines, the pods printed {len(truth)}; "
+        f"first difference at line {first}"
+    )
+
+
+def _start_job(cluster, namespace, tmp_path, name):
+    spec = write_spec(tmp_path, name, namespace, max_steps=MAX_STEPS, every_steps=10)
+    r = ddpjob(cluster, "submit", str(spec))
+    assert r.returncode == 0, r.stderr
+    follow0 = Background(cluster, tmp_path, "logs-rank0", "logs", name, "-n", namespace, "-f")
+    follow1 = Background(
+        cluster, tmp_path, "logs-rank1", "logs", name, "-n", namespace, "-f", "--rank", "1"
+    )
+    return follow0, follow1
+
+
+def _final_step(out: str) -> int:
+    done = _events(out, "done")
+    assert done, "no done event"
+    return done[-1]["step"]
+
+
+def test_kill_9_of_a_worker_is_retried_and_resumes_from_its_checkpoint(
+    cluster, namespace, tmp_path
+):
+    name = "kill9"
+    follow0, follow1 = _start_job(cluster, namespace, tmp_path, name)
+    try:
+        wait_until(
+            "training past step 30", lambda: latest_step(cluster, name, namespace) >= 30, 90, 0.5
+        )
+        worker = running_pod(cluster, name, namespace, "worker-0")
+        assert worker is not None
+        pid = pod_pid(cluster, namespace, worker)
+        assert pid, "the agent recorded no pid for the worker"
+        os.kill(pid, signal.SIGKILL)
+
+        w = ddpjob(cluster, "wait", name, "-n", namespace, "--timeout", "150", timeout=170)
+        assert w.returncode == 0, w.stdout + w.stderr
+        code0, out0, err0 = follow0.result(60)
+        code1, out1, err1 = follow1.result(60)
+    finally:
+        follow0.stop()
+        follow1.stop()
+    assert code0 == 0 and code1 == 0, err0 + err1
+    # The killed worker's pod was re-created (new UID) and its trainer resumed.
+    assert len(_events(out1, "start")) == 2, err1
+    resumed = _events(out1, "resume")
+    assert resumed and resumed[-1]["step"] >= 10
+    assert _final_step(out0) == MAX_STEPS
+    assert "following kill9-worker-0 (attempt 2)" in err1
+    _assert_same_lines(out1, agent_log_lines(cluster, namespace, f"{name}-worker-0"), "rank 1")
+    _assert_same_lines(out0, agent_log_lines(cluster, namespace, f"{name}-master-0"), "rank 0")
+    st = json.loads(ddpjob(cluster, "status", name, "-n", namespace, "-o", "json").stdout)
+    assert st["condition"] == "Succeeded" and st["progress"]["step"] == MAX_STEPS
+
+
+def test_deleting_a_running_pod_checkpoints_exits_143_and_the_job_recovers(
+    cluster, namespace, tmp_path
+):
+    name = "preempt"
+    follow0, follow1 = _start_job(cluster, namespace, tmp_path, name)
+    try:
+        wait_until(
+            "training past step 30", lambda: latest_step(cluster, name, namespace) >= 30, 90, 0.5
+        )
+        cluster.kubectl("delete", "pod", f"{name}-master-0", "-n", namespace, "--wait=false")
+        w = ddpjob(cluster, "wait", name, "-n", namespace, "--timeout", "150", timeout=170)
+        assert w.returncode == 0, w.stdout + w.stderr
+        code0, out0, err0 = follow0.result(60)
+        code1, _, err1 = follow1.result(60)
+    finally:
+        follow0.stop()
+        follow1.stop()
+    assert code0 == 0 and code1 == 0, err0 + err1
+    agent_log = (cluster.control_plane.state_dir / "logs" / "pod-agent.log").read_text()
+    assert f"{namespace}/{name}-master-0: pid" in agent_log
+    assert any(
+        f"{namespace}/{name}-master-0: pid" in line and line.endswith("exited 143")
+        for line in agent_log.splitlines()
+    ), "the preempted trainer did not exit 143"
+    # The preempted attempt wrote a checkpoint on SIGTERM; the next one resumed from it.
+    starts = _events(out0, "start")
+    assert len(starts) == 2
+    ckpt_steps = [e["step"] for e in _events(out0, "checkpoint")]
+    resumed = _events(out0, "resume")
+    assert resumed and resumed[-1]["step"] in ckpt_steps
+    assert _final_step(out0) == MAX_STEPS
+    _assert_same_lines(out0, agent_log_lines(cluster, namespace, f"{name}-master-0"), "rank 0")
+
+
+def test_wait_and_logs_follow_ride_out_an_api_server_restart(cluster, namespace, tmp_path):
+    name = "apirestart"
+    spec = write_spec(tmp_path, name, namespace, max_steps=MAX_STEPS, every_steps=20)
+    r = ddpjob(cluster, "submit", str(spec))
+    assert r.returncode == 0, r.stderr
+    waiter = Background(cluster, tmp_path, "wait", "wait", name, "-n", namespace)
+    follower = Background(cluster, tmp_path, "logs", "logs", name, "-n", namespace, "-f")
+    try:
+        wait_until(
+            "training past step 20", lambda: latest_step(cluster, name, namespace) >= 20, 90, 0.5
+        )
+        down_s = restart_apiserver(cluster, down_s=2.0)
+        code_w, out_w, err_w = waiter.result(150)
+        code_f, out_f, err_f = follower.result(60)
+    finally:
+        waiter.stop()
+        follower.stop()
+    assert down_s > 2.0
+    assert code_w == 0, out_w + err_w
+    assert f"job {namespace}/{name} Succeeded" in out_w
+    assert "lost the API server" in err_w and "reconnected" in err_w
+    assert code_f == 0, err_f
+    assert _final_step(out_f) == MAX_STEPS
+    _assert_same_lines(out_f, agent_log_lines(cluster, namespace, f"{name}-master-0"), "rank 0")

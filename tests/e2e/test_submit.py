@@ -1,0 +1,193 @@
+"""submit / wait / status / logs on the local control plane: the real apiserver, the real
+Kubeflow training operator, the real trainer as local processes (gloo on CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.e2e.helpers import (
+    QUICKSTART,
+    ddpjob,
+    get_json,
+    wait_until,
+    write_spec,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+def test_quickstart_submit_wait_follow_succeeds(cluster, namespace, tmp_path):
+    r = ddpjob(
+        cluster,
+        "submit",
+        str(QUICKSTART),
+        "-n",
+        namespace,
+        "--wait",
+        "--follow",
+        "--set",
+        "trainer.max_steps=30",
+        "--set",
+        "trainer.log_every=5",
+        "--set",
+        "trainer.eval_every=0",
+        "--set",
+        f"trainer.checkpoint.dir={tmp_path / 'ckpt'}",
+    )
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert f"submitted pytorchjob {namespace}/quickstart" in r.stdout
+    assert (
+        f"kubectl get pods -l training.kubeflow.org/job-name=quickstart -n {namespace}" in r.stdout
+    )
+    assert "preflight: ok" in r.stderr
+    train = [json.loads(x) for x in r.stdout.splitlines() if x.startswith('{"event": "train"')]
+    assert [e["step"] for e in train] == [5, 10, 15, 20, 25, 30]
+    assert all(e["max_steps"] == 30 for e in train)
+    assert '{"event": "done"' in r.stdout
+    assert f"job {namespace}/quickstart Succeeded" in r.stdout
+
+    st = ddpjob(cluster, "status", "quickstart", "-n", namespace, "-o", "json")
+    assert st.returncode == 0, st.stderr
+    status = json.loads(st.stdout)
+    assert status["condition"] == "Succeeded"
+    assert [r["replica"] for r in status["replicas"]] == ["master-0", "worker-0"]
+    assert all(r["exit_code"] == 0 for r in status["replicas"])
+    assert status["progress"]["step"] == 30
+
+    listing = ddpjob(cluster, "list", "-n", namespace, "-l", "app.kubernetes.io/name=ddpjob")
+    assert listing.returncode == 0
+    assert any(
+        line.split()[:3] == ["quickstart", "Succeeded", "2"] for line in listing.stdout.splitlines()
+    )
+
+    again = ddpjob(cluster, "submit", str(QUICKSTART), "-n", namespace)
+    assert again.returncode == 1
+    assert "already exists" in again.stderr and "--replace" in again.stderr
+    assert "Traceback" not in again.stderr
+
+    events = ddpjob(cluster, "events", "quickstart", "-n", namespace)
+    assert events.returncode == 0 and "SuccessfulCreatePod" in events.stdout
+
+    png = tmp_path / "curves.png"
+    plot = ddpjob(cluster, "plot", "quickstart", "-n", namespace, "-o", str(png))
+    assert plot.returncode == 0, plot.stderr
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+    gone = ddpjob(cluster, "delete", "quickstart", "-n", namespace, "--wait")
+    assert gone.returncode == 0, gone.stderr
+    assert get_json(cluster, "pods", "-n", namespace)["items"] == []
+
+
+def test_a_task_that_raises_fails_with_replica_exit_code_and_last_lines(
+    cluster, namespace, tmp_path
+):
+    spec = write_spec(
+        tmp_path,
+        "boom",
+        namespace,
+        max_steps=200,
+        trainer={
+            "task": "tests.e2e.failing_task:build",
+            "task_args": {"fail_at_call": 6, "image_size": 16},
+        },
+    )
+    r = ddpjob(cluster, "submit", str(spec), "--wait")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr.split("last ")[0]  # our own error has no traceback
+    assert (
+        f"error: job {namespace}/boom Failed: replica master-0 (pod boom-master-0) "
+        "exit code 1 (Error"
+    ) in r.stderr
+    assert "RuntimeError: injected failure at call 6 on rank 0" in r.stderr
+    assert "last " in r.stderr and "log lines of master-0:" in r.stderr
+
+    w = ddpjob(cluster, "wait", "boom", "-n", namespace, "--timeout", "30")
+    assert w.returncode == 1 and "replica master-0" in w.stderr
+
+
+def test_a_job_no_node_can_fit_is_refused_and_with_force_says_why_it_waits(
+    cluster, namespace, tmp_path
+):
+    spec = write_spec(
+        tmp_path, "huge", namespace, resources={"gpus": 16, "cpu": "1", "memory": "1Gi"}
+    )
+    r = ddpjob(cluster, "submit", str(spec))
+    assert r.returncode == 1
+    assert "a Master pod asks nvidia.com/gpu: 16 but the largest node has 8 allocatable" in r.stderr
+    assert "--force" in r.stderr and "Traceback" not in r.stderr
+    assert get_json(cluster, "pytorchjobs", "-n", namespace)["items"] == []
+
+    r = ddpjob(cluster, "submit", str(spec), "--force")
+    assert r.returncode == 0, r.stderr
+    assert "submitted pytorchjob" in r.stdout
+
+    def pending() -> dict | None:
+        st = json.loads(ddpjob(cluster, "status", "huge", "-n", namespace, "-o", "json").stdout)
+        reasons = [p["reason"] for p in st["pending"]]
+        return st if reasons and all("Insufficient nvidia.com/gpu" in x for x in reasons) else None
+
+    st = wait_until("status to say Insufficient nvidia.com/gpu", pending, 60, 1)
+    assert st["condition"] in ("Created", "Pending", "Running")
+    text = ddpjob(cluster, "status", "huge", "-n", namespace)
+    assert "pending: huge-master-0: Unschedulable: 0/2 nodes are available" in text.stdout
+
+    logs = ddpjob(cluster, "logs", "huge", "-n", namespace)
+    assert logs.returncode == 0
+    assert "huge-master-0 is pending: Unschedulable" in logs.stderr
+    assert "Insufficient nvidia.com/gpu" in logs.stderr
+
+    follow = ddpjob(cluster, "logs", "huge", "-n", namespace, "-f", "--timeout", "4")
+    assert follow.returncode == 1
+    assert "Insufficient nvidia.com/gpu" in follow.stderr
+
+
+def test_doctor_on_the_local_control_plane(cluster, namespace):
+    r = ddpjob(cluster, "doctor", "-n", namespace)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("[  ok] cluster reachable: https://127.0.0.1:")
+    assert "[  ok] PyTorchJob CRD: pytorchjobs.kubeflow.org served" in r.stdout
+    assert "[  ok] RBAC: every verb the CLI uses is allowed" in r.stdout
+    assert "[  ok] training operator: its admission webhook answered" in r.stdout
+
+
+def test_doctor_names_missing_rbac_for_a_service_account_without_roles(
+    cluster, namespace, tmp_path
+):
+    import yaml
+
+    cluster.kubectl("create", "serviceaccount", "nobody", "-n", namespace)
+    token = cluster.kubectl("create", "token", "nobody", "-n", namespace).stdout.strip()
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": admin["clusters"],
+        "users": [{"name": "nobody", "user": {"token": token}}],
+        "contexts": [
+            {
+                "name": "nobody",
+                "context": {
+                    "cluster": admin["clusters"][0]["name"],
+                    "user": "nobody",
+                    "namespace": namespace,
+                },
+            }
+        ],
+        "current-context": "nobody",
+    }
+    path = tmp_path / "nobody.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    r = ddpjob(cluster, "doctor", "--kubeconfig", str(path))
+    assert r.returncode == 1, r.stdout
+    assert (
+        f"[FAIL] RBAC: in namespace {namespace} the current user may not: create pytorchjobs "
+        "(for submit)" in r.stdout
+    )
+    assert "get pods/log (for logs, status progress)" in r.stdout
+
+    r = ddpjob(cluster, "submit", str(QUICKSTART), "--kubeconfig", str(path), "-n", namespace)
+    assert r.returncode == 1
+    assert "preflight RBAC failed" in r.stderr and "Traceback" not in r.stderr
