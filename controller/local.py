@@ -1,0 +1,322 @@
+"""``run SPEC --local``: the job on this machine, one process per node, with the operator's env.
+
+Each node is ``python -m trainer <args>`` (or the spec's command) started in its own process
+group with exactly what the Kubeflow operator injects into a pod (MASTER_ADDR=127.0.0.1, a free
+MASTER_PORT, RANK = node rank, WORLD_SIZE = nodes x nproc_per_node, PET_NNODES, PET_NODE_RANK,
+PET_NPROC_PER_NODE, PYTHONUNBUFFERED) plus the spec's env. With nproc_per_node > 1 the trainer
+re-launches itself under torchrun, as it does in a pod.
+
+Rank 0's output drives the progress bar; every node's output is kept in
+``runs/<name>/logs/rank-<node>.log``. The first node to exit non-zero fails the job: the others
+get SIGTERM (what the kubelet sends), then SIGKILL to their whole process group after the grace
+period, and the failing node's exit code and last lines are printed. Ctrl-C or SIGTERM stops
+every node the same way (a second Ctrl-C kills at once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from controller.errors import JobFailed, UserError
+from controller.progress import Progress
+from controller.render import DEFAULT_COMMAND, trainer_args
+from controller.spec import JobSpec
+
+TAIL_LINES = 20
+# Launcher variables a caller's shell may carry (e.g. run inside torchrun); they would confuse
+# the trainer's launcher detection, so the children never inherit them.
+_SCRUB_PREFIXES = ("PET_", "TORCHELASTIC_")
+_SCRUB = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+          "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE")  # fmt: skip
+
+
+@dataclass
+class Node:
+    """One local "pod": its process, its log file and how it ended."""
+
+    index: int
+    proc: subprocess.Popen
+    log_path: Path
+    log: IO[bytes]
+    exit_code: int | None = None
+    ended_s: float | None = None
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (the master binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def operator_env(spec: JobSpec, node: int, master_port: int) -> dict[str, str]:
+    """What the Kubeflow operator injects into the pod of ``node`` (a Master exists)."""
+    return {
+        # The operator sets "0"; any non-empty value turns buffering off in Python.
+        "PYTHONUNBUFFERED": "0",
+        "MASTER_PORT": str(master_port),
+        "MASTER_ADDR": "127.0.0.1",  # <name>-master-0 on a cluster
+        "WORLD_SIZE": str(spec.world_size),
+        "RANK": str(node),
+        "PET_NNODES": str(spec.nodes),
+        "PET_NODE_RANK": str(node),
+        "PET_NPROC_PER_NODE": str(spec.nproc_per_node),
+    }
+
+
+def spec_env(spec: JobSpec, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The spec's env, and its secret_env read from the caller's environment (or UserError)."""
+    environ = os.environ if environ is None else environ
+    env = dict(spec.env)
+    missing = []
+    for name, ref in spec.secret_env.items():
+        if name in environ:
+            env[name] = environ[name]
+        else:
+            missing.append(
+                f"secret_env.{name}: Secret {ref.secret}/{ref.key} cannot be read locally; "
+                f"export {name}=... to run --local"
+            )
+    if missing:
+        raise UserError(missing)
+    return env
+
+
+def node_command(spec: JobSpec) -> list[str]:
+    """The container's command + args, with this interpreter standing in for ``python``."""
+    command = list(spec.command or DEFAULT_COMMAND)
+    if command[0] in ("python", "python3"):
+        command[0] = sys.executable
+    args = spec.args if spec.args is not None else trainer_args(spec.trainer)
+    return [*command, *args]
+
+
+def run_local(
+    spec: JobSpec,
+    *,
+    logs_dir: str | Path | None = None,
+    grace_s: float = 30.0,
+    out: IO[str] | None = None,
+    err: IO[str] | None = None,
+) -> int:
+    """Run ``spec`` here; 0 when every node exits 0, 128+signal when stopped, JobFailed else."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    if spec.elastic:
+        raise UserError(
+            "elastic: run --local runs fixed-size jobs only; drop elastic "
+            "(--set elastic=null) to try the job here"
+        )
+    extra_env = spec_env(spec)
+    logs = Path(logs_dir) if logs_dir else Path("runs") / spec.name / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    command = node_command(spec)
+    say = _sayer(err)
+    say(
+        f"run --local {spec.name}: {spec.nodes} node(s) x {spec.nproc_per_node} process(es), "
+        f"world size {spec.world_size}, master 127.0.0.1:{port}"
+    )
+    say(f"logs: {logs}/rank-{{0..{spec.nodes - 1}}}.log")
+
+    runner = _Runner(spec, command, extra_env, port, logs, Progress(out))
+    with _signals_to(runner):
+        runner.start()
+        runner.wait(grace_s)
+    return runner.outcome(say)
+
+
+class _Runner:
+    """Starts the nodes, watches them, stops them; all state of one local run."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        command: list[str],
+        extra_env: dict[str, str],
+        port: int,
+        logs: Path,
+        progress: Progress,
+    ):
+        self.spec, self.command, self.extra_env = spec, command, extra_env
+        self.port, self.logs, self.progress = port, logs, progress
+        self.nodes: list[Node] = []
+        self.ended: queue.Queue[int] = queue.Queue()
+        self.threads: list[threading.Thread] = []
+        self.signalled: int | None = None  # SIGINT/SIGTERM received by us
+        self.failed: Node | None = None  # the first node to fail on its own
+        self.started_s = time.monotonic()
+
+    # -- start -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in _SCRUB and not k.startswith(_SCRUB_PREFIXES)
+        }
+        for index in range(self.spec.nodes):
+            env = {**base, **operator_env(self.spec, index, self.port), **self.extra_env}
+            log_path = self.logs / f"rank-{index}.log"
+            log = open(log_path, "wb")  # noqa: SIM115 - closed in wait()
+            proc = subprocess.Popen(
+                self.command,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if index == 0 else log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: Ctrl-C reaches us, not it
+            )
+            node = Node(index, proc, log_path, log)
+            self.nodes.append(node)
+            self._thread(self._watch, node)
+            if index == 0:
+                self._thread(self._pump_rank0, node)
+
+    def _thread(self, target: Any, node: Node) -> None:
+        t = threading.Thread(target=target, args=(node,), daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def _watch(self, node: Node) -> None:
+        node.exit_code = _exit_code(node.proc.wait())
+        node.ended_s = time.monotonic() - self.started_s
+        self.ended.put(node.index)
+
+    def _pump_rank0(self, node: Node) -> None:
+        assert node.proc.stdout is not None
+        for raw in node.proc.stdout:
+            node.log.write(raw)
+            node.log.flush()
+            line = raw.decode("utf-8", errors="replace")
+            node.tail.append(line.rstrip("\n"))
+            self.progress.feed(line)
+
+    # -- watch and stop ----------------------------------------------------------------------
+
+    def wait(self, grace_s: float) -> None:
+        """Until every node has ended; the first failure or a signal stops the rest."""
+        running = len(self.nodes)
+        stop_deadline: float | None = None
+        killed = False
+        while running:
+            try:
+                index = self.ended.get(timeout=0.1)
+            except queue.Empty:
+                index = None
+            if index is not None:
+                running -= 1
+                node = self.nodes[index]
+                stopping = stop_deadline is not None
+                if node.exit_code and not stopping and self.failed is None:
+                    self.failed = node
+            if stop_deadline is None and (self.failed or self.signalled):
+                self._terminate()
+                stop_deadline = time.monotonic() + grace_s
+            if (
+                stop_deadline is not None
+                and not killed
+                and (time.monotonic() >= stop_deadline or self.signalled == -1)
+            ):
+                self._kill()
+                killed = True
+        for t in self.threads:
+            t.join(timeout=5)
+        self.progress.close()
+        for node in self.nodes:
+            node.log.close()
+
+    def _terminate(self) -> None:
+        # SIGTERM to the node's main process only, as the kubelet sends it to the container.
+        for node in self.nodes:
+            if node.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    node.proc.send_signal(signal.SIGTERM)
+
+    def _kill(self) -> None:
+        # SIGKILL to the whole group, as the runtime kills the container with its children.
+        for node in self.nodes:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(node.proc.pid, signal.SIGKILL)
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        # The first Ctrl-C stops gracefully; a second one kills at once.
+        self.signalled = -1 if self.signalled else signum
+
+    # -- report ------------------------------------------------------------------------------
+
+    def outcome(self, say: Any) -> int:
+        codes = ", ".join(f"{n.index}: {n.exit_code}" for n in self.nodes)
+        if self.failed is not None:
+            node = self.failed
+            tail = list(node.tail) if node.index == 0 else _tail(node.log_path)
+            lines = [
+                f"rank {node.index} exited with code {node.exit_code}"
+                f"{_signal_note(node.exit_code)} after {node.ended_s:.1f}s; stopped the "
+                f"other ranks (exit codes {codes})",
+                f"last lines of {node.log_path}:",
+                *(f"    {line}" for line in tail),
+            ]
+            raise JobFailed("\n".join(lines))
+        if self.signalled:
+            signum = signal.SIGINT if self.signalled == -1 else self.signalled
+            say(f"stopped by {signal.Signals(signum).name}; exit codes {codes}")
+            return 128 + signum
+        elapsed = time.monotonic() - self.started_s
+        say(f"job succeeded in {elapsed:.1f}s: {len(self.nodes)} node(s) exited 0")
+        return 0
+
+
+@contextlib.contextmanager
+def _signals_to(runner: _Runner):
+    """Route SIGINT/SIGTERM to the runner while it runs (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, runner.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _exit_code(returncode: int) -> int:
+    # Popen reports death by signal N as -N; shells and Kubernetes say 128 + N.
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _signal_note(code: int | None) -> str:
+    if code is None or code <= 128 or code - 128 not in signal.Signals._value2member_map_:
+        return ""
+    return f" ({signal.Signals(code - 128).name})"
+
+
+def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    return lines[-n:]
+
+
+def _sayer(err: IO[str]):
+    def say(text: str) -> None:
+        err.write(text + "\n")
+        err.flush()
+
+    return say

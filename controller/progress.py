@@ -1,0 +1,234 @@
+"""Rank 0's stdout, one line at a time, turned into a progress bar with an ETA.
+
+The trainer prints JSON events (``{"event": "train", "step": 120, "max_steps": 1000, ...}``)
+beside human lines (ARCHITECTURE.md, "The trainer's stdout contract"). Feed every line to
+:class:`Progress`; it works the same for ``run --local`` (a child's pipe), ``logs -f`` and
+``submit --follow`` (a pod's log stream):
+
+    progress = Progress(sys.stdout)
+    for line in lines:
+        progress.feed(line)
+    progress.close()
+
+On a terminal it draws a rich bar (step/max, loss, samples/s, ETA) and prints events as short
+human lines. Anywhere else every line passes through unchanged, so the output stays
+machine-readable (``... | grep '"event": "eval"'``). Either way the latest state is kept in
+attributes (``step``, ``max_steps``, ``loss``, ``eta_s``, ``done``) for the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import IO, Any
+
+
+def parse_event(line: str) -> dict[str, Any] | None:
+    """The event in ``line`` if it is one JSON object with an ``event`` key, else None."""
+    text = line.strip()
+    if not (text.startswith("{") and text.endswith("}")):
+        return None
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) and isinstance(obj.get("event"), str) else None
+
+
+def format_duration(seconds: float | None) -> str:
+    """``1:02:03`` / ``4:05`` / ``--:--`` for unknown."""
+    if seconds is None or seconds != seconds or seconds < 0:
+        return "--:--"
+    s = round(seconds)
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+class Eta:
+    """Seconds left, from the trainer's own ``step_time_s`` or else from wall-clock step rate.
+
+    The trainer's figure is preferred: it is right even when lines arrive in a burst (a log
+    replayed by ``logs -f``), where wall-clock time between lines means nothing.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, window: int = 5):
+        self.clock = clock
+        self.samples: deque[tuple[float, int]] = deque(maxlen=window)
+        self.step_times: deque[float] = deque(maxlen=window)  # smooths one slow window
+
+    def update(self, step: int, max_steps: int, step_time_s: float | None = None) -> float | None:
+        now = self.clock()
+        if self.samples and step < self.samples[-1][1]:
+            self.samples.clear()  # the job restarted from an earlier checkpoint
+            self.step_times.clear()
+        self.samples.append((now, step))
+        left = max(max_steps - step, 0)
+        if isinstance(step_time_s, (int, float)) and step_time_s > 0:
+            self.step_times.append(float(step_time_s))
+            return left * sum(self.step_times) / len(self.step_times)
+        (t0, s0), (t1, s1) = self.samples[0], self.samples[-1]
+        if s1 > s0 and t1 > t0:
+            return left * (t1 - t0) / (s1 - s0)
+        return None
+
+
+class Progress:
+    """A reusable renderer of the trainer's output, fed one line at a time (see module doc)."""
+
+    def __init__(
+        self,
+        out: IO[str] | None = None,
+        *,
+        live: bool | None = None,
+        label: str = "train",
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.out = out if out is not None else sys.stdout
+        isatty = getattr(self.out, "isatty", None)
+        self.live = bool(isatty and isatty()) if live is None else live
+        self.label = label
+        self.eta = Eta(clock)
+        self.step: int | None = None
+        self.max_steps: int | None = None
+        self.loss: float | None = None
+        self.samples_per_s: float | None = None
+        self.eta_s: float | None = None
+        self.last_event: dict[str, Any] | None = None
+        self.done: dict[str, Any] | None = None
+        self._bar: Any = None
+        self._task: Any = None
+
+    # -- input -------------------------------------------------------------------------------
+
+    def feed(self, line: str) -> dict[str, Any] | None:
+        """Take one line of output; returns its event, if it was one."""
+        line = line.rstrip("\r\n")
+        event = parse_event(line)
+        if event is not None:
+            self._track(event)
+        if not self.live:
+            self._write(line)
+        elif event is None:
+            self._print(line)
+        else:
+            self._show(event)
+        return event
+
+    def close(self) -> None:
+        """Stop the bar (left on screen at its last state). Safe to call twice."""
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- state -------------------------------------------------------------------------------
+
+    def _track(self, event: dict[str, Any]) -> None:
+        self.last_event = event
+        name = event["event"]
+        if isinstance(event.get("max_steps"), int):
+            self.max_steps = event["max_steps"]
+        if isinstance(event.get("step"), int):
+            self.step = event["step"]
+        if name == "train":
+            if isinstance(event.get("loss"), (int, float)):
+                self.loss = float(event["loss"])
+            if isinstance(event.get("samples_per_s"), (int, float)):
+                self.samples_per_s = float(event["samples_per_s"])
+            if self.step is not None and self.max_steps:
+                self.eta_s = self.eta.update(self.step, self.max_steps, event.get("step_time_s"))
+        elif name == "done":
+            self.done = event
+            self.eta_s = 0.0 if event.get("reason") == "completed" else None
+
+    # -- output ------------------------------------------------------------------------------
+
+    def _write(self, line: str) -> None:
+        self.out.write(line + "\n")
+        self.out.flush()
+
+    def _print(self, line: str) -> None:
+        self._ensure_bar()
+        self._bar.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def _show(self, event: dict[str, Any]) -> None:
+        name = event["event"]
+        if name == "train" or (name == "done" and event.get("reason") == "completed"):
+            self._refresh()
+            return
+        text = describe(event)
+        if text:
+            self._print(text)
+        self._refresh()
+
+    def _ensure_bar(self) -> None:
+        if self._bar is not None:
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        console = Console(file=self.out, highlight=False)
+        self._bar = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[rate]}"),
+            TextColumn("ETA {task.fields[eta]}"),
+            console=console,
+            refresh_per_second=4,
+        )
+        self._task = self._bar.add_task(self.label, total=None, loss="-", rate="", eta="--:--")
+        self._bar.start()
+
+    def _refresh(self) -> None:
+        self._ensure_bar()
+        self._bar.update(
+            self._task,
+            total=self.max_steps,
+            completed=self.step or 0,
+            loss="-" if self.loss is None else f"{self.loss:.4f}",
+            rate="" if self.samples_per_s is None else f"{self.samples_per_s:,.0f} samples/s",
+            eta=format_duration(self.eta_s),
+        )
+
+
+def describe(event: dict[str, Any]) -> str | None:
+    """A short human line for an event (None for events the bar already shows)."""
+    name, step = event.get("event"), event.get("step")
+    if name == "start":
+        where = f" from step {step}" if step else ""
+        return (
+            f"started: world size {event.get('world_size', '?')} on "
+            f"{event.get('device', '?')}{where}"
+        )
+    if name == "eval":
+        metrics = event.get("metrics") or {}
+        shown = ", ".join(f"{k} {_num(v)}" for k, v in metrics.items())
+        return f"eval @ step {step}: {shown}" if shown else f"eval @ step {step}"
+    if name == "checkpoint":
+        return f"checkpoint @ step {step}: {event.get('path')}"
+    if name == "resume":
+        if event.get("path"):
+            return f"resumed from {event['path']} at step {step}"
+        return None
+    if name == "done":
+        reason = event.get("reason", "?")
+        error = f": {event['error']}" if event.get("error") else ""
+        return f"stopped ({reason}) at step {step}/{event.get('max_steps')}{error}"
+    if name == "train":
+        return None
+    return json.dumps(event)
+
+
+def _num(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)

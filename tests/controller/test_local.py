@@ -1,0 +1,183 @@
+"""run --local: one process per node with the operator's env; a failing rank stops the rest.
+
+The end-to-end test runs the real trainer (2 nodes, gloo on CPU). The failure and signal tests
+use tiny Python commands as the "container", so they take a second and need no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from controller.errors import JobFailed, UserError
+from controller.local import node_command, operator_env, run_local, spec_env
+from controller.spec import validate_spec
+from tests.controller.conftest import PYTHON, REPO, minimal
+
+
+def spec_running(script: str, **fields):
+    """A spec whose container runs ``script`` (Python) instead of the trainer."""
+    return validate_spec(minimal(command=["python", "-c", textwrap.dedent(script)], args=[],
+                                 **fields))  # fmt: skip
+
+
+def test_operator_env_for_a_worker():
+    spec = validate_spec(minimal(nodes=3, nproc_per_node=2, resources={"gpus": 2, "memory": "4Gi"}))
+    assert operator_env(spec, 2, 29400) == {
+        "PYTHONUNBUFFERED": "0",
+        "MASTER_PORT": "29400",
+        "MASTER_ADDR": "127.0.0.1",
+        "WORLD_SIZE": "6",
+        "RANK": "2",
+        "PET_NNODES": "3",
+        "PET_NODE_RANK": "2",
+        "PET_NPROC_PER_NODE": "2",
+    }
+
+
+def test_secret_env_comes_from_the_callers_environment_or_fails_by_name():
+    spec = validate_spec(
+        minimal(env={"A": "1"}, secret_env={"TOKEN": {"secret": "creds", "key": "token"}})
+    )
+    assert spec_env(spec, {"TOKEN": "t"}) == {"A": "1", "TOKEN": "t"}
+    with pytest.raises(UserError) as info:
+        spec_env(spec, {})
+    assert info.value.problems == [
+        "secret_env.TOKEN: Secret creds/token cannot be read locally; export TOKEN=... to run "
+        "--local"
+    ]
+
+
+def test_node_command_is_this_python_running_the_trainer():
+    spec = validate_spec(minimal(trainer={"max_steps": 5, "lr": 0.01}))
+    assert node_command(spec) == [sys.executable, "-m", "trainer", "lr=0.01", "max_steps=5"]
+
+
+def test_elastic_is_refused_locally():
+    spec = validate_spec(minimal(nodes=2, elastic={"min_nodes": 1, "max_nodes": 2}))
+    with pytest.raises(UserError, match="elastic: run --local runs fixed-size jobs only"):
+        run_local(spec)
+
+
+def test_each_node_gets_the_operator_env_and_its_own_log(tmp_path, capsys):
+    spec = spec_running(
+        """
+        import json, os
+        keys = ["RANK", "WORLD_SIZE", "MASTER_ADDR", "PET_NODE_RANK", "PET_NNODES", "MY_VAR"]
+        print(json.dumps({k: os.environ.get(k) for k in keys}))
+        """,
+        nodes=3, env={"MY_VAR": "x"},
+    )  # fmt: skip
+    assert run_local(spec, logs_dir=tmp_path) == 0
+    seen = [json.loads((tmp_path / f"rank-{i}.log").read_text()) for i in range(3)]
+    for i, env in enumerate(seen):
+        assert env == {"RANK": str(i), "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1",
+                       "PET_NODE_RANK": str(i), "PET_NNODES": "3", "MY_VAR": "x"}  # fmt: skip
+    out, err = capsys.readouterr()
+    assert json.loads(out) == seen[0]  # rank 0 shown (passthrough: stdout is not a TTY)
+    assert "job succeeded" in err and f"logs: {tmp_path}/rank-{{0..2}}.log" in err
+
+
+# Rank 1 fails with exit 3; rank 0 would run for a minute but records the SIGTERM it gets.
+FAILING = """
+    import os, signal, sys, time
+    rank = int(os.environ["RANK"])
+    if rank == 1:
+        print("rank 1: about to fail", flush=True)
+        time.sleep(0.5)
+        sys.exit(3)
+    def on_term(signum, frame):
+        open(os.environ["MARKER"], "w").write("SIGTERM")
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, {handler})
+    print("rank 0: training", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_failing_rank_stops_the_others_and_reports_its_exit_code(tmp_path):
+    marker = tmp_path / "rank0-got-sigterm"
+    spec = spec_running(FAILING.format(handler="on_term"), nodes=2, env={"MARKER": str(marker)})
+    started = time.monotonic()
+    with pytest.raises(JobFailed) as info:
+        run_local(spec, logs_dir=tmp_path, grace_s=10)
+    assert time.monotonic() - started < 20  # not the 60 s rank 0 would have run
+    message = str(info.value)
+    assert message.startswith("rank 1 exited with code 3 after ")
+    assert "stopped the other ranks (exit codes 0: 143, 1: 3)" in message
+    assert f"last lines of {tmp_path}/rank-1.log:\n    rank 1: about to fail" in message
+    assert marker.read_text() == "SIGTERM"
+    assert info.value.exit_code == 1
+
+
+def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
+    spec = spec_running(FAILING.format(handler="signal.SIG_IGN"), nodes=2,
+                        env={"MARKER": str(tmp_path / "m")})  # fmt: skip
+    started = time.monotonic()
+    with pytest.raises(JobFailed, match=r"exit codes 0: 137, 1: 3"):
+        run_local(spec, logs_dir=tmp_path, grace_s=1.0)
+    assert time.monotonic() - started < 15
+
+
+def test_ctrl_c_stops_every_rank_and_exits_130(tmp_path, write_spec):
+    marker = tmp_path / "marker"
+    script = textwrap.dedent("""
+        import os, signal, sys, time
+        def on_term(signum, frame):
+            open(os.environ["MARKER"] + os.environ["RANK"], "w").write("SIGTERM")
+            sys.exit(143)
+        signal.signal(signal.SIGTERM, on_term)
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    path = write_spec(minimal(nodes=2, command=["python", "-c", script], args=[],
+                              env={"MARKER": str(marker)}))  # fmt: skip
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "controller", "run", str(path), "--local", "--logs-dir", str(tmp_path)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout.readline().strip() == "ready"  # rank 0 is up
+    deadline = time.monotonic() + 20
+    while "ready" not in _read(tmp_path / "rank-1.log") and time.monotonic() < deadline:
+        time.sleep(0.05)  # rank 1 has its SIGTERM handler once it says ready
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "stopped by SIGINT; exit codes 0: 143, 1: 143" in err
+    assert [(tmp_path / f"marker{i}").read_text() for i in range(2)] == ["SIGTERM"] * 2
+
+
+def _read(path):
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
+@pytest.mark.slow
+def test_quickstart_trains_on_two_cpu_nodes_with_the_real_trainer(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [PYTHON, "-m", "controller", "run", str(REPO / "examples" / "quickstart.yaml"),
+         "--local", "--set", "trainer.max_steps=20", "--set", "trainer.eval_every=10",
+         "--set", "trainer.task_args.image_size=16", "--set", "trainer.warmup_steps=2"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    start, done = events[0], events[-1]
+    assert start["event"] == "start" and start["world_size"] == 2
+    assert done["event"] == "done" and done["reason"] == "completed" and done["step"] == 20
+    assert any(e["event"] == "eval" for e in events)
+    logs = tmp_path / "runs" / "quickstart" / "logs"
+    assert (logs / "rank-0.log").read_text().count('"event": "train"') == 1  # log_every=20
+    assert (logs / "rank-1.log").exists()
+    assert (tmp_path / "runs/quickstart/checkpoints").is_dir()
+    assert "job succeeded" in result.stderr
