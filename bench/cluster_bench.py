@@ -1,0 +1,257 @@
+"""Cluster client bench, side by side in one run on the local control plane (tests/cluster).
+
+    python bench/cluster_bench.py            # reuses a live `make cluster-up`, else starts one
+
+1. Waiting for a job to end: ddpjob's ``wait_for_job`` (a watch) and the Kubeflow SDK's
+   ``TrainingClient.wait_for_job_conditions`` at its defaults (a GET every 15 s) wait for the
+   same job at the same time. For each: seconds from the terminal condition becoming visible
+   (an independent watch records that instant) to the waiting call returning, and the API
+   requests it issued while waiting. Requests are counted with one hook for both clients:
+   ``kubernetes.client.rest.RESTClientObject.request``, attributed by client instance.
+2. Following rank 0's log across a pod restart: the master's process is killed (-9) mid-run so
+   the operator re-creates the pod. ddpjob's ``RankFollower`` and the SDK's
+   ``get_job_logs(follow=True)`` follow at the same time; each is compared with what the pods
+   really printed (the pod agent's log files): lines lost and lines printed twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import yaml  # noqa: E402
+
+
+class RequestCounter:
+    """Count API requests per REST client instance (both clients share one hook)."""
+
+    def __init__(self) -> None:
+        from kubernetes.client import rest
+
+        self.counts: Counter[int] = Counter()
+        self.lock = threading.Lock()
+        original = rest.RESTClientObject.request
+        counter = self
+
+        def request(self_rest: Any, *args: Any, **kwargs: Any) -> Any:
+            with counter.lock:
+                counter.counts[id(self_rest)] += 1
+            return original(self_rest, *args, **kwargs)
+
+        rest.RESTClientObject.request = request
+
+    def of(self, rest_client: Any) -> int:
+        with self.lock:
+            return self.counts[id(rest_client)]
+
+
+def job_manifest(name: str, namespace: str, ckpt: Path, max_steps: int) -> dict[str, Any]:
+    from controller.render import render_pytorchjob
+    from controller.spec import validate_spec
+
+    spec = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+    spec.update(name=name, namespace=namespace)
+    spec["trainer"].update(
+        max_steps=max_steps,
+        log_every=5,
+        eval_every=0,
+        resume="auto",
+        warmup_steps=0,
+        task_args={"image_size": 16, "noise": 2.0},
+        checkpoint={"dir": str(ckpt), "every_steps": 10},
+    )
+    return render_pytorchjob(validate_spec(spec))
+
+
+def bench_wait(
+    cluster_handle: Any, ours: Any, namespace: str, tmp: Path, counter: RequestCounter
+) -> dict[str, Any]:
+    from kubeflow.training import TrainingClient
+    from kubernetes import client, config, watch
+
+    from controller.explain import job_terminal
+    from controller.watch import wait_for_job
+
+    name = "bench-wait"
+    ours.create_job(job_manifest(name, namespace, tmp / "ckpt-wait", 40))
+    sdk = TrainingClient(config_file=str(cluster_handle.kubeconfig), namespace=namespace)
+    results: dict[str, dict[str, float]] = {}
+    seen_at: dict[str, float] = {}
+
+    def observe() -> None:
+        api = client.CustomObjectsApi(
+            config.new_client_from_config(config_file=str(cluster_handle.kubeconfig))
+        )
+        for ev in watch.Watch().stream(
+            api.list_namespaced_custom_object,
+            "kubeflow.org",
+            "v1",
+            namespace,
+            "pytorchjobs",
+            field_selector=f"metadata.name={name}",
+            timeout_seconds=300,
+        ):
+            if job_terminal(ev["object"]):
+                seen_at["t"] = time.monotonic()
+                return
+
+    def run_ours() -> None:
+        before = counter.of(ours._api.rest_client)
+        wait_for_job(ours, name, namespace, timeout_s=300)
+        results["ddpjob wait (watch)"] = {
+            "returned": time.monotonic(),
+            "requests": counter.of(ours._api.rest_client) - before,
+        }
+
+    def run_sdk() -> None:
+        rc = sdk.custom_api.api_client.rest_client
+        before = counter.of(rc)
+        sdk.wait_for_job_conditions(name, namespace=namespace)
+        results["Kubeflow SDK wait_for_job_conditions (defaults)"] = {
+            "returned": time.monotonic(),
+            "requests": counter.of(rc) - before,
+        }
+
+    threads = [threading.Thread(target=f) for f in (observe, run_ours, run_sdk)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=400)
+    out = {"job_s": seen_at["t"] - started}
+    for who, r in results.items():
+        out[who] = {"latency_s": r["returned"] - seen_at["t"], "requests": r["requests"]}
+    return out
+
+
+def agent_lines(state_dir: Path, namespace: str, pod: str) -> list[str]:
+    """What every run of ``pod`` printed (the pod agent's files): the ground truth."""
+    from types import SimpleNamespace
+
+    from tests.e2e.helpers import agent_log_lines
+
+    handle = SimpleNamespace(control_plane=SimpleNamespace(state_dir=state_dir))
+    return agent_log_lines(handle, namespace, pod)
+
+
+def lost_and_doubled(got: list[str], truth: list[str]) -> tuple[int, int]:
+    g, t = Counter(got), Counter(truth)
+    return sum((t - g).values()), sum((g - t).values())
+
+
+def bench_logs(cluster_handle: Any, ours: Any, namespace: str, tmp: Path) -> dict[str, Any]:
+    from controller.logs import RankFollower
+    from tests.e2e.helpers import pod_pid, running_pod, wait_until
+
+    name = "bench-logs"
+    ours.create_job(job_manifest(name, namespace, tmp / "ckpt-logs", 120))
+    got: list[str] = []
+    follower = RankFollower(ours, namespace, name, 0, got.append, lambda s: None)
+    done = threading.Event()
+
+    def follow() -> None:
+        follower.follow(time.monotonic() + 300)
+        done.set()
+
+    threading.Thread(target=follow, daemon=True).start()
+    wait_until(
+        "master running", lambda: running_pod(cluster_handle, name, namespace, "master-0"), 120, 0.3
+    )
+    sdk_code = (
+        "import sys\nfrom kubeflow.training import TrainingClient\n"
+        f"TrainingClient(config_file={str(cluster_handle.kubeconfig)!r}, "
+        f"namespace={namespace!r}).get_job_logs({name!r}, follow=True)\n"
+    )
+    sdk = subprocess.Popen(
+        [sys.executable, "-c", sdk_code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+
+    def step() -> int:
+        return max(
+            [json.loads(x)["step"] for x in list(got) if x.startswith('{"event": "train"')] or [0]
+        )
+
+    wait_until("step 40", lambda: step() >= 40, 120, 0.3)
+    pod = running_pod(cluster_handle, name, namespace, "master-0")
+    os.kill(pod_pid(cluster_handle, namespace, pod), signal.SIGKILL)
+    done.wait(300)
+    try:
+        sdk_out, _ = sdk.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        sdk.kill()
+        sdk_out, _ = sdk.communicate()
+    prefix = f"[Pod {name}-master-0]: "
+    sdk_lines = [x[len(prefix) :] for x in sdk_out.splitlines() if x.startswith(prefix)]
+    truth = agent_lines(cluster_handle.control_plane.state_dir, namespace, f"{name}-master-0")
+    out: dict[str, Any] = {"printed_by_pods": len(truth)}
+    for who, lines in (
+        ("ddpjob logs -f", got),
+        ("Kubeflow SDK get_job_logs(follow=True)", sdk_lines),
+    ):
+        lost, doubled = lost_and_doubled(lines, truth)
+        out[who] = {"lines": len(lines), "lost": lost, "doubled": doubled}
+    return out
+
+
+def main() -> int:
+    from controller.cluster import Cluster
+    from tests.cluster.fixture import start_or_reuse
+
+    counter = RequestCounter()
+    handle = start_or_reuse()
+    namespace = f"bench-{uuid.uuid4().hex[:6]}"
+    handle.kubectl("create", "namespace", namespace)
+    from tests.e2e.helpers import wait_until
+
+    wait_until(
+        "service account",
+        lambda: (
+            handle.kubectl("get", "sa", "default", "-n", namespace, check=False).returncode == 0
+        ),
+        30,
+    )
+    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / namespace
+    tmp.mkdir(parents=True, exist_ok=True)
+    ours = Cluster(kubeconfig=str(handle.kubeconfig), notice=lambda s: None)
+    try:
+        wait = bench_wait(handle, ours, namespace, tmp, counter)
+        logs = bench_logs(handle, ours, namespace, tmp)
+    finally:
+        handle.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        if handle.started_here:
+            handle.control_plane.down()
+    print(f"wait for a job to end (job ran {wait.pop('job_s'):.1f} s; same job, same time):")
+    for who, r in wait.items():
+        print(
+            f"  {who:50s} {r['latency_s']:6.2f} s after the terminal condition, "
+            f"{r['requests']:3d} API requests"
+        )
+    print(
+        f"follow rank 0 across a pod restart (kill -9 of the master; the pods printed "
+        f"{logs.pop('printed_by_pods')} lines):"
+    )
+    for who, r in logs.items():
+        print(
+            f"  {who:50s} {r['lines']:4d} lines, {r['lost']:4d} lost, {r['doubled']:3d} "
+            "printed twice"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
