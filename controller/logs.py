@@ -40,6 +40,8 @@ from controller.explain import (
 PENDING_EVENTS_EVERY_S = 5.0
 # After the job ended, wait this long for the followed container to be reported terminated.
 END_GRACE_S = 15.0
+# A finished run's stream is closed once it has been quiet this long (at most QUIET_MAX_S).
+QUIET_S, QUIET_MAX_S = 0.5, 3.0
 
 
 def split_timestamp(line: str) -> tuple[tuple[str, int] | None, str]:
@@ -106,6 +108,7 @@ class _Run:
         self.stream: Any = None
         self.thread: threading.Thread | None = None
         self.done = False
+        self.last_line_at = time.monotonic()  # when the stream last delivered a line
 
     @property
     def key(self) -> tuple[str, int]:
@@ -178,13 +181,19 @@ class RankFollower:
         while not run.stop.is_set():
             try:
                 stream = self.cluster.stream_log(run.pod, self.namespace)
-            except LogStreamBroken:
+            except (LogStreamBroken, ClusterError) as e:
                 failures += 1
+                if failures == 20:  # about 30 s of trying: worth a word
+                    self.say(f"logs: cannot attach to {run.pod} yet ({e}); still trying")
                 run.stop.wait(min(2.0, 0.1 * failures))
                 continue
             run.stream = stream
+            if not self._same_pod(run):  # re-created under the same name: not our run's log
+                stream.close()
+                return
             with run.lock:
                 run.cursor.restart_pass()
+            broke = False
             try:
                 for raw in stream:
                     if run.stop.is_set():
@@ -192,17 +201,18 @@ class RankFollower:
                     self._offer(run, raw)
                 failures = 0
             except LogStreamBroken:
-                pass
+                broke = True
             finally:
                 stream.close()
             if not run.stop.is_set():
                 failures += 1
-                if failures == 1:
+                if broke and failures == 1:
                     self.say(f"logs: stream of {run.pod} broke; re-attaching")
                 run.stop.wait(min(2.0, 0.1 * failures))
 
     def _offer(self, run: _Run, raw: str) -> None:
         ts, text = split_timestamp(raw)
+        run.last_line_at = time.monotonic()
         with run.lock:
             if not run.cursor.accept(ts):
                 return
@@ -236,6 +246,11 @@ class RankFollower:
         if run.done:
             return
         run.done = True
+        # The process has exited and its output is in the log file; give the open stream a
+        # moment to deliver the tail (a deleted pod's log cannot be read again afterwards).
+        deadline = time.monotonic() + QUIET_MAX_S
+        while time.monotonic() < deadline and time.monotonic() - run.last_line_at < QUIET_S:
+            time.sleep(0.05)
         run.stop.set()
         if run.stream is not None:
             run.stream.close()
@@ -247,10 +262,21 @@ class RankFollower:
             )
         except (NotFound, ClusterError):
             return  # the pod is gone: what the stream delivered is all there is
+        # Logs are read by pod name; if the operator re-created the pod meanwhile, the text may
+        # be the new pod's (its own run prints it). Checked after the read, so no race.
+        if not self._same_pod(run):
+            return
         with run.lock:
             run.cursor.restart_pass()
         for raw in text.splitlines():
             self._offer(run, raw)
+
+    def _same_pod(self, run: _Run) -> bool:
+        try:
+            pod = self.cluster.get_pod(run.pod, self.namespace)
+        except ClusterError:
+            return False
+        return pod.get("metadata", {}).get("uid") == run.uid
 
     # -- main loop -------------------------------------------------------------------------
 
