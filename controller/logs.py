@@ -359,12 +359,12 @@ def _started(pod: dict[str, Any]) -> bool:
     """The trainer container has run (or runs): its log exists."""
     cs = container_status(pod)
     state = cs.get("state") or {}
-    return bool(state.get("running") or state.get("terminated") or cs.get("restartCount"))
+    return "running" in state or "terminated" in state or bool(cs.get("restartCount"))
 
 
 def _terminated(pod: dict[str, Any]) -> bool:
     state = container_status(pod).get("state") or {}
-    return bool(state.get("terminated")) or pod.get("status", {}).get("phase") in (
+    return "terminated" in state or pod.get("status", {}).get("phase") in (
         "Succeeded",
         "Failed",
     )

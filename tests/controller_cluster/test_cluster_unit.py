@@ -33,18 +33,54 @@ def api_error(status: int, message: str, details: dict | None = None):
 @pytest.mark.parametrize(
     ("status", "message", "details", "what", "cls", "words"),
     [
-        (409, 'pytorchjobs.kubeflow.org "q" already exists', {"name": "q"},
-         "PyTorchJob default/q", errors.Conflict, "--replace"),
-        (404, "the server could not find the requested resource", {}, "PyTorchJob default/q",
-         errors.NotFound, "Install the Kubeflow training operator"),
-        (404, 'pytorchjobs.kubeflow.org "q" not found', {"name": "q"}, "PyTorchJob default/q",
-         errors.NotFound, "not found"),
-        (403, 'User "bob" cannot create resource "pytorchjobs" in API group "kubeflow.org"', {},
-         "PyTorchJob default/q", errors.Forbidden, 'cannot create resource "pytorchjobs"'),
-        (403, 'admission webhook "validator.pytorchjob" denied the request: must be 1', {},
-         "PyTorchJob default/q", errors.UserError, "must be 1"),
-        (500, 'Internal error: failed calling webhook "validator": connection refused', {},
-         "PyTorchJob default/q", errors.ClusterError, "Is the operator running?"),
+        (
+            409,
+            'pytorchjobs.kubeflow.org "q" already exists',
+            {"name": "q"},
+            "PyTorchJob default/q",
+            errors.Conflict,
+            "--replace",
+        ),
+        (
+            404,
+            "the server could not find the requested resource",
+            {},
+            "PyTorchJob default/q",
+            errors.NotFound,
+            "Install the Kubeflow training operator",
+        ),
+        (
+            404,
+            'pytorchjobs.kubeflow.org "q" not found',
+            {"name": "q"},
+            "PyTorchJob default/q",
+            errors.NotFound,
+            "not found",
+        ),
+        (
+            403,
+            'User "bob" cannot create resource "pytorchjobs" in API group "kubeflow.org"',
+            {},
+            "PyTorchJob default/q",
+            errors.Forbidden,
+            'cannot create resource "pytorchjobs"',
+        ),
+        (
+            403,
+            'admission webhook "validator.pytorchjob" denied the request: must be 1',
+            {},
+            "PyTorchJob default/q",
+            errors.UserError,
+            "must be 1",
+        ),
+        (
+            500,
+            'Internal error: failed calling webhook "validator": connection refused',
+            {},
+            "PyTorchJob default/q",
+            errors.ClusterError,
+            "Is the operator running?",
+        ),
         (503, "etcd unavailable", {}, "x", errors.ClusterError, "503 etcd unavailable"),
     ],
 )
@@ -68,15 +104,23 @@ def test_resync_reports_vanished_objects_as_deleted():
     known = {"a": {"metadata": {"uid": "a"}}, "b": {"metadata": {"uid": "b"}}}
     events = list(_resync(known, [{"metadata": {"uid": "b"}}, {"metadata": {"uid": "c"}}]))
     assert [(t, o["metadata"]["uid"]) for t, o in events] == [
-        ("DELETED", "a"), ("MODIFIED", "b"), ("ADDED", "c")]
+        ("DELETED", "a"),
+        ("MODIFIED", "b"),
+        ("ADDED", "c"),
+    ]
     assert set(known) == {"b", "c"}
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     import os
 
-    return subprocess.run([PY, "-m", "controller", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=60)
+    return subprocess.run(
+        [PY, "-m", "controller", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=60,
+    )
 
 
 def test_no_kubeconfig_is_one_line_exit_1(tmp_path):
@@ -88,14 +132,16 @@ def test_no_kubeconfig_is_one_line_exit_1(tmp_path):
 
 def test_unreachable_api_server_is_one_line_exit_1(tmp_path):
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(textwrap.dedent("""\
+    kubeconfig.write_text(
+        textwrap.dedent("""\
         apiVersion: v1
         kind: Config
         clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
         users: [{name: u, user: {token: t}}]
         contexts: [{name: x, context: {cluster: c, user: u}}]
         current-context: x
-    """))
+    """)
+    )
     r = _cli("wait", "q", "--kubeconfig", str(kubeconfig))
     assert r.returncode == 1, r.stderr
     assert "does not answer (got connection refused)" in r.stderr
@@ -131,8 +177,18 @@ def test_subcommand_debug_flag_keeps_the_global_one():
 def test_plot_writes_a_png(tmp_path):
     from controller.plot import plot_curves, train_series
 
-    lines = [json.dumps({"event": "train", "step": s, "max_steps": 30, "loss": 3.0 / s,
-                         "samples_per_s": 100.0 + s}) for s in (10, 20, 30)]
+    lines = [
+        json.dumps(
+            {
+                "event": "train",
+                "step": s,
+                "max_steps": 30,
+                "loss": 3.0 / s,
+                "samples_per_s": 100.0 + s,
+            }
+        )
+        for s in (10, 20, 30)
+    ]
     lines.insert(2, json.dumps({"event": "train", "step": 20, "loss": 9.9, "samples_per_s": 1}))
     assert train_series(lines)["step"] == [10.0, 20.0, 30.0]
     out = tmp_path / "curves.png"

@@ -77,10 +77,18 @@ FAILED_JOB = {
 
 
 def test_first_failure_wins_over_ranks_that_died_after_it():
-    master = pod("master", 0, phase="Failed",
-                 terminated={"exitCode": 1, "reason": "Error", "finishedAt": "2026-01-01T00:01:09Z"})
-    worker = pod("worker", 0, phase="Failed",
-                 terminated={"exitCode": 1, "reason": "Error", "finishedAt": "2026-01-01T00:01:05Z"})
+    master = pod(
+        "master",
+        0,
+        phase="Failed",
+        terminated={"exitCode": 1, "reason": "Error", "finishedAt": "2026-01-01T00:01:09Z"},
+    )
+    worker = pod(
+        "worker",
+        0,
+        phase="Failed",
+        terminated={"exitCode": 1, "reason": "Error", "finishedAt": "2026-01-01T00:01:05Z"},
+    )
     f = explain_failure(FAILED_JOB, [master, worker])
     assert (f.replica, f.pod, f.exit_code, f.reason) == ("worker-0", "job-worker-0", 1, "Error")
     f.last_lines = ["Traceback (most recent call last):", "ValueError: boom"]
@@ -124,10 +132,19 @@ def test_conditions():
 
 
 def test_pending_reason_from_the_scheduler():
-    p = pod("master", 0, phase="Pending", conditions=[{
-        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-        "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
-    }])
+    p = pod(
+        "master",
+        0,
+        phase="Pending",
+        conditions=[
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
+            }
+        ],
+    )
     p["status"]["containerStatuses"] = []
     assert pending_reason(p, []) == (
         "Unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
@@ -135,26 +152,41 @@ def test_pending_reason_from_the_scheduler():
 
 
 def test_pending_reason_from_a_waiting_container():
-    p = pod("worker", 0, phase="Pending",
-            waiting={"reason": "ImagePullBackOff", "message": "Back-off pulling image x"})
+    p = pod(
+        "worker",
+        0,
+        phase="Pending",
+        waiting={"reason": "ImagePullBackOff", "message": "Back-off pulling image x"},
+    )
     assert pending_reason(p, []) == "ImagePullBackOff: Back-off pulling image x"
 
 
 def test_pending_reason_from_events_of_the_job():
     events = [
-        {"type": "Normal", "reason": "SuccessfulCreate", "involvedObject": {"name": "job"},
-         "lastTimestamp": "2026-01-01T00:00:01Z"},
-        {"type": "Warning", "reason": "FailedCreatePod", "message": "pods is forbidden",
-         "involvedObject": {"name": "job"}, "lastTimestamp": "2026-01-01T00:00:02Z"},
+        {
+            "type": "Normal",
+            "reason": "SuccessfulCreate",
+            "involvedObject": {"name": "job"},
+            "lastTimestamp": "2026-01-01T00:00:01Z",
+        },
+        {
+            "type": "Warning",
+            "reason": "FailedCreatePod",
+            "message": "pods is forbidden",
+            "involvedObject": {"name": "job"},
+            "lastTimestamp": "2026-01-01T00:00:02Z",
+        },
     ]
     assert pending_reason(None, events) == "FailedCreatePod: pods is forbidden"
 
 
 def test_replica_rows_sorted_by_rank_with_last_exit():
-    rows = replica_rows([
-        pod("worker", 0, restarts=1, last={"exitCode": 137, "reason": "Error"}),
-        pod("master", 0),
-    ])
+    rows = replica_rows(
+        [
+            pod("worker", 0, restarts=1, last={"exitCode": 137, "reason": "Error"}),
+            pod("master", 0),
+        ]
+    )
     assert [r.replica for r in rows] == ["master-0", "worker-0"]
     assert (rows[1].restarts, rows[1].exit_code, rows[1].reason) == (1, 137, "Error")
 
