@@ -269,7 +269,12 @@ def explain_failure(job: dict[str, Any], pods: list[dict[str, Any]]) -> Failure:
     if not candidates:
         msg = condition_message(job, "Failed") or "no pod says why (they may have been deleted)"
         return Failure(None, None, None, "Failed", msg)
-    _, pod, term = min(candidates, key=lambda c: c[0])
+    # Ties (second-precision timestamps): a plain exit code before a signal (the others are
+    # often killed after the first failure), then the lower rank.
+    _, pod, term = min(
+        candidates,
+        key=lambda c: (c[0], (c[2].get("exitCode") or 0) >= 128, node_rank(c[1])),
+    )
     cs = container_status(pod)
     in_previous = not (cs.get("state") or {}).get("terminated") and bool(
         (cs.get("lastState") or {}).get("terminated")

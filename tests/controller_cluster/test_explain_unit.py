@@ -204,3 +204,21 @@ def test_progress_and_eta_from_the_latest_train_event():
     assert p is not None
     assert (p["step"], p["loss"], p["eta_s"]) == (20, 2.1, 20.0)
     assert latest_progress(["no events here"]) is None
+
+
+def test_ties_prefer_a_plain_exit_code_then_the_lower_rank():
+    t = "2026-01-01T00:01:05Z"
+    killed = pod(
+        "master",
+        0,
+        phase="Failed",
+        terminated={"exitCode": 143, "reason": "Error", "finishedAt": t},
+    )
+    raised = pod(
+        "worker", 0, phase="Failed", terminated={"exitCode": 1, "reason": "Error", "finishedAt": t}
+    )
+    assert explain_failure(FAILED_JOB, [killed, raised]).replica == "worker-0"
+    also = pod(
+        "master", 0, phase="Failed", terminated={"exitCode": 1, "reason": "Error", "finishedAt": t}
+    )
+    assert explain_failure(FAILED_JOB, [raised, also]).replica == "master-0"
