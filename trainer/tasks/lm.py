@@ -112,6 +112,5 @@ class LMTask:
         return loss, {"accuracy": accuracy.detach()}
 
 
-def build(**kwargs) -> LMTask:
-    """Factory for ``task=lm``; ``task_args`` are LMTask's keyword arguments."""
-    return LMTask(**kwargs)
+# The factory for ``task=lm``: ``task_args`` are LMTask's keyword arguments.
+build = LMTask

@@ -96,6 +96,5 @@ class VisionTask:
         return loss, {"accuracy": accuracy.detach()}
 
 
-def build(**kwargs) -> VisionTask:
-    """Factory for ``task=vision``; ``task_args`` are VisionTask's keyword arguments."""
-    return VisionTask(**kwargs)
+# The factory for ``task=vision``: ``task_args`` are VisionTask's keyword arguments.
+build = VisionTask

@@ -1,0 +1,88 @@
+"""Helpers to run the real trainer as real processes: standalone, torchrun, Kubeflow-style env."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TEST_TASK = "tests.trainer.tasks:build"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    """The parent's env minus any launcher variables, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+           and not k.startswith(("PET_", "TORCHELASTIC_"))}
+    env |= {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
+    return env
+
+
+def trainer_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "trainer", *args]
+
+
+def torchrun_cmd(nproc: int, *args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+            "-m", "trainer", *args]
+
+
+def kubeflow_env(nproc_per_node: int, world_size: int, rank: int = 0) -> dict[str, str]:
+    """What the PyTorchJob operator injects into the master pod (no LOCAL_RANK)."""
+    return base_env(
+        RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()), PET_NNODES=str(world_size // nproc_per_node),
+        PET_NODE_RANK=str(rank), PET_NPROC_PER_NODE=str(nproc_per_node),
+    )
+
+
+@dataclass
+class Result:
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def events(self) -> list[dict]:
+        return parse_events(self.stdout)
+
+    def of(self, name: str) -> list[dict]:
+        return [e for e in self.events if e["event"] == name]
+
+
+def parse_events(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 120) -> Result:
+    p = subprocess.run(cmd, cwd=REPO, env=env or base_env(), capture_output=True, text=True,
+                       timeout=timeout)
+    return Result(p.returncode, p.stdout, p.stderr)
+
+
+def common_args(tmp: Path, **overrides) -> list[str]:
+    """A fast run of the test task, checkpointing into ``tmp``."""
+    args = {"task": TEST_TASK, "max_steps": 8, "batch_size": 8, "log_every": 2,
+            "checkpoint.dir": str(tmp / "ckpt"), "progress": "never", "lr": 0.01,
+            "eval_batches": 2}
+    args |= overrides
+    return [f"{k}={v}" for k, v in args.items()]
+
+
+@pytest.fixture
+def ckpt_tmp(tmp_path: Path) -> Path:
+    return tmp_path

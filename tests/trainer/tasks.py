@@ -1,0 +1,88 @@
+"""A task plug-in for the tests (``task=tests.trainer.tasks:build``): tiny, fast, observable.
+
+A small MLP classifies random vectors. Each sample carries its dataset index, and in train mode
+the task appends what it saw to ``record_dir/rank<R>.jsonl`` (one line per micro-batch), so a
+test can compare the exact sample order of two runs. It can also inject faults on chosen
+micro-batch calls: a NaN loss, an fp16 gradient overflow, or a sleep to slow a run down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+
+class RecordingTask:
+    def __init__(
+        self,
+        n: int = 256,
+        dim: int = 8,
+        hidden: int = 16,
+        classes: int = 4,
+        dropout: float = 0.0,
+        record_dir: str | None = None,
+        nan_calls: tuple[int, ...] = (),
+        nan_ranks: tuple[int, ...] | None = None,
+        overflow_calls: tuple[int, ...] = (),
+        sleep_s: float = 0.0,
+    ):
+        self.n, self.dim, self.hidden, self.classes, self.dropout = n, dim, hidden, classes, dropout
+        self.record_dir = Path(record_dir) if record_dir else None
+        self.nan_calls = set(nan_calls)
+        self.nan_ranks = None if nan_ranks is None else set(nan_ranks)
+        self.overflow_calls = set(overflow_calls)
+        self.sleep_s = sleep_s
+        self.calls = 0
+        self.rank = int(os.environ.get("RANK", "0"))
+
+    def build_model(self) -> nn.Module:
+        return nn.Sequential(
+            nn.Linear(self.dim, self.hidden), nn.ReLU(), nn.Dropout(self.dropout),
+            nn.Linear(self.hidden, self.classes),
+        )
+
+    def build_datasets(self):
+        g = torch.Generator().manual_seed(0)
+        w = torch.randn(self.dim, self.classes, generator=g)
+
+        def make(n: int, offset: int) -> TensorDataset:
+            x = torch.randn(n, self.dim, generator=g)
+            return TensorDataset(x, (x @ w).argmax(dim=1), torch.arange(offset, offset + n))
+
+        return make(self.n, 0), make(64, self.n)
+
+    def loss(self, model: nn.Module, batch):
+        x, y, ids = batch
+        logits = model(x)
+        loss = F.cross_entropy(logits, y)
+        if model.training:
+            self.calls += 1
+            if self.record_dir is not None:
+                self.record_dir.mkdir(parents=True, exist_ok=True)
+                with open(self.record_dir / f"rank{self.rank}.jsonl", "a") as f:
+                    f.write(json.dumps({"ids": ids.tolist(), "dtype": str(logits.dtype)}) + "\n")
+            if self.calls in self.nan_calls and (
+                self.nan_ranks is None or self.rank in self.nan_ranks
+            ):
+                loss = loss * float("nan")
+            if self.calls in self.overflow_calls:
+                # d(loss)/d(logits) = 1 per element: times fp16's loss scale (65536) it
+                # overflows fp16 (max 65504) in backward, while the loss itself stays finite.
+                loss = loss + logits.sum()
+            if self.sleep_s:
+                time.sleep(self.sleep_s)
+        return loss, {"accuracy": (logits.argmax(1) == y).float().mean()}
+
+
+def build(**kwargs) -> RecordingTask:
+    for key in ("nan_calls", "nan_ranks", "overflow_calls"):
+        if kwargs.get(key) is not None:
+            kwargs[key] = tuple(kwargs[key])
+    return RecordingTask(**kwargs)

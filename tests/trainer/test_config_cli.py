@@ -1,0 +1,63 @@
+"""Bad configuration: exit 2, one line naming the key, no traceback (before any process group)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.trainer.conftest import kubeflow_env, run, trainer_cmd
+from trainer.config import ConfigError, load_config
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["lr=-1"], "lr: Input should be greater than 0 (got -1)"),
+        (["max_stepz=10"], "max_stepz: unknown key"),
+        (["checkpoint.keep=0"], "checkpoint.keep: Input should be greater than or equal to 1"),
+        (["checkpoint.dirr=/tmp/x"], "checkpoint.dirr: unknown key"),
+        (["precision=fp8"], "precision: Input should be 'fp32', 'bf16' or 'fp16' (got fp8)"),
+        (["batch_size=many"], "batch_size: Input should be a valid integer"),
+        (["warmup_steps=500", "max_steps=100"], "warmup_steps (500) < max_steps (100)"),
+        (["task=no.such.module:build"], "task: cannot import no (got no.such.module:build)"),
+        (["task=trainer.tasks:nope"], "task: trainer.tasks has no callable nope"),
+        (["task_args.colour=3"], "task_args: got an unexpected keyword argument 'colour'"),
+        (["lr"], "lr: expected key=value"),
+    ],
+)
+def test_bad_value_exits_2_naming_the_key(args: list[str], expected: str) -> None:
+    r = run(trainer_cmd(*args))
+    assert r.rc == 2, r.stderr
+    assert expected in r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stdout == ""  # no events: nothing started
+
+
+def test_bad_yaml_file_names_line(tmp_path) -> None:
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("max_steps: 10\nlr: [\n")
+    r = run(trainer_cmd("--config", str(cfg)))
+    assert r.rc == 2 and f"{cfg}:" in r.stderr and "YAML syntax error" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_key_in_kubeflow_pod_fails_before_torchrun() -> None:
+    # With nprocPerNode=2 the trainer would re-launch itself; a bad key must still be exit 2.
+    r = run(trainer_cmd("ddp.bucket_cap_mb=0"), env=kubeflow_env(2, 2))
+    assert r.rc == 2
+    assert "ddp.bucket_cap_mb: Input should be greater than 0 (got 0)" in r.stderr
+    assert "torch.distributed" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_precedence_cli_over_file_over_defaults(tmp_path) -> None:
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("max_steps: 50\nlr: 0.1\ncheckpoint: {keep: 7}\n")
+    c = load_config(cfg, ["lr=3e-4", "checkpoint.every_steps=5"])
+    assert (c.max_steps, c.lr, c.checkpoint.keep, c.checkpoint.every_steps) == (50, 3e-4, 7, 5)
+    assert c.batch_size == 32  # default untouched
+
+
+def test_unknown_nested_key_is_reported_with_its_path() -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["ddp.bucket_cap=1", "seed=-1"])
+    assert "ddp.bucket_cap: unknown key (got 1)" in e.value.problems
+    assert any(p.startswith("seed: ") for p in e.value.problems)

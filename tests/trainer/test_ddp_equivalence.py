@@ -1,0 +1,85 @@
+"""DDP is the same math as one big process, and talks once per optimizer step."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from tests.trainer.conftest import TEST_TASK, common_args, free_port, run, torchrun_cmd, trainer_cmd
+
+
+def _final_params(ckpt_dir: Path) -> dict[str, torch.Tensor]:
+    (path,) = sorted(ckpt_dir.glob("step_*.pt"))[-1:]
+    return torch.load(path, weights_only=True)["model"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grad_accum", [1, 3])
+def test_two_ranks_of_b_equal_one_process_of_2b(tmp_path: Path, grad_accum: int) -> None:
+    # 256 samples / (16 x grad_accum) per step: 10 steps cross at least one epoch boundary.
+    args = dict(max_steps=10, grad_accum=grad_accum, **{"checkpoint.every_steps": 0})
+    one = run(trainer_cmd(*common_args(tmp_path / "one", batch_size=16, **args)))
+    two = run(torchrun_cmd(2, *common_args(tmp_path / "two", batch_size=8, **args)))
+    assert one.rc == 0, one.stderr[-2000:]
+    assert two.rc == 0, two.stderr[-2000:]
+    a, b = _final_params(tmp_path / "one" / "ckpt"), _final_params(tmp_path / "two" / "ckpt")
+    assert a.keys() == b.keys()
+    init = torch.nn.Linear(8, 16)  # sanity: training moved the weights far from any init
+    assert not torch.allclose(a["0.weight"], init.weight, atol=1e-2)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+    # The logged global loss agrees too (mean over ranks == mean over the big batch).
+    la = [e["loss"] for e in one.of("train")]
+    lb = [e["loss"] for e in two.of("train")]
+    assert la == pytest.approx(lb, rel=1e-5)
+
+
+def _hook_worker(rank: int, port: int, out_dir: str, grad_accum: int, max_steps: int) -> None:
+    os.environ |= {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    from trainer import distributed
+    from trainer.config import build_config
+    from trainer.metrics import Reporter
+    from trainer.tasks import load_task
+    from trainer.train import Trainer
+
+    cfg = build_config({
+        "task": TEST_TASK, "max_steps": max_steps, "batch_size": 4, "grad_accum": grad_accum,
+        "checkpoint": {"dir": f"{out_dir}/ckpt", "every_steps": 0}, "log_every": 1,
+    })
+    env = distributed.setup("cpu", "gloo", 60)
+    try:
+        task = load_task(cfg.task, cfg.task_args)
+        trainer = Trainer(cfg, env, task, Reporter(False, 0, "never", None))
+        counts = {"calls": 0, "rounds": 0}
+
+        def counting_hook(state, bucket):
+            counts["calls"] += 1
+            counts["rounds"] += bucket.is_last()  # the last bucket closes one all-reduce round
+            return allreduce_hook(state, bucket)
+
+        trainer.model.register_comm_hook(None, counting_hook)
+        assert trainer.fit() == "completed"
+        counts["micro_batches"] = trainer.batches.position()[1]
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(counts))
+    finally:
+        distributed.teardown()
+
+
+@pytest.mark.slow
+def test_one_allreduce_round_per_optimizer_step(tmp_path: Path) -> None:
+    max_steps, grad_accum = 5, 3
+    mp.spawn(_hook_worker, args=(free_port(), str(tmp_path), grad_accum, max_steps), nprocs=2)
+    for rank in (0, 1):
+        counts = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert counts["micro_batches"] == max_steps * grad_accum  # 15 backward passes ...
+        assert counts["rounds"] == max_steps  # ... but only 5 all-reduce rounds
+        # The tiny model fits one bucket: no all-reduce at all in the no_sync micro-batches.
+        assert counts["calls"] == max_steps

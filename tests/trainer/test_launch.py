@@ -1,0 +1,74 @@
+"""The launch contract: one command line under every launcher, rank 0 alone prints events."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.trainer.conftest import (
+    REPO,
+    base_env,
+    common_args,
+    kubeflow_env,
+    parse_events,
+    run,
+    torchrun_cmd,
+    trainer_cmd,
+)
+
+
+def _check_completed(r, world_size: int) -> None:
+    assert r.rc == 0, r.stderr[-3000:]
+    (start,) = r.of("start")  # exactly one: only rank 0 emits
+    assert start["world_size"] == world_size
+    assert start["config"]["max_steps"] == 8
+    (done,) = r.of("done")
+    assert done["reason"] == "completed" and done["step"] == 8
+    train = r.of("train")
+    assert [e["step"] for e in train] == [2, 4, 6, 8]
+    keys = {"step", "max_steps", "loss", "lr", "grad_norm", "samples_per_s", "step_time_s",
+            "data_wait", "epoch"}
+    assert keys <= set(train[-1])
+    assert r.of("checkpoint")[-1]["step"] == 8
+
+
+def test_standalone(tmp_path) -> None:
+    _check_completed(run(trainer_cmd(*common_args(tmp_path))), world_size=1)
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes(tmp_path) -> None:
+    _check_completed(run(torchrun_cmd(2, *common_args(tmp_path))), world_size=2)
+
+
+@pytest.mark.slow
+def test_kubeflow_env_two_pods(tmp_path) -> None:
+    """Two "pods" with RANK 0/1, WORLD_SIZE 2, MASTER_ADDR 127.0.0.1 and no LOCAL_RANK."""
+    env0 = kubeflow_env(nproc_per_node=1, world_size=2, rank=0)
+    procs = [
+        subprocess.Popen(trainer_cmd(*common_args(tmp_path)), cwd=REPO, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=env0 | {"RANK": str(rank), "PET_NODE_RANK": str(rank)})
+        for rank in (0, 1)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    assert parse_events(outs[1][0]) == []  # rank 1 is silent on stdout
+    events = parse_events(outs[0][0])
+    assert events[0]["event"] == "start" and events[0]["world_size"] == 2
+    assert events[-1]["event"] == "done" and events[-1]["reason"] == "completed"
+
+
+@pytest.mark.slow
+def test_kubeflow_pod_with_nproc_per_node_relaunches_under_torchrun(tmp_path) -> None:
+    """One pod, PET_NPROC_PER_NODE=2: `python -m trainer` becomes two torchrun workers."""
+    r = run(trainer_cmd(*common_args(tmp_path)), env=kubeflow_env(nproc_per_node=2, world_size=2))
+    _check_completed(r, world_size=2)
+
+
+def test_standalone_ignores_no_env_and_writes_no_stray_files(tmp_path) -> None:
+    r = run(trainer_cmd(*common_args(tmp_path, max_steps=2, log_every=1)), env=base_env())
+    assert r.rc == 0
+    files = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert files == ["step_00000002.pt"]  # the temp file was renamed, nothing left behind

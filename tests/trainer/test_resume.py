@@ -1,0 +1,155 @@
+"""Exact resume after kill -9, preemption by SIGTERM, and falling back past a torn checkpoint."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from tests.trainer.conftest import (
+    REPO,
+    base_env,
+    common_args,
+    kubeflow_env,
+    parse_events,
+    run,
+    torchrun_cmd,
+    trainer_cmd,
+)
+
+
+def _records(record_dir: Path, rank: int) -> list[list[int]]:
+    lines = (record_dir / f"rank{rank}.jsonl").read_text().splitlines()
+    return [json.loads(line)["ids"] for line in lines]
+
+
+def _wait_for_event(proc: subprocess.Popen, pred, timeout: float = 120) -> list[dict]:
+    """Read the child's stdout until an event matches ``pred``; return the events seen."""
+    seen, deadline = [], time.monotonic() + timeout
+    for line in proc.stdout:
+        if line.startswith("{"):
+            seen.append(json.loads(line))
+            if pred(seen[-1]):
+                return seen
+        assert time.monotonic() < deadline, "timed out waiting for an event"
+    raise AssertionError(f"process ended first; events: {seen}")
+
+
+@pytest.mark.slow
+def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(tmp_path: Path) -> None:
+    n, accum = 6, 2
+    # Dropout makes every rank's RNG stream matter; the sleep keeps the killed run mid-way.
+    def args(name: str, **kw) -> list[str]:
+        return common_args(
+            tmp_path / name, max_steps=2 * n, grad_accum=accum, log_every=1,
+            **{"checkpoint.every_steps": n, "task_args.dropout": 0.3, "eval_every": 4,
+               "task_args.record_dir": str(tmp_path / name / "rec")}, **kw)
+
+    straight = run(torchrun_cmd(2, *args("straight")))
+    assert straight.rc == 0, straight.stderr[-2000:]
+
+    # Run to the step-n checkpoint, then kill -9 every process of the job, launcher included
+    # (torchrun starts each worker in its own session, so walk the process tree).
+    proc = subprocess.Popen(torchrun_cmd(2, *args("resumed", **{"task_args.sleep_s": 0.1})),
+                            cwd=REPO, env=base_env(), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    try:
+        seen = _wait_for_event(proc, lambda e: e["event"] == "checkpoint")
+    finally:
+        job = psutil.Process(proc.pid)
+        for p in [*job.children(recursive=True), job]:
+            p.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert seen[-1]["step"] == n
+    assert not any(e["event"] == "done" for e in seen)
+
+    resumed = run(torchrun_cmd(2, *args("resumed")))
+    assert resumed.rc == 0, resumed.stderr[-2000:]
+    (note,) = resumed.of("resume")
+    assert note["step"] == n and note["path"].endswith(f"step_{n:08d}.pt")
+
+    final = sorted((tmp_path / "straight" / "ckpt").glob("step_*.pt"))[-1]
+    a = torch.load(final, weights_only=True)
+    b = torch.load(tmp_path / "resumed" / "ckpt" / final.name, weights_only=True)
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k  # bitwise, not allclose
+    assert torch.equal(a["optimizer"]["state"][0]["exp_avg"], b["optimizer"]["state"][0]["exp_avg"])
+    assert [e["loss"] for e in straight.of("train")][n:] == [e["loss"] for e in resumed.of("train")]
+
+    # Same samples in the same order on every rank: the killed run's first n steps plus the
+    # resumed run's steps (the killed run may have got a little past n; those are replayed).
+    for rank in (0, 1):
+        want = _records(tmp_path / "straight" / "rec", rank)
+        got = _records(tmp_path / "resumed" / "rec", rank)
+        first, rest = got[: n * accum], got[-(n * accum):]
+        assert len(want) == 2 * n * accum
+        assert first + rest == want
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_exits_143_and_rerun_resumes(tmp_path: Path) -> None:
+    """Preemption in a Kubeflow pod with nprocPerNode=2 (the trainer re-launched torchrun)."""
+    args = common_args(tmp_path, max_steps=200, log_every=1, **{"task_args.sleep_s": 0.05,
+                                                               "checkpoint.every_steps": 1000})
+    env = kubeflow_env(nproc_per_node=2, world_size=2)
+    proc = subprocess.Popen(trainer_cmd(*args), cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _wait_for_event(proc, lambda e: e["event"] == "train" and e["step"] >= 3)
+    proc.send_signal(signal.SIGTERM)  # what the kubelet does to the pod's main process
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-3000:]
+    events = parse_events(out)
+    (ckpt,) = [e for e in events if e["event"] == "checkpoint"]
+    done = events[-1]
+    assert done["event"] == "done" and done["reason"] == "preempted"
+    assert 3 <= ckpt["step"] == done["step"] < 200
+    assert Path(ckpt["path"]).is_file()
+
+    rerun = run(trainer_cmd(*common_args(tmp_path, max_steps=ckpt["step"] + 2)), env=env)
+    assert rerun.rc == 0, rerun.stderr[-2000:]
+    assert rerun.of("resume")[0]["step"] == ckpt["step"]
+    assert [e["step"] for e in rerun.of("train")] == [ckpt["step"] + 2]
+
+
+def test_sigterm_standalone_exits_143(tmp_path: Path) -> None:
+    args = common_args(tmp_path, max_steps=500, log_every=1, **{"task_args.sleep_s": 0.02})
+    proc = subprocess.Popen(trainer_cmd(*args), cwd=REPO, env=base_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _wait_for_event(proc, lambda e: e["event"] == "train")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    assert parse_events(out)[-1]["reason"] == "preempted"
+    assert len(list((tmp_path / "ckpt").glob("step_*.pt"))) == 1
+
+
+def test_truncated_newest_checkpoint_falls_back_to_previous(tmp_path: Path) -> None:
+    first = run(trainer_cmd(*common_args(tmp_path, max_steps=6, **{"checkpoint.every_steps": 3})))
+    assert first.rc == 0
+    newest = tmp_path / "ckpt" / "step_00000006.pt"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # a torn write
+
+    again = run(trainer_cmd(*common_args(tmp_path, max_steps=8, **{"checkpoint.every_steps": 3})))
+    assert again.rc == 0, again.stderr[-2000:]
+    (note,) = again.of("resume")
+    assert note["step"] == 3 and note["path"].endswith("step_00000003.pt")
+    assert "step_00000006.pt: unreadable" in note["skipped"][0]
+    assert "step_00000006.pt: unreadable" in again.stderr  # and a human says so too
+    assert again.of("train")[0]["step"] == 4
+
+
+def test_resume_never_starts_fresh_and_keep_prunes(tmp_path: Path) -> None:
+    r = run(trainer_cmd(*common_args(tmp_path, max_steps=8, **{"checkpoint.every_steps": 1,
+                                                                "checkpoint.keep": 2})))
+    assert r.rc == 0
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "step_00000007.pt", "step_00000008.pt"]
+    fresh = run(trainer_cmd(*common_args(tmp_path, max_steps=2, resume="never")))
+    assert fresh.rc == 0 and fresh.of("resume") == []
+    assert fresh.of("start")[0]["step"] == 0
