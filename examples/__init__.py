@@ -1,0 +1,1 @@
+"""Examples: job specs and a custom-task plug-in (importable from the repo root)."""

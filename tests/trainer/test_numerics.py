@@ -1,0 +1,95 @@
+"""Mixed precision, loss scaling, EMA, and what happens when the loss goes NaN."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.trainer.conftest import common_args, run, torchrun_cmd, trainer_cmd
+
+
+def _last_ckpt(tmp: Path) -> dict:
+    return torch.load(sorted((tmp / "ckpt").glob("step_*.pt"))[-1], weights_only=True)
+
+
+def _dtypes(record_dir: Path) -> set[str]:
+    lines = (record_dir / "rank0.jsonl").read_text().splitlines()
+    return {json.loads(line)["dtype"] for line in lines}
+
+
+@pytest.mark.parametrize("overflow", [False, True])
+def test_fp16_grad_scaler_skips_overflowing_steps(tmp_path: Path, overflow: bool) -> None:
+    extra = {"precision": "fp16", "task_args.record_dir": str(tmp_path / "rec")}
+    if overflow:
+        extra["task_args.overflow_calls"] = "[3]"
+    r = run(trainer_cmd(*common_args(tmp_path, max_steps=6, **extra)))
+    assert r.rc == 0, r.stderr[-2000:]
+    assert _dtypes(tmp_path / "rec") == {"torch.float16"}  # autocast really ran in fp16
+    state = _last_ckpt(tmp_path)
+    # One overflow halves the scale (and that step's update is skipped); none keeps it.
+    assert state["scaler"]["scale"] == (32768.0 if overflow else 65536.0)
+    assert r.of("train")[-1]["loss_scale"] == state["scaler"]["scale"]
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+    # A skipped step does not count as an Adam step: 6 steps, 5 updates.
+    assert int(state["optimizer"]["state"][0]["step"]) == (5 if overflow else 6)
+
+
+def test_bf16_autocast_trains(tmp_path: Path) -> None:
+    r = run(trainer_cmd(*common_args(
+        tmp_path, max_steps=20, precision="bf16", log_every=10,
+        **{"task_args.record_dir": str(tmp_path / "rec")})))
+    assert r.rc == 0, r.stderr[-2000:]
+    assert _dtypes(tmp_path / "rec") == {"torch.bfloat16"}
+    losses = [e["loss"] for e in r.of("train")]
+    assert losses[-1] < losses[0]
+    assert _last_ckpt(tmp_path)["model"]["0.weight"].dtype == torch.float32  # master weights
+
+
+def test_ema_is_an_exponential_average_of_the_weights(tmp_path: Path) -> None:
+    r = run(trainer_cmd(*common_args(tmp_path, max_steps=3, ema_decay=0.5, **{
+        "checkpoint.every_steps": 1, "checkpoint.keep": 5})))
+    assert r.rc == 0, r.stderr[-2000:]
+    s1, s2, s3 = (torch.load(tmp_path / "ckpt" / f"step_{i:08d}.pt", weights_only=True)
+                  for i in (1, 2, 3))
+    w = "0.weight"
+    torch.testing.assert_close(s1["ema"]["model"][w], s1["model"][w])  # first update copies
+    want = 0.5 * s1["ema"]["model"][w] + 0.5 * s2["model"][w]
+    torch.testing.assert_close(s2["ema"]["model"][w], want)
+    want = 0.5 * s2["ema"]["model"][w] + 0.5 * s3["model"][w]
+    torch.testing.assert_close(s3["ema"]["model"][w], want)
+    assert not torch.equal(s3["ema"]["model"][w], s3["model"][w])
+    assert "module.0.weight" not in s3["ema"]["model"]  # no wrapper prefixes
+    metrics = r.of("eval")[-1]["metrics"]
+    assert {"loss", "accuracy", "ema_loss", "ema_accuracy"} <= set(metrics)
+
+
+def test_nan_loss_stops_with_the_step_and_exit_1(tmp_path: Path) -> None:
+    r = run(trainer_cmd(*common_args(tmp_path, **{"task_args.nan_calls": "[3]"})))
+    assert r.rc == 1
+    assert "step 3: loss is nan; stopping" in r.stdout
+    done = r.of("done")[-1]
+    assert done["reason"] == "nonfinite" and done["step"] == 3 and done["loss"] is None
+    assert not (tmp_path / "ckpt").exists() or not list((tmp_path / "ckpt").glob("*.pt"))
+
+
+@pytest.mark.slow
+def test_nan_on_one_rank_is_skipped_by_all_ranks(tmp_path: Path) -> None:
+    """Rank 1 alone sees NaN at steps 3 and 4: both ranks skip both steps, then go on."""
+    r = run(torchrun_cmd(2, *common_args(tmp_path, max_nonfinite_skips=2, log_every=8, **{
+        "task_args.nan_calls": "[3, 4]", "task_args.nan_ranks": "[1]"})))
+    assert r.rc == 0, r.stderr[-2000:]
+    assert "step 3: loss is nan; skipping this step (1/2)" in r.stderr
+    assert r.of("train")[-1]["nonfinite_skips"] == 2
+    state = _last_ckpt(tmp_path)
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+    assert int(state["optimizer"]["state"][0]["step"]) == 6  # 8 steps, 2 skipped
+
+
+def test_nan_beyond_the_skip_budget_stops(tmp_path: Path) -> None:
+    r = run(trainer_cmd(*common_args(tmp_path, max_nonfinite_skips=1, **{
+        "task_args.nan_calls": "[2, 5]"})))
+    assert r.rc == 1
+    assert "step 5: loss is nan; stopping (max_nonfinite_skips=1)" in r.stdout

@@ -1,0 +1,176 @@
+"""In-process tests of the trainer's parts: schedule, sampler resume, checkpoints, events, tasks."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from tests.trainer.conftest import REPO, base_env
+from trainer.checkpoint import CheckpointManager
+from trainer.config import ConfigError
+from trainer.distributed import needs_torchrun, torchrun_argv
+from trainer.loader import MicroBatches, build_loader
+from trainer.metrics import Reporter
+from trainer.optim import lr_factor
+from trainer.tasks import load_task
+
+
+def test_lr_warmup_then_cosine_to_the_floor() -> None:
+    f = [lr_factor(s, max_steps=100, warmup_steps=10, min_lr_ratio=0.1) for s in range(101)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)  # linear warmup
+    assert f[10] == pytest.approx(1.0) and f[100] == pytest.approx(0.1)  # cosine to the floor
+    assert f[55] == pytest.approx(0.55)  # halfway down the cosine
+    assert all(a >= b for a, b in itertools.pairwise(f[10:]))  # monotone decay
+
+
+def _ids(stream: MicroBatches, n: int) -> list[list[int]]:
+    return [next(stream)[0].tolist() for _ in range(n)]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_micro_batches_resume_mid_epoch_in_the_same_order(rank: int) -> None:
+    data = TensorDataset(torch.arange(40))
+    loader = build_loader(data, 4, rank=rank, world_size=2, seed=3, shuffle=True,
+                          num_workers=0, pin_memory=False)
+    straight = MicroBatches(loader)
+    want = _ids(straight, 12)  # 5 batches per epoch per rank: crosses two epoch boundaries
+    first = MicroBatches(loader)
+    got = _ids(first, 7)
+    resumed = MicroBatches(loader, *first.position())
+    assert first.position() == (1, 2)
+    assert got + _ids(resumed, 5) == want
+    assert want[0] != want[5]  # a new permutation each epoch
+
+
+def test_ranks_partition_each_epoch() -> None:
+    data = TensorDataset(torch.arange(42))  # not divisible by world x batch: tails are dropped
+    seen = []
+    for rank in (0, 1):
+        loader = build_loader(data, 4, rank=rank, world_size=2, seed=0, shuffle=True,
+                              num_workers=0, pin_memory=False)
+        batches = [b[0].tolist() for b in loader]
+        assert len(batches) == 5  # every rank the same number of full batches: no hang
+        seen += [i for b in batches for i in b]
+    assert len(seen) == len(set(seen)) == 40
+
+
+def test_batch_larger_than_the_shard_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="batch_size"):
+        build_loader(TensorDataset(torch.arange(10)), 8, rank=0, world_size=2, seed=0,
+                     shuffle=True, num_workers=0, pin_memory=False)
+
+
+def _state(step: int) -> dict:
+    return {"model": {"w": torch.full((3,), float(step))}, "step": step}
+
+
+def test_checkpoint_save_is_atomic_and_keeps_the_last_k(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path, keep=2, is_main=True)
+    for step in (1, 2, 3):
+        mgr.save(_state(step), step)
+    assert sorted(os.listdir(tmp_path)) == ["step_00000002.pt", "step_00000003.pt"]
+    state, path, skipped = mgr.load("auto")
+    assert state["step"] == 3 and path.name == "step_00000003.pt" and skipped == []
+
+
+def test_checkpoint_stale_temp_file_is_removed_and_never_read(tmp_path: Path) -> None:
+    (tmp_path / ".step_00000009.pt.tmp-123").write_bytes(b"half a file")
+    mgr = CheckpointManager(tmp_path, keep=3, is_main=True)
+    assert os.listdir(tmp_path) == []
+    assert mgr.load("auto") == (None, None, [])
+
+
+def test_checkpoint_falls_back_past_every_unreadable_file(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path, keep=5, is_main=True)
+    for step in (1, 2, 3):
+        mgr.save(_state(step), step)
+    (tmp_path / "step_00000003.pt").write_bytes(b"")  # empty
+    p2 = tmp_path / "step_00000002.pt"
+    p2.write_bytes(p2.read_bytes()[:100])  # truncated
+    state, path, skipped = mgr.load("auto")
+    assert state["step"] == 1 and path.name == "step_00000001.pt"
+    assert [s.split(":")[0] for s in skipped] == [str(tmp_path / "step_00000003.pt"),
+                                                  str(p2)]
+    with pytest.raises(RuntimeError):  # an explicit path must load, or fail loudly
+        mgr.load(str(p2))
+    assert mgr.load("never") == (None, None, [])
+
+
+def test_events_are_single_line_json_with_nan_as_null() -> None:
+    out = io.StringIO()
+    rep = Reporter(True, 10, "auto", None, stream=out)
+    rep.event("train", step=1, loss=float("nan"), lr=1e-3, nested={"x": float("inf")})
+    rep.say("a human line")
+    Reporter(False, 10, "auto", None, stream=out).event("train", step=2)  # not rank 0: silent
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and lines[1] == "a human line"
+    event = json.loads(lines[0])
+    assert event == {"event": "train", "step": 1, "loss": None, "lr": 1e-3,
+                     "nested": {"x": None}}
+    assert "gpus" not in event  # no NVML on this machine: no GPU keys, no error
+
+
+def test_relaunch_decision_and_command(monkeypatch) -> None:
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "4")
+    monkeypatch.setenv("PET_NNODES", "2")
+    monkeypatch.setenv("PET_NODE_RANK", "1")
+    monkeypatch.setenv("MASTER_ADDR", "job-master-0")
+    monkeypatch.setenv("MASTER_PORT", "23456")
+    assert needs_torchrun()
+    argv = torchrun_argv(["lr=1e-3"])
+    assert argv[1:3] == ["-m", "torch.distributed.run"]
+    joined = " ".join(argv[3:])
+    assert joined == ("--nnodes 2 --node-rank 1 --nproc-per-node 4 --master-addr job-master-0 "
+                      "--master-port 23456 -m trainer lr=1e-3")
+    monkeypatch.setenv("LOCAL_RANK", "0")  # a torchrun child never re-launches
+    assert not needs_torchrun()
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "1")
+    monkeypatch.delenv("LOCAL_RANK")
+    assert not needs_torchrun()
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models on a shared 2-core machine: threads only add hand-off overhead."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("name", ["vision", "lm", "examples.custom_task.my_task:build"])
+def test_tasks_build_and_learn_a_little(name: str, one_thread) -> None:
+    torch.manual_seed(0)
+    task = load_task(name, {})
+    model = task.build_model()
+    train, _ = task.build_datasets()
+    batch = next(iter(torch.utils.data.DataLoader(train, batch_size=16)))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(20):
+        loss, metrics = task.loss(model, batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert math.isfinite(losses[0]) and losses[-1] < 0.85 * losses[0]
+    assert all(v.dim() == 0 for v in metrics.values())
+
+
+def test_trainer_config_imports_without_torch() -> None:
+    code = ("import sys; sys.modules['torch'] = None; import trainer.config; "
+            "import trainer.config as c; c.load_config(None, ['lr=1e-3'])")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=base_env(),
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
