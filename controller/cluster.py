@@ -372,6 +372,11 @@ class Cluster:
         )
         return body.get("items", [])
 
+    def get_pod(self, name: str, namespace: str) -> dict[str, Any]:
+        return self._call(
+            "pod", f"pod {namespace}/{name}", self.core.read_namespaced_pod, name, namespace
+        )
+
     def list_pods_all_namespaces(self, selector: str) -> list[dict[str, Any]]:
         body = self._call(
             "pods",
@@ -534,6 +539,7 @@ class Cluster:
                         if deadline is not None and time.monotonic() >= deadline:
                             return
                 finally:
+                    resp.close()  # not back to the pool: the stream may be mid-chunk
                     resp.release_conn()
             except ApiException as e:
                 if e.status == 410:

@@ -138,6 +138,7 @@ class RankFollower:
         self.events: queue.Queue[tuple[str, str, dict[str, Any]]] = queue.Queue()
         self._emit_lock = threading.Lock()
         self._last_pending = ""
+        self._stopped = threading.Event()
         self.lines = 0
 
     # -- selection -------------------------------------------------------------------------
@@ -154,6 +155,8 @@ class RankFollower:
     def _watch_into_queue(self, kind: str, **kwargs: Any) -> None:
         try:
             for etype, obj in self.cluster.watch(kind, self.namespace, **kwargs):
+                if self._stopped.is_set():  # follow() returned: end at the next event
+                    return
                 if etype == RESYNC:
                     if kind == "job" and obj.get("count") == 0:
                         self.events.put(("job", "DELETED", {}))
@@ -283,6 +286,16 @@ class RankFollower:
     def follow(self, deadline: float | None = None) -> dict[str, Any] | None:
         """Follow until the job ends (returns the job) or ``deadline`` (returns None)."""
         self._start_watches()
+        try:
+            return self._follow(deadline)
+        finally:
+            self._stopped.set()
+            for run in self.runs.values():
+                run.stop.set()
+                if run.stream is not None:
+                    run.stream.close()
+
+    def _follow(self, deadline: float | None) -> dict[str, Any] | None:
         job: dict[str, Any] | None = None
         pod: dict[str, Any] | None = None
         ended_at: float | None = None
