@@ -330,3 +330,15 @@ def test_any_valid_spec_renders_a_sound_pytorchjob(spec: JobSpec):
 @given(json_values)
 def test_any_task_arg_value_reads_back_through_yaml(value):
     assert yaml.safe_load(encode_value(value)) == value
+
+
+def test_custom_task_example_names_a_factory_that_exists():
+    import ast
+
+    spec = validate_spec(yaml.safe_load((REPO / "examples" / "custom-task.yaml").read_text()))
+    module, _, factory = spec.trainer.task.partition(":")
+    source = REPO / (module.replace(".", "/") + ".py")
+    tree = ast.parse(source.read_text())
+    assert factory in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    args = templates(render_pytorchjob(spec))[0]["spec"]["containers"][0]["args"]
+    assert f"task={spec.trainer.task}" in args
