@@ -95,6 +95,10 @@ def _label_key(key: str) -> str | None:
     return None
 
 
+# Quantities may be written as YAML numbers (`cpu: 4`); editors should accept that too.
+_QUANTITY_SCHEMA: dict[str, Any] = {"type": ["string", "number"]}
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -109,9 +113,15 @@ class Resources(_Model):
     gpus: int = Field(
         0, ge=0, le=16, description="NVIDIA GPUs per pod (`nvidia.com/gpu`); 0 runs on CPU."
     )
-    cpu: str = Field("1", description="CPU cores per pod as a Kubernetes quantity (`4`, `500m`).")
+    cpu: str = Field(
+        "1",
+        description="CPU cores per pod as a Kubernetes quantity (`4`, `500m`).",
+        json_schema_extra=_QUANTITY_SCHEMA,
+    )
     memory: str = Field(
-        "2Gi", description="Memory per pod as a Kubernetes quantity (`16Gi`, `512Mi`)."
+        "2Gi",
+        description="Memory per pod as a Kubernetes quantity (`16Gi`, `512Mi`).",
+        json_schema_extra=_QUANTITY_SCHEMA,
     )
 
     @field_validator("cpu", "memory", mode="before")
@@ -280,6 +290,7 @@ class JobSpec(_Model):
     )
     shm_size: str = Field(
         "1Gi",
+        json_schema_extra=_QUANTITY_SCHEMA,
         description=(
             "Size of the memory-backed /dev/shm (DataLoader workers and NCCL need more than "
             "the container runtime's 64Mi). Counts against resources.memory."
@@ -288,6 +299,8 @@ class JobSpec(_Model):
     env: dict[str, str] = Field(
         default_factory=dict,
         description="Environment variables for the trainer, in this order (values are strings).",
+        # Numbers and booleans are accepted and turned into strings (`OMP_NUM_THREADS: 4`).
+        json_schema_extra={"additionalProperties": {"type": ["string", "number", "boolean"]}},
     )
     secret_env: dict[str, SecretKeyRef] = Field(
         default_factory=dict,
