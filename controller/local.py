@@ -172,14 +172,22 @@ class _Runner:
             env = {**base, **operator_env(self.spec, index, self.port), **self.extra_env}
             log_path = self.logs / f"rank-{index}.log"
             log = open(log_path, "wb")  # noqa: SIM115 - closed in wait()
-            proc = subprocess.Popen(
-                self.command,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE if index == 0 else log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: Ctrl-C reaches us, not it
-            )
+            try:
+                proc = subprocess.Popen(
+                    self.command,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE if index == 0 else log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own process group: Ctrl-C reaches us, not it
+                )
+            except OSError as e:
+                log.close()
+                self._kill()
+                raise UserError(
+                    f"command: cannot start {self.command[0]!r} ({e.strerror}). Check the "
+                    "spec's command"
+                ) from None
             node = Node(index, proc, log_path, log)
             self.nodes.append(node)
             self._thread(self._watch, node)

@@ -70,6 +70,12 @@ def test_render_prints_the_manifest(fmt, capsys):
         assert out == (REPO / "tests/controller/golden/quickstart.yaml").read_text()
 
 
+def test_render_values_hands_the_spec_to_the_chart_values(capsys):
+    assert main(["render", QUICKSTART, "--values", "-o", "json"]) == 0
+    values = json.loads(capsys.readouterr().out)
+    assert values["name"] == "quickstart" and values["nodes"] == 2
+
+
 def test_run_needs_local(capsys):
     assert main(["run", QUICKSTART]) == 2
     assert "only --local is supported" in capsys.readouterr().err

@@ -66,6 +66,12 @@ def test_elastic_is_refused_locally():
         run_local(spec)
 
 
+def test_a_command_that_cannot_start_is_a_user_error(tmp_path):
+    spec = validate_spec(minimal(nodes=2, command=["no-such-program-ddpjob"], args=[]))
+    with pytest.raises(UserError, match=r"command: cannot start 'no-such-program-ddpjob'"):
+        run_local(spec, logs_dir=tmp_path)
+
+
 def test_each_node_gets_the_operator_env_and_its_own_log(tmp_path, capsys):
     spec = spec_running(
         """
