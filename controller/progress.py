@@ -118,6 +118,15 @@ class Progress:
             self._show(event)
         return event
 
+    def note(self, text: str) -> None:
+        """A message of the caller's own (restarts, pod events): above the bar on a terminal,
+        on stderr otherwise, so the passthrough on ``out`` stays the trainer's lines only."""
+        if self.live:
+            self._print(text)
+        else:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+
     def close(self) -> None:
         """Stop the bar (left on screen at its last state). Safe to call twice."""
         if self._bar is not None:

@@ -100,3 +100,17 @@ def test_describe_failure_and_unknown_events():
     )  # fmt: skip
     assert describe({"event": "custom", "x": 1}) == '{"event": "custom", "x": 1}'
     assert describe({"event": "train", "step": 1}) is None
+
+
+def test_notes_stay_out_of_the_passthrough_stream(capsys):
+    out = io.StringIO()
+    progress = Progress(out)
+    progress.feed(ev("train", step=1, max_steps=2))
+    progress.note("pod restarted (exit 137)")
+    assert "restarted" not in out.getvalue()
+    assert capsys.readouterr().err == "pod restarted (exit 137)\n"
+    live_out = io.StringIO()
+    live = Progress(live_out, live=True)
+    live.note("pod restarted (exit 137)")
+    live.close()
+    assert "pod restarted (exit 137)" in live_out.getvalue()
