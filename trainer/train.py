@@ -91,6 +91,10 @@ class Trainer:
                 static_graph=cfg.ddp.static_graph,
                 **_buffer_sync_kwargs(cfg.ddp.broadcast_buffers),
             )
+        # With gradient_as_bucket_view the gradients *are* DDP's all-reduce buckets: zeroing them
+        # in place lets backward accumulate straight into the buckets. Setting them to None
+        # would make every backward allocate fresh gradients and copy them into the buckets.
+        self.grads_to_none = not (env.distributed and cfg.ddp.gradient_as_bucket_view)
         log.info("model: %.3fM parameters", sum(p.numel() for p in model.parameters()) / 1e6)
 
         # Optimizer, schedule, loss scaling, EMA.
@@ -284,7 +288,7 @@ class Trainer:
 
             if not math.isfinite(global_loss):
                 self.nonfinite_skips += 1
-                self.optimizer.zero_grad(set_to_none=True)
+                self.optimizer.zero_grad(set_to_none=self.grads_to_none)
                 if self.nonfinite_skips > cfg.max_nonfinite_skips:
                     self.step += 1
                     self.last_loss = global_loss
@@ -308,7 +312,7 @@ class Trainer:
                 # The scaler skips the update if fp16 gradients overflowed, and lowers the scale.
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
-                self.optimizer.zero_grad(set_to_none=True)
+                self.optimizer.zero_grad(set_to_none=self.grads_to_none)
                 if self.ema is not None:
                     self.ema.update_parameters(self.raw_model)
             self.scheduler.step()

@@ -108,8 +108,9 @@ class LMTask:
         inputs, targets = batch
         logits = model(inputs)
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        accuracy = (logits.argmax(dim=-1) == targets).float().mean()
-        return loss, {"accuracy": accuracy.detach()}
+        if model.training:  # the loop only reports eval metrics: skip the work while training
+            return loss, {}
+        return loss, {"accuracy": (logits.argmax(dim=-1) == targets).float().mean()}
 
 
 # The factory for ``task=lm``: ``task_args`` are LMTask's keyword arguments.
