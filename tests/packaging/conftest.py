@@ -6,6 +6,7 @@ pinned there); the first test that needs it builds the tools if they are missing
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -35,9 +36,18 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 
 @pytest.fixture(scope="session")
 def helm_bin() -> Path:
+    """The pinned helm: this tools folder's, else one built for an earlier revision of the
+    control-plane wrapper (same helm version), else build the tools now."""
     path = tools.bin_path("helm")
-    if not path.exists():
-        tools.build()
+    if path.exists():
+        return path
+    others = sorted(
+        path.parents[2].glob(f"k8s-{tools.VERSIONS['kubernetes']}-*/bin/helm"),
+        key=lambda p: p.stat().st_mtime,
+    )
+    if others:
+        return others[-1]
+    tools.build()
     return path
 
 
@@ -72,11 +82,21 @@ def helm(helm_bin, tmp_path_factory) -> Callable[..., subprocess.CompletedProces
     return run
 
 
-def spec_values(spec_path: Path, *overrides: str) -> dict[str, Any]:
-    """``python -m controller render SPEC --values`` (the CLI users run), parsed."""
+def spec_values(spec_path: Path, *overrides: str, output: str = "yaml") -> dict[str, Any]:
+    """``python -m controller render SPEC --values [-o json]`` (the CLI users run), parsed."""
     sets = [a for o in overrides for a in ("--set", o)]
     out = subprocess.run(
-        [sys.executable, "-m", "controller", "render", str(spec_path), "--values", *sets],
+        [
+            sys.executable,
+            "-m",
+            "controller",
+            "render",
+            str(spec_path),
+            "--values",
+            "-o",
+            output,
+            *sets,
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -95,8 +115,10 @@ def helm_template(
 ) -> list[dict[str, Any]]:
     """``helm template`` of the chart with ``values``; the parsed documents."""
     if isinstance(values, dict):
-        path = tmp_path / "values.yaml"
-        path.write_text(yaml.safe_dump(values, sort_keys=False))
+        # JSON is YAML to Helm, and keeps every string a string (PyYAML's YAML 1.1 output does
+        # not: a plain `y` or `1e-05` reads back in Go as a bool or a float).
+        path = tmp_path / "values.json"
+        path.write_text(json.dumps(values))
         values = path
     out = helm("template", release, str(CHART), "-f", str(values), "--namespace", namespace)
     return [d for d in yaml.safe_load_all(out.stdout) if d]

@@ -1,0 +1,79 @@
+{{/*
+Names and labels, after Helm's scaffold. Kubernetes names are at most 63 characters.
+*/}}
+
+{{/* The chart name (nameOverride is not offered: the app is always ddpjob). */}}
+{{- define "ddpjob.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The release's full name: the release name if it already contains the chart name, else
+"<release>-ddpjob". Truncated to 63 characters.
+*/}}
+{{- define "ddpjob.fullname" -}}
+{{- $name := include "ddpjob.name" . }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/*
+The PyTorchJob's name: values.name (what `controller render --values` writes: the spec's name),
+else the release's full name. The operator names pods and services "<job>-worker-<index>", which
+must fit in 63 characters: checked here as the spec does, so a long name fails at install time
+instead of leaving a job whose pods can never be created.
+*/}}
+{{- define "ddpjob.jobName" -}}
+{{- $name := .Values.name | default (include "ddpjob.fullname" .) }}
+{{- $workers := include "ddpjob.workerReplicas" . | int }}
+{{- if kindIs "map" .Values.elastic }}
+{{- $workers = .Values.elastic.max_nodes | int }}
+{{- end }}
+{{- if gt $workers 0 }}
+{{- $longest := printf "%s-worker-%d" $name (sub $workers 1) }}
+{{- if gt (len $longest) 63 }}
+{{- fail (printf "name: %q is %d characters; pod and service names hold 63. Shorten name (or the release name)" $longest (len $longest)) }}
+{{- end }}
+{{- end }}
+{{- $name }}
+{{- end }}
+
+{{/* The job's namespace: values.namespace, else the release's. */}}
+{{- define "ddpjob.namespace" -}}
+{{- .Values.namespace | default .Release.Namespace }}
+{{- end }}
+
+{{/* Worker replicas: nodes - 1 beside the Master; elastic jobs have Workers only (= nodes). */}}
+{{- define "ddpjob.workerReplicas" -}}
+{{- if kindIs "map" .Values.elastic }}
+{{- .Values.nodes | int }}
+{{- else }}
+{{- sub (.Values.nodes | int) 1 }}
+{{- end }}
+{{- end }}
+
+{{/* chart name and version, for the helm.sh/chart label. */}}
+{{- define "ddpjob.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Selector labels. instance is the job's name, not the release's: the chart and
+`python -m controller` label one job the same way, whichever tool created it.
+*/}}
+{{- define "ddpjob.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "ddpjob.name" . }}
+app.kubernetes.io/instance: {{ include "ddpjob.jobName" . | quote }}
+{{- end }}
+
+{{/* Standard labels on the job and its pods; the user's labels are added where used. */}}
+{{- define "ddpjob.labels" -}}
+helm.sh/chart: {{ include "ddpjob.chart" . }}
+{{ include "ddpjob.selectorLabels" . }}
+app.kubernetes.io/component: trainer
+app.kubernetes.io/part-of: ddpjob
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}

@@ -1,0 +1,62 @@
+"""Turn a JobSpec into values for the Helm chart (charts/ddpjob): ``render SPEC --values``.
+
+Pure, like ``controller.render``: spec in, plain dict out. Fed to the chart, these values give
+exactly the PyTorchJob ``render_pytorchjob(spec)`` gives (a test holds ``helm template`` equal to
+``render`` for every example); only the chart's ``managed-by: Helm`` and ``helm.sh/chart`` labels
+differ.
+
+The values mirror the spec: same keys, same nesting, snake_case, so a reader moves between a
+spec and a values file without a dictionary. Where the chart could not reproduce the renderer
+exactly, the value is the renderer's own output instead of the spec's input:
+
+- ``args`` replaces ``trainer``: the trainer settings already encoded as the sorted
+  ``key=value`` strings the container receives (``render.trainer_args``). Go templates cannot
+  re-create that quoting and float formatting, and the settings were validated here anyway.
+- ``env`` and ``secret_env`` are lists, not maps: Helm walks maps in sorted key order, and
+  environment order matters (``$(VAR)`` references expand only from earlier entries).
+- Optional settings that are unset are written out as ``""`` (names) or ``null`` (numbers and
+  sections), never left out, so a chart default can't leak into a rendered job.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.render import DEFAULT_COMMAND, trainer_args
+from controller.spec import JobSpec
+
+
+def render_values(spec: JobSpec) -> dict[str, Any]:
+    """Chart values for ``spec``: ``helm template -f`` of them gives ``render_pytorchjob(spec)``."""
+    return {
+        "name": spec.name,
+        "namespace": spec.namespace,
+        "image": spec.image,
+        "command": list(spec.command or DEFAULT_COMMAND),
+        "args": list(spec.args) if spec.args is not None else trainer_args(spec.trainer),
+        "nodes": spec.nodes,
+        "nproc_per_node": spec.nproc_per_node,
+        "resources": spec.resources.model_dump(),
+        "shm_size": spec.shm_size,
+        "env": [{"name": k, "value": v} for k, v in spec.env.items()],
+        "secret_env": [
+            {"name": k, "secret": ref.secret, "key": ref.key} for k, ref in spec.secret_env.items()
+        ],
+        "volumes": [v.model_dump(exclude_none=True) for v in spec.volumes],
+        "node_selector": dict(spec.node_selector),
+        "tolerations": [t.model_dump(exclude_none=True) for t in spec.tolerations],
+        "priority_class": spec.priority_class or "",
+        "service_account": spec.service_account or "",
+        "image_pull_secrets": list(spec.image_pull_secrets),
+        "labels": dict(spec.labels),
+        "annotations": dict(spec.annotations),
+        "queue": spec.queue or "",
+        "gang": spec.gang.model_dump(exclude_none=True) if spec.gang else None,
+        "elastic": spec.elastic.model_dump() if spec.elastic else None,
+        "restart_policy": spec.restart_policy,
+        "backoff_limit": spec.backoff_limit,
+        "active_deadline_s": spec.active_deadline_s,
+        "ttl_after_finished_s": spec.ttl_after_finished_s,
+        "clean_pod_policy": spec.clean_pod_policy,
+        "suspend": spec.suspend,
+    }
