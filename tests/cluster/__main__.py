@@ -1,0 +1,63 @@
+"""CLI: ``python -m tests.cluster {build,up,down,status}``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from . import tools
+from .control_plane import ClusterError, ControlPlane
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one sub-command; return the process exit code."""
+    parser = argparse.ArgumentParser(prog="python -m tests.cluster")
+    parser.add_argument("command", choices=("build", "up", "down", "status"))
+    args = parser.parse_args(argv)
+    cp = ControlPlane()
+    try:
+        if args.command == "build":
+            start = time.monotonic()
+            built = tools.build()
+            total = time.monotonic() - start
+            if built:
+                print(f"[cluster] built {', '.join(built)} in {total:.0f}s")
+            else:
+                print(f"[cluster] nothing to build ({tools.tools_dir()})")
+        elif args.command == "up":
+            state = cp.up()
+            rss = cp.rss_mib()
+            print(
+                f"[cluster] control plane RSS {sum(rss.values()):.0f} MiB "
+                f"({', '.join(f'{k} {v:.0f}' for k, v in rss.items())})",
+                file=sys.stderr,
+            )
+            if "timings" in state:
+                print(f"[cluster] timings {json.dumps(state['timings'])}", file=sys.stderr)
+            print(cp.export_line())
+        elif args.command == "down":
+            cp.down()
+        else:
+            live = cp.is_live()
+            print(
+                json.dumps(
+                    {
+                        "live": live,
+                        "kubeconfig": str(cp.kubeconfig),
+                        "tools": str(tools.tools_dir()),
+                        "rss_mib": cp.rss_mib(),
+                    },
+                    indent=2,
+                )
+            )
+            return 0 if live else 1
+    except ClusterError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

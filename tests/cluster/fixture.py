@@ -1,0 +1,110 @@
+"""The session-scoped pytest fixture ``cluster``.
+
+Use from any test directory::
+
+    # tests/e2e/conftest.py
+    pytest_plugins = ["tests.cluster.fixture"]
+
+    def test_submit(cluster):
+        cluster.kubectl("get", "nodes")
+        env = cluster.env  # os.environ + KUBECONFIG=<repo>/.cluster/kubeconfig
+
+A live cluster (``make cluster-up`` earlier) is reused and left running; otherwise the fixture
+starts one (building missing tools first) and stops exactly what it started at session end.
+``DDPJOB_CLUSTER_KUBECONFIG`` is not needed: the fixture always uses ``<repo>/.cluster``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from . import tools
+from .control_plane import ControlPlane
+
+
+@dataclass
+class Cluster:
+    """A running local control plane, as seen by tests."""
+
+    control_plane: ControlPlane
+    kubeconfig: Path
+    server: str
+    started_here: bool
+
+    @property
+    def kubectl_path(self) -> Path:
+        """The kubectl built with the control plane (same minor version)."""
+        return tools.bin_path("kubectl")
+
+    @property
+    def helm_path(self) -> Path:
+        """helm v3, built from source."""
+        return tools.bin_path("helm")
+
+    @property
+    def env(self) -> dict[str, str]:
+        """``os.environ`` plus KUBECONFIG and PATH with the built kubectl/helm first."""
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        env["PATH"] = f"{tools.tools_dir() / 'bin'}:{env.get('PATH', '')}"
+        return env
+
+    def kubectl(
+        self, *args: str, input_text: str | None = None, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess:
+        """Run kubectl against the cluster; raise on a non-zero exit when ``check``."""
+        return self.control_plane.kubectl(
+            *args, input_text=input_text, check=check, timeout=timeout
+        )
+
+    def helm(
+        self, *args: str, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess:
+        """Run helm against the cluster."""
+        proc = subprocess.run(
+            [str(self.helm_path), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}): {proc.stderr}")
+        return proc
+
+    def api_client(self):
+        """Return a ``kubernetes.client.ApiClient`` for the admin user."""
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+
+def start_or_reuse(log=sys.stderr) -> Cluster:
+    """Reuse a live cluster or start one; the returned handle says which."""
+    cp = ControlPlane(log=log)
+    started = False
+    if not cp.is_live():
+        cp.up()
+        started = True
+    state = cp.read_state()
+    return Cluster(cp, cp.kubeconfig, state["server"], started)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """A live local control plane for the whole test session (see module docstring)."""
+    if os.environ.get("DDPJOB_CLUSTER") == "skip":
+        pytest.skip("DDPJOB_CLUSTER=skip: cluster tests disabled")
+    handle = start_or_reuse()
+    try:
+        yield handle
+    finally:
+        if handle.started_here:
+            handle.control_plane.down()

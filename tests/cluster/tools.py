@@ -1,0 +1,201 @@
+"""Build the Go components of the local control plane, pinned and cached outside the repo.
+
+Everything Go comes from one wrapper module (``tests/cluster/go``) so that kube-apiserver,
+kube-controller-manager, kube-scheduler, etcd, kwok, the training operator and kubectl share one
+dependency graph and one link (a busybox-style multi-call binary ``kube``). helm is built from the
+same module graph, so the packages it shares with Kubernetes come from the Go build cache.
+
+The tools folder is versioned by the pinned versions plus a hash of the wrapper's sources, so a
+second ``build()`` builds nothing and a change to the wrapper builds into a fresh folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+#: Pinned component versions. They must match tests/cluster/go/go.mod.
+VERSIONS = {
+    "kubernetes": "v1.33.13",
+    "etcd": "v3.5.21",
+    "training-operator": "v1.9.2",
+    "kwok": "v0.7.0",
+    "helm": "v3.18.6",
+}
+
+GO_DIR = Path(__file__).resolve().parent / "go"
+
+#: Components linked into the multi-call binary ``kube``; each gets a symlink in ``bin/``.
+KUBE_COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "training-operator",
+    "kubectl",
+)
+
+#: Files copied out of the Go module cache, so that running the cluster needs no Go at all.
+MODULE_FILES = {
+    (
+        "github.com/kubeflow/training-operator",
+        "manifests/base/crds/kubeflow.org_pytorchjobs.yaml",
+    ): "pytorchjobs-crd.yaml",
+    (
+        "github.com/kubeflow/training-operator",
+        "manifests/base/rbac/role.yaml",
+    ): "training-operator-role.yaml",
+    (
+        "github.com/kubeflow/training-operator",
+        "manifests/base/webhook/manifests.yaml",
+    ): "training-operator-webhooks.yaml",
+    ("sigs.k8s.io/kwok", "kustomize/crd/bases/kwok.x-k8s.io_logs.yaml"): "kwok-logs-crd.yaml",
+}
+
+
+def _source_hash() -> str:
+    """Return a short hash of the wrapper module's sources (go.mod, go.sum, *.go)."""
+    digest = hashlib.sha256()
+    files = [GO_DIR / "go.mod", GO_DIR / "go.sum", *sorted(GO_DIR.rglob("*.go"))]
+    for path in files:
+        digest.update(str(path.relative_to(GO_DIR)).encode())
+        digest.update(path.read_bytes())
+    digest.update(json.dumps(VERSIONS, sort_keys=True).encode())
+    return digest.hexdigest()[:10]
+
+
+def tools_dir() -> Path:
+    """Return the versioned tools folder (``$DDPJOB_TOOLS_DIR`` or the user's cache dir)."""
+    root = os.environ.get("DDPJOB_TOOLS_DIR")
+    if root:
+        base = Path(root)
+    else:
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        base = cache / "ddpjob" / "tools"
+    return base / f"k8s-{VERSIONS['kubernetes']}-{_source_hash()}"
+
+
+def bin_path(name: str) -> Path:
+    """Return the path of a built tool (``kube-apiserver``, ``helm``, ``kubectl``, ...)."""
+    return tools_dir() / "bin" / name
+
+
+def is_built() -> bool:
+    """Return True when every binary and copied module file is present."""
+    root = tools_dir()
+    names = [*KUBE_COMPONENTS, "kube", "helm"]
+    if not all((root / "bin" / n).exists() for n in names):
+        return False
+    return all((root / "manifests" / f).exists() for f in MODULE_FILES.values())
+
+
+def _go_env() -> dict[str, str]:
+    """Return the environment for go commands: module mode, no VCS stamping, local toolchain."""
+    env = dict(os.environ)
+    env.setdefault("GOFLAGS", "-mod=mod")
+    env.setdefault("GOTOOLCHAIN", "local")
+    env["CGO_ENABLED"] = env.get("CGO_ENABLED", "0")
+    return env
+
+
+def _run_go(args: list[str], log) -> float:
+    """Run one go command in the wrapper module; return its wall time in seconds."""
+    if shutil.which("go") is None:
+        raise RuntimeError(
+            "tests.cluster.tools: the go command is missing (got no `go` on PATH). "
+            "Install Go >= 1.24 (https://go.dev/dl/) or point DDPJOB_TOOLS_DIR at built tools."
+        )
+    start = time.monotonic()
+    print(f"[cluster] go {' '.join(args)}", file=log, flush=True)
+    proc = subprocess.run(["go", *args], cwd=GO_DIR, env=_go_env(), capture_output=True, text=True)
+    elapsed = time.monotonic() - start
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"tests.cluster.tools: go {args[0]} failed (got exit {proc.returncode}):\n"
+            f"{proc.stderr[-4000:]}\nHint: check network access to the Go module proxy."
+        )
+    return elapsed
+
+
+def _ldflags() -> str:
+    """Return -ldflags: strip symbols and stamp the Kubernetes version into component-base."""
+    version = VERSIONS["kubernetes"]
+    major, minor = version.lstrip("v").split(".")[:2]
+    pkg = "k8s.io/component-base/version"
+    helm_pkg = "helm.sh/helm/v3/internal/version"
+    return " ".join(
+        [
+            "-s -w",
+            f"-X {pkg}.gitVersion={version}",
+            f"-X {pkg}.gitMajor={major}",
+            f"-X {pkg}.gitMinor={minor}",
+            f"-X {pkg}.gitTreeState=clean",
+            f"-X {helm_pkg}.version={VERSIONS['helm']}",
+        ]
+    )
+
+
+def _copy_module_files(dest: Path) -> None:
+    """Copy CRDs and manifests out of the module cache into ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    dirs: dict[str, str] = {}
+    for (module, rel), name in MODULE_FILES.items():
+        if module not in dirs:
+            out = subprocess.run(
+                ["go", "mod", "download", "-json", module],
+                cwd=GO_DIR,
+                env=_go_env(),
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if out.returncode != 0:
+                raise RuntimeError(
+                    f"tests.cluster.tools: go mod download {module} failed "
+                    f"(got exit {out.returncode}): {out.stderr[-2000:]}"
+                )
+            dirs[module] = json.loads(out.stdout)["Dir"]
+        shutil.copyfile(Path(dirs[module]) / rel, dest / name)
+
+
+def build(log=sys.stderr) -> dict[str, float]:
+    """Build whatever is missing into :func:`tools_dir`; return build seconds per artefact.
+
+    A second call with everything present builds nothing and returns an empty dict.
+    """
+    root = tools_dir()
+    times: dict[str, float] = {}
+    if is_built():
+        return times
+    bindir = root / "bin"
+    bindir.mkdir(parents=True, exist_ok=True)
+    ldflags = _ldflags()
+    common = ["build", "-trimpath", "-ldflags", ldflags]
+    kube = bindir / "kube"
+    if not kube.exists():
+        tmp = bindir / f".kube.tmp{os.getpid()}"
+        times["kube"] = _run_go([*common, "-o", str(tmp), "./cmd/kube"], log)
+        tmp.rename(kube)
+    for name in KUBE_COMPONENTS:
+        link = bindir / name
+        if not link.exists():
+            link.symlink_to("kube")
+    helm = bindir / "helm"
+    if not helm.exists():
+        tmp = bindir / f".helm.tmp{os.getpid()}"
+        times["helm"] = _run_go([*common, "-o", str(tmp), "helm.sh/helm/v3/cmd/helm"], log)
+        tmp.rename(helm)
+    _copy_module_files(root / "manifests")
+    record = root / "build-times.json"
+    old = json.loads(record.read_text()) if record.exists() else {}
+    old.update({k: round(v, 1) for k, v in times.items()})
+    record.write_text(json.dumps({"versions": VERSIONS, **old}, indent=2) + "\n")
+    print(f"[cluster] tools ready in {root}", file=log, flush=True)
+    return times
