@@ -19,14 +19,17 @@ def _final_params(ckpt_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("grad_accum", [1, 3])
-def test_two_ranks_of_b_equal_one_process_of_2b(tmp_path: Path, grad_accum: int) -> None:
+@pytest.mark.parametrize(("nproc", "grad_accum"), [(2, 1), (2, 3), (4, 1)])
+def test_n_ranks_of_b_equal_one_process_of_n_times_b(
+    tmp_path: Path, nproc: int, grad_accum: int
+) -> None:
     # 256 samples / (16 x grad_accum) per step: 10 steps cross at least one epoch boundary.
     args = dict(max_steps=10, grad_accum=grad_accum, **{"checkpoint.every_steps": 0})
     one = run(trainer_cmd(*common_args(tmp_path / "one", batch_size=16, **args)))
-    two = run(torchrun_cmd(2, *common_args(tmp_path / "two", batch_size=8, **args)))
+    two = run(torchrun_cmd(nproc, *common_args(tmp_path / "two", batch_size=16 // nproc, **args)))
     assert one.rc == 0, one.stderr[-2000:]
     assert two.rc == 0, two.stderr[-2000:]
+    assert two.of("start")[0]["world_size"] == nproc
     a, b = _final_params(tmp_path / "one" / "ckpt"), _final_params(tmp_path / "two" / "ckpt")
     assert a.keys() == b.keys()
     init = torch.nn.Linear(8, 16)  # sanity: training moved the weights far from any init

@@ -72,3 +72,18 @@ def test_standalone_ignores_no_env_and_writes_no_stray_files(tmp_path) -> None:
     assert r.rc == 0
     files = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     assert files == ["step_00000002.pt"]  # the temp file was renamed, nothing left behind
+
+
+def test_progress_bar_and_tensorboard_when_asked(tmp_path) -> None:
+    tb = tmp_path / "tb"
+    r = run(trainer_cmd(*common_args(tmp_path, progress="always", tensorboard_dir=str(tb))))
+    assert r.rc == 0, r.stderr[-2000:]
+    assert "train: 100%" in r.stderr and "8/8" in r.stderr  # tqdm, on stderr
+    assert list(tb.glob("events.out.tfevents.*"))
+    # stdout stays machine-readable: every line is an event or a human line, never bar residue
+    assert all(line.startswith("{") or "\r" not in line for line in r.stdout.splitlines())
+
+
+def test_no_progress_bar_when_stdout_is_not_a_tty(tmp_path) -> None:
+    r = run(trainer_cmd(*common_args(tmp_path, progress="auto")))  # stdout is a pipe
+    assert r.rc == 0 and "train: " not in r.stderr and "it/s" not in r.stderr

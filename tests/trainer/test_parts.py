@@ -174,3 +174,17 @@ def test_trainer_config_imports_without_torch() -> None:
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=base_env(),
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_linear_lr_scaling_with_world_size() -> None:
+    from trainer.config import build_config
+    from trainer.optim import build_optimizer
+
+    model = torch.nn.Linear(4, 2)
+    cfg = build_config({"lr": 1e-3, "scale_lr": True})
+    opt = build_optimizer(model, cfg, world_size=4, device=torch.device("cpu"))
+    assert [g["lr"] for g in opt.param_groups] == [4e-3, 4e-3]
+    # Matrices decay, biases do not.
+    assert [g["weight_decay"] for g in opt.param_groups] == [cfg.weight_decay, 0.0]
+    plain = build_optimizer(model, build_config({"lr": 1e-3}), 4, torch.device("cpu"))
+    assert plain.param_groups[0]["lr"] == 1e-3

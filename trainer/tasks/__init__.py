@@ -36,10 +36,11 @@ class Task(Protocol):
         ...
 
     def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Mean loss over the batch (backpropagated) and extra metrics (means, detached).
+        """Mean loss over the batch (backpropagated) and extra metrics (0-d means).
 
-        Called in train mode for training and in eval mode (under ``torch.no_grad``) for eval;
-        eval reports the loss as ``loss`` beside the metrics.
+        Called in train mode for training and in eval mode (under ``torch.no_grad``) for eval.
+        Only eval metrics are reported (beside the loss, as ``loss``), so a task may return
+        ``{}`` while ``model.training`` and save the work.
         """
         ...
 
