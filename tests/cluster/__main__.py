@@ -1,4 +1,4 @@
-"""CLI: ``python -m tests.cluster {build,up,down,status}``."""
+"""CLI: ``python -m tests.cluster {build,up,down,status,kind-up,kind-down}``."""
 
 from __future__ import annotations
 
@@ -14,8 +14,14 @@ from .control_plane import ClusterError, ControlPlane
 def main(argv: list[str] | None = None) -> int:
     """Run one sub-command; return the process exit code."""
     parser = argparse.ArgumentParser(prog="python -m tests.cluster")
-    parser.add_argument("command", choices=("build", "up", "down", "status"))
+    parser.add_argument(
+        "command", choices=("build", "up", "down", "status", "kind-up", "kind-down")
+    )
     args = parser.parse_args(argv)
+    if args.command.startswith("kind-"):
+        from . import kind
+
+        return kind.up() if args.command == "kind-up" else kind.down()
     cp = ControlPlane()
     try:
         if args.command == "build":

@@ -227,19 +227,50 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ up
 
-    def up(self) -> dict:
-        """Build missing tools, start everything, wait until ready; no-op when already live."""
+    def up(self, owner: str = "cli", lease: bool = False) -> dict:
+        """Build missing tools, start everything, wait until ready; no-op when already live.
+
+        ``owner`` is recorded when this call starts the cluster: "cli" (``make cluster-up``,
+        stopped only by ``make cluster-down``) or "fixture" (stopped by the last pytest
+        session using it). With ``lease`` this process registers as a user of the cluster.
+        """
         with state_lock(self.repo):
             if self.is_live():
                 self.say("already up")
-                return self.read_state()
-            state = self.read_state()
-            if state:
-                self.say("stale state found; stopping what it recorded")
-                self._stop(state)
-            return self._up()
+                state = self.read_state()
+            else:
+                state = self.read_state()
+                if state:
+                    self.say("stale state found; stopping what it recorded")
+                    self._stop(state)
+                state = self._up(owner)
+            if lease:
+                self._lease_path(os.getpid()).parent.mkdir(exist_ok=True)
+                self._lease_path(os.getpid()).write_text(_proc_start_time(os.getpid()) or "")
+            return state
 
-    def _up(self) -> dict:
+    def _lease_path(self, pid: int) -> Path:
+        return self.state_dir / "sessions" / str(pid)
+
+    def release(self) -> bool:
+        """Drop this process's lease; stop the cluster if a fixture started it and no other
+        live session holds a lease. Return True when the cluster was stopped."""
+        with state_lock(self.repo):
+            self._lease_path(os.getpid()).unlink(missing_ok=True)
+            state = self.read_state()
+            if not state or state.get("owner") != "fixture":
+                return False
+            others = []
+            for path in (self.state_dir / "sessions").glob("*"):
+                if _proc_start_time(int(path.name)) == path.read_text():
+                    others.append(path.name)
+            if others:
+                self.say(f"left running for sessions {', '.join(others)}")
+                return False
+            self._down_locked()
+            return True
+
+    def _up(self, owner: str = "cli") -> dict:
         t0 = time.monotonic()
         built = tools.build(self.log)
         if built:
@@ -272,6 +303,7 @@ class ControlPlane:
             "tools": str(tools.tools_dir()),
             "versions": tools.VERSIONS,
             "nodes": list(NODE_NAMES),
+            "owner": owner,
             "processes": {},
         }
         self._write_state(state)
@@ -692,18 +724,21 @@ class ControlPlane:
     def down(self) -> None:
         """Stop exactly the processes recorded in state.json and remove the state folder."""
         with state_lock(self.repo):
-            state = self.read_state()
-            if state:
-                self._stop(state)
-            elif self.state_dir.exists():
-                self.say("no state.json; removing the state folder only")
-            keep = os.environ.get("DDPJOB_CLUSTER_KEEP_LOGS") == "1"
-            if keep and (self.state_dir / "logs").exists():
-                dest = self.repo / ".cluster-logs"
-                shutil.rmtree(dest, ignore_errors=True)
-                shutil.copytree(self.state_dir / "logs", dest)
-                self.say(f"logs kept in {dest}")
-            shutil.rmtree(self.state_dir, ignore_errors=True)
+            self._down_locked()
+
+    def _down_locked(self) -> None:
+        state = self.read_state()
+        if state:
+            self._stop(state)
+        elif self.state_dir.exists():
+            self.say("no state.json; removing the state folder only")
+        keep = os.environ.get("DDPJOB_CLUSTER_KEEP_LOGS") == "1"
+        if keep and (self.state_dir / "logs").exists():
+            dest = self.repo / ".cluster-logs"
+            shutil.rmtree(dest, ignore_errors=True)
+            shutil.copytree(self.state_dir / "logs", dest)
+            self.say(f"logs kept in {dest}")
+        shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def _stop(self, state: dict) -> None:
         procs = state.get("processes", {})

@@ -10,8 +10,9 @@ Use from any test directory::
         env = cluster.env  # os.environ + KUBECONFIG=<repo>/.cluster/kubeconfig
 
 A live cluster (``make cluster-up`` earlier) is reused and left running; otherwise the fixture
-starts one (building missing tools first) and stops exactly what it started at session end.
-``DDPJOB_CLUSTER_KUBECONFIG`` is not needed: the fixture always uses ``<repo>/.cluster``.
+starts one (building missing tools first) and the last session using it stops exactly what was
+started, at session end. The fixture always uses ``<repo>/.cluster`` (no env var needed);
+``DDPJOB_CLUSTER=skip`` skips every test that asks for it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class Cluster:
     control_plane: ControlPlane
     kubeconfig: Path
     server: str
-    started_here: bool
+    started_here: bool  # True when a fixture (not `make cluster-up`) started it
 
     @property
     def kubectl_path(self) -> Path:
@@ -87,24 +88,24 @@ class Cluster:
 
 
 def start_or_reuse(log=sys.stderr) -> Cluster:
-    """Reuse a live cluster or start one; the returned handle says which."""
+    """Reuse a live cluster or start one, and hold a lease on it; see :func:`cluster`."""
     cp = ControlPlane(log=log)
-    started = False
-    if not cp.is_live():
-        cp.up()
-        started = True
-    state = cp.read_state()
-    return Cluster(cp, cp.kubeconfig, state["server"], started)
+    state = cp.up(owner="fixture", lease=True)
+    return Cluster(cp, cp.kubeconfig, state["server"], state.get("owner") == "fixture")
 
 
 @pytest.fixture(scope="session")
 def cluster():
-    """A live local control plane for the whole test session (see module docstring)."""
+    """A live local control plane for the whole test session (see module docstring).
+
+    A cluster started by ``make cluster-up`` is used and left running. One started by a
+    fixture is stopped by the last pytest session that leases it (concurrent sessions, e.g.
+    two engineers' runs or ``pytest -n``, share it safely).
+    """
     if os.environ.get("DDPJOB_CLUSTER") == "skip":
         pytest.skip("DDPJOB_CLUSTER=skip: cluster tests disabled")
     handle = start_or_reuse()
     try:
         yield handle
     finally:
-        if handle.started_here:
-            handle.control_plane.down()
+        handle.control_plane.release()
