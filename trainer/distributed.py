@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,10 +47,13 @@ def _env_int(name: str, default: int) -> int:
     return int(raw) if raw not in (None, "") else default
 
 
-def nproc_per_node_from_env() -> int:
-    """Processes the Kubeflow operator wants per pod (``PET_NPROC_PER_NODE``; 1 when absent)."""
-    raw = os.environ.get("PET_NPROC_PER_NODE", "")
-    return int(raw) if raw.isdigit() else 1
+# Values of nprocPerNode that torchrun resolves itself (e.g. "gpu" = one process per GPU).
+_SYMBOLIC_NPROC = ("auto", "gpu", "cpu", "xpu")
+
+
+def nproc_per_node_from_env() -> str:
+    """The operator's ``PET_NPROC_PER_NODE`` ("1" when absent): a count or a torchrun keyword."""
+    return os.environ.get("PET_NPROC_PER_NODE", "").strip() or "1"
 
 
 def needs_torchrun() -> bool:
@@ -57,7 +61,9 @@ def needs_torchrun() -> bool:
 
     torchrun sets LOCAL_RANK on each worker, so its children never re-launch again.
     """
-    return nproc_per_node_from_env() > 1 and "LOCAL_RANK" not in os.environ
+    nproc = nproc_per_node_from_env()
+    several = int(nproc) > 1 if nproc.isdigit() else nproc in _SYMBOLIC_NPROC
+    return several and "LOCAL_RANK" not in os.environ
 
 
 def torchrun_argv(trainer_args: list[str]) -> list[str]:
@@ -66,8 +72,6 @@ def torchrun_argv(trainer_args: list[str]) -> list[str]:
     The operator's variables are passed explicitly: torchrun reads ``PET_*`` on its own, but
     MASTER_ADDR/MASTER_PORT (not ``PET_MASTER_*``) are what the operator sets for the rendezvous.
     """
-    import sys
-
     env = os.environ
     return [
         sys.executable,
@@ -78,7 +82,7 @@ def torchrun_argv(trainer_args: list[str]) -> list[str]:
         "--node-rank",
         env.get("PET_NODE_RANK", env.get("RANK", "0")),
         "--nproc-per-node",
-        str(nproc_per_node_from_env()),
+        nproc_per_node_from_env(),
         "--master-addr",
         env.get("MASTER_ADDR", "127.0.0.1"),
         "--master-port",
@@ -159,12 +163,3 @@ def gather_objects(obj: Any) -> list[Any] | None:
     out: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object(obj, out, dst=0)
     return out
-
-
-def scatter_object(objs: list[Any] | None) -> Any:
-    """Rank 0's ``objs[r]`` on rank r (the inverse of :func:`gather_objects`)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return objs[0] if objs else None
-    box: list[Any] = [None]
-    dist.scatter_object_list(box, objs if dist.get_rank() == 0 else None, src=0)
-    return box[0]

@@ -138,6 +138,8 @@ def test_relaunch_decision_and_command(monkeypatch) -> None:
     monkeypatch.setenv("PET_NPROC_PER_NODE", "1")
     monkeypatch.delenv("LOCAL_RANK")
     assert not needs_torchrun()
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "gpu")  # torchrun resolves it: one per GPU
+    assert needs_torchrun() and "--nproc-per-node gpu" in " ".join(torchrun_argv([]))
 
 
 @pytest.fixture
@@ -188,3 +190,29 @@ def test_linear_lr_scaling_with_world_size() -> None:
     assert [g["weight_decay"] for g in opt.param_groups] == [cfg.weight_decay, 0.0]
     plain = build_optimizer(model, build_config({"lr": 1e-3}), 4, torch.device("cpu"))
     assert plain.param_groups[0]["lr"] == 1e-3
+
+
+def test_checkpoint_keys_have_no_ddp_or_compile_prefix(tmp_path: Path, monkeypatch) -> None:
+    """A 1-rank gloo group so the model really is DDP(torch.compile(model)) (compiled lazily)."""
+    from tests.trainer.conftest import TEST_TASK, free_port
+    from trainer import distributed
+    from trainer.config import build_config
+    from trainer.train import Trainer
+
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(k, v)
+    cfg = build_config({"task": TEST_TASK, "compile": True, "ema_decay": 0.9,
+                        "checkpoint": {"dir": str(tmp_path)}})
+    env = distributed.setup("cpu", "gloo", 60)
+    try:
+        trainer = Trainer(cfg, env, load_task(cfg.task, cfg.task_args),
+                          Reporter(False, 1, "never", None))
+        assert type(trainer.model).__name__ == "DistributedDataParallel"
+        assert type(trainer.model.module).__name__ == "OptimizedModule"
+        state = trainer.state_dict()
+    finally:
+        distributed.teardown()
+    assert sorted(state["model"]) == ["0.bias", "0.weight", "3.bias", "3.weight"]
+    assert sorted(state["ema"]["model"]) == sorted(state["model"])
+    assert len(state["rng"]) == 1 and state["config"]["compile"] is True
