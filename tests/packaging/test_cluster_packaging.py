@@ -1,0 +1,693 @@
+"""The chart and k8s/ on the real apiserver (tests/cluster): dry runs, PodSecurity, RBAC, a job.
+
+- `helm template` of every ci case and `kubectl apply -k k8s/` pass a server-side dry run with
+  the PyTorchJob CRD and the operator's validating webhook in place.
+- Pods rendered by the chart and by `controller render` are admitted under the `restricted`
+  Pod Security profile by the real admission plugin; a pod that breaks it is refused.
+- `helm install` runs a job to Succeeded, its pods created by the real operator in a
+  `restricted` namespace.
+- The shipped Role, bound to its ServiceAccount and used through a token kubeconfig, lets
+  `python -m controller` submit, wait, read logs and delete, and refuses Secrets and pods.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controller.render import render_pytorchjob
+from controller.spec import validate_spec
+
+from .conftest import CHART, CI_VALUES, EXAMPLES, K8S, ROOT, tools
+
+pytestmark = pytest.mark.cluster
+
+K8S_NAMESPACE = "ddpjob"  # k8s/namespace.yaml
+SERVICE_ACCOUNT = "ddpjob-controller"  # k8s/rbac.yaml
+PSA_REFUSAL = 'violates PodSecurity "restricted:latest"'
+
+
+def _wait(what: str, probe, timeout: float = 120, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def _ensure_namespace(cluster, name: str, level: str = "restricted") -> str:
+    """Create (or keep) a namespace enforcing Pod Security ``level``, like k8s/namespace.yaml."""
+    labels = {f"pod-security.kubernetes.io/{m}": level for m in ("enforce", "audit", "warn")}
+    ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+    cluster.kubectl(
+        "apply",
+        "--server-side",
+        "--field-manager",
+        "ddpjob-tests",
+        "-f",
+        "-",
+        input_text=json.dumps(ns),
+    )
+    _wait(
+        f"service account default in {name}",
+        lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
+        30,
+    )
+    return name
+
+
+@pytest.fixture(scope="module")
+def restricted(cluster) -> str:
+    return _ensure_namespace(cluster, "pkg-restricted")
+
+
+def _dry_run(cluster, docs: str) -> subprocess.CompletedProcess:
+    return cluster.kubectl(
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "--field-manager",
+        "ddpjob-tests",
+        "-f",
+        "-",
+        input_text=docs,
+        check=False,
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# Server-side dry runs
+
+
+@pytest.mark.parametrize("case", CI_VALUES, ids=lambda p: p.name)
+def test_helm_template_of_each_ci_case_passes_server_side_dry_run(cluster, restricted, case):
+    values = yaml.safe_load(case.read_text()) or {}
+    namespace = _ensure_namespace(cluster, values.get("namespace") or restricted)
+    out = cluster.helm("template", "ci", str(CHART), "-f", str(case), "--namespace", namespace)
+    proc = _dry_run(cluster, out.stdout)
+    assert proc.returncode == 0, proc.stderr
+    assert "pytorchjob.kubeflow.org/" in proc.stdout and "(server dry run)" in proc.stdout
+
+
+def test_a_broken_manifest_fails_the_dry_run(cluster, restricted):
+    """The dry run is a real check: the CRD's schema and the operator's webhook both bite."""
+    out = cluster.helm("template", "ci", str(CHART), "--namespace", restricted)
+    job = yaml.safe_load(out.stdout)
+    job["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = 2  # the webhook: must be 1
+    proc = _dry_run(cluster, json.dumps(job))
+    assert proc.returncode != 0
+    assert "webhook" in proc.stderr, proc.stderr
+    job["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = "one"  # the CRD schema
+    proc = _dry_run(cluster, json.dumps(job))
+    assert proc.returncode != 0 and "replicas" in proc.stderr, proc.stderr
+
+
+def _kustomize(cluster) -> list[dict[str, Any]]:
+    out = cluster.kubectl("kustomize", str(K8S))
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def test_kubectl_apply_k_k8s_passes_server_side_dry_run(cluster):
+    objects = _kustomize(cluster)
+    # A dry run creates nothing, so namespaced objects need their namespace to exist already.
+    (ns,) = [o for o in objects if o["kind"] == "Namespace"]
+    cluster.kubectl(
+        "apply",
+        "--server-side",
+        "--field-manager",
+        "ddpjob-tests",
+        "-f",
+        "-",
+        input_text=json.dumps(ns),
+    )
+    proc = cluster.kubectl(
+        "apply",
+        "-k",
+        str(K8S),
+        "--server-side",
+        "--dry-run=server",
+        "--field-manager",
+        "ddpjob-tests",
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for kind in (
+        "namespace",
+        "serviceaccount",
+        "role",
+        "rolebinding",
+        "persistentvolumeclaim",
+        "pytorchjob",
+    ):
+        assert f"{kind}/" in proc.stdout.replace(".rbac.authorization.k8s.io", "").replace(
+            ".kubeflow.org", ""
+        ), (kind, proc.stdout)
+    # The namespace really enforces `restricted`.
+    got = json.loads(cluster.kubectl("get", "namespace", K8S_NAMESPACE, "-o", "json").stdout)
+    assert got["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+# ------------------------------------------------------------------------------------------
+# Pod Security admission
+
+
+def _pods_of(job: dict[str, Any], namespace: str) -> list[dict[str, Any]]:
+    """The pods the operator would create from ``job`` (its templates), minus its additions."""
+    pods = []
+    for rtype, replica in job["spec"]["pytorchReplicaSpecs"].items():
+        template = replica["template"]
+        pods.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"{job['metadata']['name']}-{rtype.lower()}-0",
+                    "namespace": namespace,
+                    "labels": template["metadata"]["labels"],
+                },
+                "spec": template["spec"],
+            }
+        )
+    return pods
+
+
+def _create_dry(cluster, obj: dict[str, Any]) -> subprocess.CompletedProcess:
+    return cluster.kubectl(
+        "create",
+        "--dry-run=server",
+        "-o",
+        "name",
+        "-f",
+        "-",
+        input_text=json.dumps(obj),
+        check=False,
+    )
+
+
+def _rendered_jobs() -> list[tuple[str, dict[str, Any]]]:
+    """(where, PyTorchJob) for every example; quickstart.yaml (2 nodes) first."""
+    jobs = []
+    for example in sorted(EXAMPLES, key=lambda p: p.name != "quickstart.yaml"):
+        spec = validate_spec(yaml.safe_load(example.read_text()))
+        jobs.append((f"render {example.name}", render_pytorchjob(spec)))
+    return jobs
+
+
+def _ensure_priority_classes(cluster, jobs: list[tuple[str, dict[str, Any]]]) -> None:
+    """The Priority admission plugin refuses pods naming a PriorityClass that doesn't exist."""
+    names = {
+        r["template"]["spec"]["priorityClassName"]
+        for _, job in jobs
+        for r in job["spec"]["pytorchReplicaSpecs"].values()
+        if "priorityClassName" in r["template"]["spec"]
+    }
+    for name in sorted(names):
+        pc = {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": name},
+            "value": 1000,
+        }
+        cluster.kubectl(
+            "apply",
+            "--server-side",
+            "--field-manager",
+            "ddpjob-tests",
+            "-f",
+            "-",
+            input_text=json.dumps(pc),
+        )
+
+
+def test_rendered_pods_are_admitted_under_restricted(cluster, restricted):
+    jobs = _rendered_jobs()
+    for case in CI_VALUES:
+        out = cluster.helm("template", "ci", str(CHART), "-f", str(case), "-n", restricted)
+        jobs.append((f"chart {case.name}", yaml.safe_load(out.stdout)))
+    _ensure_priority_classes(cluster, jobs)
+    checked = 0
+    for where, job in jobs:
+        for pod in _pods_of(job, restricted):
+            proc = _create_dry(cluster, pod)
+            assert proc.returncode == 0, (where, proc.stderr)
+            # warn=restricted: a pod that only squeaks through would print a warning.
+            assert "Warning" not in proc.stderr, (where, proc.stderr)
+            checked += 1
+    assert checked >= 2 * len(jobs) - 2  # Master and Worker of (almost) every job
+
+
+def _allow_root(pod: dict[str, Any]) -> None:
+    pod["spec"]["securityContext"].pop("runAsNonRoot")
+    pod["spec"]["containers"][0]["securityContext"].pop("runAsNonRoot")
+
+
+def _allow_escalation(pod: dict[str, Any]) -> None:
+    pod["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = True
+
+
+def _keep_capabilities(pod: dict[str, Any]) -> None:
+    pod["spec"]["containers"][0]["securityContext"].pop("capabilities")
+
+
+def _no_seccomp(pod: dict[str, Any]) -> None:
+    pod["spec"]["securityContext"].pop("seccompProfile")
+
+
+def _host_path(pod: dict[str, Any]) -> None:
+    pod["spec"]["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
+
+
+# One safeguard removed at a time, and the field the refusal must name.
+BREAKAGES = {
+    "root-allowed": (_allow_root, "runAsNonRoot"),
+    "privilege-escalation": (_allow_escalation, "allowPrivilegeEscalation"),
+    "capabilities-kept": (_keep_capabilities, "capabilities"),
+    "no-seccomp": (_no_seccomp, "seccompProfile"),
+    "host-path": (_host_path, "hostPath"),
+}
+
+
+@pytest.mark.parametrize("breakage", BREAKAGES)
+def test_a_pod_breaking_restricted_is_refused(cluster, restricted, breakage):
+    """The admission check bites: the same pod, one safeguard removed, is refused."""
+    (_, job), *_ = _rendered_jobs()
+    pod = _pods_of(job, restricted)[0]
+    assert _create_dry(cluster, pod).returncode == 0
+    breaks, field = BREAKAGES[breakage]
+    breaks(pod)
+    proc = _create_dry(cluster, pod)
+    assert proc.returncode != 0
+    assert PSA_REFUSAL in proc.stderr and field in proc.stderr, proc.stderr
+
+
+# The operator adds an init container to Worker pods (training-operator v1.9,
+# pkg/controller.v1/pytorch/initcontainer.go): upstream's has no securityContext.
+OPERATOR_INIT_TEMPLATE = K8S / "operator" / "init-container-restricted.yaml"
+
+
+def _upstream_init_template() -> str | None:
+    """The operator's built-in init container template, from the module the cluster runs."""
+    proc = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True, check=False)
+    version = tools.VERSIONS["training-operator"]
+    source = (
+        Path(proc.stdout.strip() or "/nonexistent")
+        / f"github.com/kubeflow/training-operator@{version}"
+        / "pkg/controller.v1/pytorch/initcontainer.go"
+    )
+    if not source.exists():
+        return None
+    text = source.read_text()
+    start = text.index("initContainerTemplate = `") + len("initContainerTemplate = `")
+    return text[start : text.index("`", start)]
+
+
+def _init_containers(template: str, master: str) -> list[dict[str, Any]]:
+    """The operator's Go template filled in as it does (image, tries, master address)."""
+    for var, value in (
+        ("{{.InitContainerImage}}", "alpine:3.10"),
+        ("{{.MaxTries}}", "100"),
+        ("{{.MasterAddr}}", master),
+    ):
+        template = template.replace(var, value)
+    return yaml.safe_load(template)
+
+
+def test_worker_pods_need_the_restricted_init_container_template(cluster, restricted):
+    """Upstream's init container makes every Worker pod fail `restricted`; ours passes."""
+    (_, job), *_ = _rendered_jobs()
+    worker = next(p for p in _pods_of(job, restricted) if "-worker-" in p["metadata"]["name"])
+    master = f"{job['metadata']['name']}-master-0"
+    upstream = _upstream_init_template()
+    if upstream is not None:
+        refused = {
+            **worker,
+            "spec": {**worker["spec"], "initContainers": _init_containers(upstream, master)},
+        }
+        proc = _create_dry(cluster, refused)
+        assert proc.returncode != 0 and PSA_REFUSAL in proc.stderr, proc.stderr
+        assert "init-pytorch" in proc.stderr
+    ours = _init_containers(OPERATOR_INIT_TEMPLATE.read_text(), master)
+    assert [c["name"] for c in ours] == ["init-pytorch"]
+    admitted = {**worker, "spec": {**worker["spec"], "initContainers": ours}}
+    proc = _create_dry(cluster, admitted)
+    assert proc.returncode == 0, proc.stderr
+    assert "Warning" not in proc.stderr, proc.stderr
+
+
+# ------------------------------------------------------------------------------------------
+# helm install runs a job
+
+
+def _small_trainer_args(tmp_path: Path) -> list[str]:
+    return [
+        "batch_size=8",
+        f"checkpoint.dir={tmp_path / 'ckpt'}",
+        "device=cpu",
+        "eval_batches=1",
+        "log_every=1",
+        "max_steps=5",
+        "resume=never",
+        "task=vision",
+        "task_args={image_size: 16}",
+    ]
+
+
+def _job(cluster, namespace: str, name: str) -> dict[str, Any]:
+    out = cluster.kubectl("get", "pytorchjob", name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else {}
+
+
+def _condition(job: dict[str, Any]) -> str | None:
+    for cond in reversed(job.get("status", {}).get("conditions", [])):
+        if cond.get("status") == "True":
+            return cond["type"]
+    return None
+
+
+@contextlib.contextmanager
+def _helm_job(cluster, namespace: str, nodes: int, tmp_path: Path):
+    """`helm install` a small CPU job of ``nodes`` pods; yields (release, install output)."""
+    release = f"pkg-{uuid.uuid4().hex[:6]}"
+    values = {
+        "name": release,
+        "nodes": nodes,
+        "resources": {"gpus": 0, "cpu": "1", "memory": "2Gi"},
+        "shm_size": "256Mi",
+        "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
+        "args": _small_trainer_args(tmp_path),
+    }
+    path = tmp_path / "values.json"
+    path.write_text(json.dumps(values))
+    install = cluster.helm("install", release, str(CHART), "-n", namespace, "-f", str(path))
+    try:
+        yield release, install.stdout
+    finally:
+        cluster.helm("uninstall", release, "-n", namespace, "--wait", check=False)
+
+
+def _wait_finished(cluster, namespace: str, release: str, timeout: float = 240) -> dict:
+    _wait(
+        f"job {release} Succeeded or Failed",
+        lambda: _condition(_job(cluster, namespace, release)) in ("Succeeded", "Failed"),
+        timeout,
+        1,
+    )
+    return _job(cluster, namespace, release)
+
+
+def _job_pods(cluster, namespace: str, release: str) -> list[dict[str, Any]]:
+    out = cluster.kubectl(
+        "get",
+        "pods",
+        "-n",
+        namespace,
+        "-o",
+        "json",
+        "-l",
+        f"training.kubeflow.org/job-name={release}",
+    )
+    return sorted(json.loads(out.stdout)["items"], key=lambda p: p["metadata"]["name"])
+
+
+def test_helm_install_runs_a_job_to_succeeded_in_a_restricted_namespace(
+    cluster, restricted, tmp_path
+):
+    with _helm_job(cluster, restricted, 1, tmp_path) as (release, notes):
+        # NOTES.txt printed the exact commands to follow the job.
+        assert f"kubectl -n {restricted} get pods -l training.kubeflow.org/job-name={release}" in (
+            notes
+        )
+        assert f"python -m controller logs {release} -n {restricted} -f" in notes
+        job = _wait_finished(cluster, restricted, release)
+        master = f"{release}-master-0"
+        logs = cluster.kubectl("logs", master, "-n", restricted, "-c", "pytorch").stdout
+        assert _condition(job) == "Succeeded", (job.get("status"), logs[-2000:])
+        assert '"event": "done"' in logs
+        pods = _job_pods(cluster, restricted, release)
+        # Created by the real operator and admitted by the real PodSecurity plugin.
+        assert [p["metadata"]["name"] for p in pods] == [master]
+        labels = pods[0]["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == release
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert pods[0]["spec"]["securityContext"]["runAsUser"] == 1000
+
+
+def test_helm_install_runs_a_two_node_job_to_succeeded(cluster, tmp_path):
+    """Master + Worker through the real operator (rendezvous, RANK, WORLD_SIZE), in a
+    `baseline` namespace: see the next test for `restricted`."""
+    namespace = _ensure_namespace(cluster, "pkg-baseline", "baseline")
+    with _helm_job(cluster, namespace, 2, tmp_path) as (release, _):
+        job = _wait_finished(cluster, namespace, release)
+        logs = cluster.kubectl(
+            "logs", f"{release}-master-0", "-n", namespace, "-c", "pytorch"
+        ).stdout
+        assert _condition(job) == "Succeeded", (job.get("status"), logs[-2000:])
+        assert '"event": "done"' in logs
+        pods = _job_pods(cluster, namespace, release)
+        assert [p["metadata"]["name"] for p in pods] == [
+            f"{release}-master-0",
+            f"{release}-worker-0",
+        ]
+        assert all(p["status"]["phase"] == "Succeeded" for p in pods)
+
+
+def test_a_two_node_job_in_a_restricted_namespace(cluster, restricted, tmp_path):
+    """Worker pods carry the operator's init container. With upstream's template (no
+    securityContext) PodSecurity refuses them: reported as xfail, naming the fix."""
+    with _helm_job(cluster, restricted, 2, tmp_path) as (release, _):
+        worker = f"{release}-worker-0"
+
+        def outcome():
+            if _condition(_job(cluster, restricted, release)) in ("Succeeded", "Failed"):
+                return "finished"
+            events = cluster.kubectl(
+                "get",
+                "events",
+                "-n",
+                restricted,
+                "-o",
+                "json",
+                "--field-selector",
+                f"involvedObject.name={release},reason=FailedCreatePod",
+            )
+            for event in json.loads(events.stdout)["items"]:
+                if worker in event["message"] and PSA_REFUSAL in event["message"]:
+                    return event["message"]
+            return None
+
+        seen = _wait(f"job {release} to finish or its worker to be refused", outcome, 240, 1)
+        if seen != "finished":
+            assert 'container "init-pytorch"' in seen, seen
+            pytest.xfail(
+                "the training operator's built-in init container violates `restricted`; run "
+                "it with k8s/operator/init-container-restricted.yaml as "
+                f"--pytorch-init-container-template-file (got: {seen})"
+            )
+        assert _condition(_job(cluster, restricted, release)) == "Succeeded"
+
+
+# ------------------------------------------------------------------------------------------
+# RBAC: the shipped Role, through a real token
+
+
+def _sa_kubeconfig(cluster, path: Path) -> Path:
+    """A kubeconfig that authenticates as the ServiceAccount with a short-lived token."""
+    token = cluster.kubectl(
+        "create", "token", SERVICE_ACCOUNT, "-n", K8S_NAMESPACE, "--duration=1h"
+    ).stdout.strip()
+    admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    server = admin["clusters"][0]["cluster"]
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": server}],
+        "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
+        "contexts": [
+            {
+                "name": "sa",
+                "context": {
+                    "cluster": "local",
+                    "user": SERVICE_ACCOUNT,
+                    "namespace": K8S_NAMESPACE,
+                },
+            }
+        ],
+        "current-context": "sa",
+    }
+    path.write_text(yaml.safe_dump(kubeconfig))
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="module")
+def sa_kubeconfig(cluster, tmp_path_factory) -> Path:
+    """k8s/ applied for real (minus the example job), and a token kubeconfig for its SA."""
+    objects = [o for o in _kustomize(cluster) if o["kind"] != "PyTorchJob"]
+    cluster.kubectl(
+        "apply",
+        "--server-side",
+        "--field-manager",
+        "ddpjob-tests",
+        "-f",
+        "-",
+        input_text="\n---\n".join(json.dumps(o) for o in objects),
+    )
+    return _sa_kubeconfig(cluster, tmp_path_factory.mktemp("sa") / "kubeconfig")
+
+
+def _sa_kubectl(cluster, kubeconfig: Path, *args: str, input_text: str | None = None):
+    return subprocess.run(
+        [str(cluster.kubectl_path), "--kubeconfig", str(kubeconfig), *args],
+        input=input_text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("verb", "resource", "allowed"),
+    [
+        ("create", "pytorchjobs.kubeflow.org", True),
+        ("get", "pytorchjobs.kubeflow.org", True),
+        ("list", "pytorchjobs.kubeflow.org", True),
+        ("watch", "pytorchjobs.kubeflow.org", True),
+        ("delete", "pytorchjobs.kubeflow.org", True),
+        ("list", "pods", True),
+        ("watch", "pods", True),
+        ("get", "pods/log", True),
+        ("list", "events", True),
+        ("patch", "pytorchjobs.kubeflow.org", False),
+        ("update", "pytorchjobs.kubeflow.org", False),
+        ("get", "secrets", False),
+        ("list", "secrets", False),
+        ("create", "pods", False),
+        ("delete", "pods", False),
+        ("create", "pods/exec", False),
+        ("get", "configmaps", False),
+        ("create", "roles.rbac.authorization.k8s.io", False),
+        ("create", "rolebindings.rbac.authorization.k8s.io", False),
+    ],
+)
+def test_auth_can_i_as_the_service_account(cluster, sa_kubeconfig, verb, resource, allowed):
+    proc = cluster.kubectl(
+        "auth",
+        "can-i",
+        verb,
+        resource,
+        "-n",
+        K8S_NAMESPACE,
+        f"--as=system:serviceaccount:{K8S_NAMESPACE}:{SERVICE_ACCOUNT}",
+        check=False,
+    )
+    assert proc.stdout.strip() == ("yes" if allowed else "no"), (verb, resource, proc.stdout)
+
+
+def test_nothing_outside_its_namespace(cluster, sa_kubeconfig):
+    for args in (["list", "pytorchjobs.kubeflow.org", "-n", "default"], ["list", "nodes"]):
+        proc = cluster.kubectl(
+            "auth",
+            "can-i",
+            *args,
+            f"--as=system:serviceaccount:{K8S_NAMESPACE}:{SERVICE_ACCOUNT}",
+            check=False,
+        )
+        assert proc.stdout.strip() == "no", args
+
+
+def test_the_service_account_is_refused_secrets_and_pods_for_real(cluster, sa_kubeconfig):
+    """Real requests with the token, not just the authorizer's opinion."""
+    proc = _sa_kubectl(cluster, sa_kubeconfig, "get", "secrets")
+    assert proc.returncode != 0 and "Forbidden" in proc.stderr, proc.stderr
+    assert 'cannot list resource "secrets"' in proc.stderr
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "sneaky", "namespace": K8S_NAMESPACE},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }
+    proc = _sa_kubectl(cluster, sa_kubeconfig, "create", "-f", "-", input_text=json.dumps(pod))
+    assert proc.returncode != 0 and "Forbidden" in proc.stderr, proc.stderr
+    assert 'cannot create resource "pods"' in proc.stderr
+    # ...while what it is granted works with the same token.
+    ok = _sa_kubectl(cluster, sa_kubeconfig, "get", "pytorchjobs", "-n", K8S_NAMESPACE)
+    assert ok.returncode == 0, ok.stderr
+
+
+def _controller(kubeconfig: Path, *args: str, timeout: float = 300):
+    return subprocess.run(
+        [sys.executable, "-m", "controller", *args, "--kubeconfig", str(kubeconfig)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_controller_submits_follows_and_deletes_with_the_shipped_role(
+    cluster, sa_kubeconfig, tmp_path
+):
+    name = f"rbac-{uuid.uuid4().hex[:6]}"
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "namespace": K8S_NAMESPACE,
+                "image": "ghcr.io/ddpjob/trainer:0.1.0",
+                "nodes": 1,
+                "resources": {"cpu": "1", "memory": "2Gi"},
+                "shm_size": "256Mi",
+                "env": {"OMP_NUM_THREADS": "1"},
+                "trainer": {
+                    "task": "vision",
+                    "task_args": {"image_size": 16},
+                    "device": "cpu",
+                    "max_steps": 5,
+                    "batch_size": 8,
+                    "log_every": 1,
+                    "eval_batches": 1,
+                    "resume": "never",
+                    "checkpoint": {"dir": str(tmp_path / "ckpt")},
+                },
+            }
+        )
+    )
+    try:
+        submit = _controller(sa_kubeconfig, "submit", str(spec), "-n", K8S_NAMESPACE, "--wait")
+        assert submit.returncode == 0, submit.stdout + submit.stderr
+        status = _controller(sa_kubeconfig, "status", name, "-n", K8S_NAMESPACE)
+        assert status.returncode == 0, status.stderr
+        assert "Succeeded" in status.stdout, status.stdout
+        logs = _controller(sa_kubeconfig, "logs", name, "-n", K8S_NAMESPACE)
+        assert logs.returncode == 0, logs.stderr
+        assert '"event": "done"' in logs.stdout, logs.stdout[-2000:]
+    finally:
+        delete = _controller(
+            sa_kubeconfig, "delete", name, "-n", K8S_NAMESPACE, "--wait", timeout=180
+        )
+    assert delete.returncode == 0, delete.stdout + delete.stderr
+    assert _job(cluster, K8S_NAMESPACE, name) == {}
+
+
+def test_a_token_for_the_service_account_is_what_the_tests_use(sa_kubeconfig):
+    """Sanity: the kubeconfig carries a bound token of the shipped ServiceAccount."""
+    user = yaml.safe_load(sa_kubeconfig.read_text())["users"][0]["user"]
+    payload = user["token"].split(".")[1]
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    assert claims["sub"] == f"system:serviceaccount:{K8S_NAMESPACE}:{SERVICE_ACCOUNT}"
