@@ -47,13 +47,19 @@ def build_loader(
     dataset: Dataset, batch_size: int, rank: int, world_size: int, seed: int, shuffle: bool,
     num_workers: int, pin_memory: bool,
 ) -> DataLoader:
-    """A DataLoader over this rank's shard; full batches only."""
+    """A DataLoader over this rank's shard; full batches only.
+
+    Training (``shuffle``) needs at least one full batch per rank; an eval set smaller than
+    that is read as one smaller batch per rank instead.
+    """
     sampler = ResumableSampler(dataset, world_size, rank, seed, shuffle)
     if sampler.num_samples < batch_size:
-        raise ConfigError([
-            f"batch_size: larger than one rank's share of the dataset "
-            f"({sampler.num_samples} samples) (got {batch_size})"
-        ])
+        if shuffle or sampler.num_samples == 0:
+            raise ConfigError([
+                f"batch_size: larger than one rank's share of the dataset "
+                f"({sampler.num_samples} samples) (got {batch_size})"
+            ])
+        batch_size = sampler.num_samples  # a small eval set: one smaller batch per rank
     return DataLoader(
         dataset,
         batch_size=batch_size,

@@ -216,3 +216,10 @@ def test_checkpoint_keys_have_no_ddp_or_compile_prefix(tmp_path: Path, monkeypat
     assert sorted(state["model"]) == ["0.bias", "0.weight", "3.bias", "3.weight"]
     assert sorted(state["ema"]["model"]) == sorted(state["model"])
     assert len(state["rng"]) == 1 and state["config"]["compile"] is True
+
+
+def test_small_eval_set_gets_one_smaller_batch_per_rank() -> None:
+    data = TensorDataset(torch.arange(10))
+    loader = build_loader(data, 8, rank=1, world_size=2, seed=0, shuffle=False,
+                          num_workers=0, pin_memory=False)
+    assert [b[0].tolist() for b in loader] == [[1, 3, 5, 7, 9]]
