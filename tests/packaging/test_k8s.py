@@ -124,3 +124,19 @@ def test_example_job_is_what_controller_render_gives(objects):
         "k8s/pytorchjob.yaml is stale: python -m controller render examples/quickstart.yaml "
         "--set namespace=ddpjob > k8s/pytorchjob.yaml"
     )
+
+
+def test_operator_init_container_template_is_restricted():
+    """k8s/operator/: the operator's Go template, filled in, is one compliant container."""
+    text = (K8S / "operator" / "init-container-restricted.yaml").read_text()
+    for var in ("{{.InitContainerImage}}", "{{.MaxTries}}", "{{.MasterAddr}}"):
+        assert var in text, var
+        text = text.replace(var, "x")
+    (container,) = yaml.safe_load(text)
+    assert container["name"] == "init-pytorch"
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
