@@ -238,14 +238,26 @@ def job_status(cluster: Cluster, name: str, namespace: str) -> dict[str, Any]:
         "pending": [],
     }
     waiting = [p for p in pods if p.get("status", {}).get("phase") == "Pending"]
-    if waiting or not pods:
+    have = {p["metadata"]["name"] for p in pods}
+    missing = [
+        f"{name}-{rtype.lower()}-{i}"
+        for rtype, rspec in job.get("spec", {}).get("pytorchReplicaSpecs", {}).items()
+        for i in range(int(rspec.get("replicas", 1)))
+        if f"{name}-{rtype.lower()}-{i}" not in have
+    ]
+    if cond in ("Succeeded", "Failed"):
+        missing = []
+    if waiting or missing:
         events = cluster.list_events(namespace)
         mine = [e for e in events if e.get("involvedObject", {}).get("name", "").startswith(name)]
         for pod in waiting:
             reason = pending_reason(pod, mine)
             out["pending"].append({"pod": pod["metadata"]["name"], "reason": reason})
-        if not pods and cond not in ("Succeeded", "Failed"):
-            out["pending"].append({"pod": None, "reason": pending_reason(None, mine)})
+        job_events = [e for e in mine if e.get("involvedObject", {}).get("name") == name]
+        for pod_name in missing:  # the operator could not create it: the job's events say why
+            about = [e for e in job_events if pod_name in (e.get("message") or "")]
+            reason = pending_reason(None, about or job_events) or "not created yet"
+            out["pending"].append({"pod": pod_name, "reason": f"no pod: {reason}"})
     master = [p for p in pods if p["metadata"].get("labels", {}).get(LABEL_JOB_ROLE) == "master"]
     if master and master[0].get("status", {}).get("phase") != "Pending":
         try:
@@ -286,8 +298,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
         print(format_table(rows))
     for p in st["pending"]:
-        who = p["pod"] or "no pods yet"
-        print(f"pending: {who}: {p['reason'] or 'no reason reported yet'}")
+        print(f"pending: {p['pod']}: {p['reason'] or 'no reason reported yet'}")
     if st["progress"]:
         print(f"progress: {format_progress(st['progress'])}")
     return 0

@@ -42,6 +42,8 @@ PENDING_EVENTS_EVERY_S = 5.0
 END_GRACE_S = 15.0
 # A finished run's stream is closed once it has been quiet this long (at most QUIET_MAX_S).
 QUIET_S, QUIET_MAX_S = 0.5, 3.0
+# When the followed rank has printed nothing this long, look for Warning events of the job.
+QUIET_JOB_S = 10.0
 
 
 def split_timestamp(line: str) -> tuple[tuple[str, int] | None, str]:
@@ -139,6 +141,8 @@ class RankFollower:
         self._emit_lock = threading.Lock()
         self._last_pending = ""
         self._stopped = threading.Event()
+        self._warned: set[str] = set()
+        self._last_line_at = time.monotonic()
         self.lines = 0
 
     # -- selection -------------------------------------------------------------------------
@@ -160,6 +164,8 @@ class RankFollower:
                 if etype == RESYNC:
                     if kind == "job" and obj.get("count") == 0:
                         self.events.put(("job", "DELETED", {}))
+                    elif kind == "pod":
+                        self.events.put(("pod", RESYNC, obj))
                     continue
                 self.events.put((kind, etype, obj))
         except Exception as e:  # surfaces in the main loop
@@ -215,7 +221,7 @@ class RankFollower:
 
     def _offer(self, run: _Run, raw: str) -> None:
         ts, text = split_timestamp(raw)
-        run.last_line_at = time.monotonic()
+        run.last_line_at = self._last_line_at = time.monotonic()
         with run.lock:
             if not run.cursor.accept(ts):
                 return
@@ -299,6 +305,7 @@ class RankFollower:
         job: dict[str, Any] | None = None
         pod: dict[str, Any] | None = None
         ended_at: float | None = None
+        pods_listed = False  # the pod watch's first list has been seen
         next_events = time.monotonic() + PENDING_EVENTS_EVERY_S
         while True:
             now = time.monotonic()
@@ -318,6 +325,8 @@ class RankFollower:
                     raise NotFound(f"logs: job {self.namespace}/{self.job} was deleted")
                 if job_terminal(job) and ended_at is None:
                     ended_at = time.monotonic()
+            elif kind == "pod" and etype == RESYNC:
+                pods_listed = True
             elif kind == "pod":
                 if etype == "DELETED":
                     if pod is not None and pod["metadata"]["uid"] == obj["metadata"]["uid"]:
@@ -330,9 +339,18 @@ class RankFollower:
             if (pod is None or not _started(pod)) and time.monotonic() >= next_events:
                 self._explain_pending(pod)
                 next_events = time.monotonic() + PENDING_EVENTS_EVERY_S
+            elif time.monotonic() - self._last_line_at >= QUIET_JOB_S and ended_at is None:
+                # Our rank runs but prints nothing: often another replica cannot start (its
+                # pod is refused or unschedulable) and rank 0 waits for it. Say so.
+                self._last_line_at = time.monotonic()
+                self._job_warnings()
             if ended_at is not None:
                 run = self.current
-                settled = run is None or run.done or (pod is not None and _terminated(pod))
+                settled = pods_listed and (
+                    (run is None and pod is None)
+                    or (run is not None and run.done)
+                    or (pod is not None and _terminated(pod))
+                )
                 if settled or time.monotonic() - ended_at > END_GRACE_S:
                     self._end_all()
                     return job
@@ -346,6 +364,23 @@ class RankFollower:
         elif not pod.get("metadata", {}).get("deletionTimestamp"):
             self._explain_pending(pod)
         return pod
+
+    def _job_warnings(self) -> None:
+        try:
+            events = self.cluster.list_events(self.namespace)
+        except ClusterError:
+            return
+        for e in events:
+            obj = e.get("involvedObject", {}).get("name", "")
+            if e.get("type") != "Warning" or not (
+                obj == self.job or obj.startswith(f"{self.job}-")
+            ):
+                continue
+            key = e.get("metadata", {}).get("uid", "") + str(e.get("count", ""))
+            if key in self._warned:
+                continue
+            self._warned.add(key)
+            self.say(f"logs: {obj}: {e.get('reason', '')}: {e.get('message', '')}")
 
     def _explain_pending(self, pod: dict[str, Any] | None) -> None:
         try:
