@@ -146,6 +146,28 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+class _Pending:
+    """An all-reduce in flight; ``wait()`` returns the reduced tensor."""
+
+    def __init__(self, tensor: torch.Tensor, work: Any = None):
+        self.tensor, self.work = tensor, work
+
+    def wait(self) -> torch.Tensor:
+        if self.work is not None:
+            self.work.wait()
+        return self.tensor
+
+
+def all_reduce_sum_async(t: torch.Tensor) -> _Pending:
+    """Start summing ``t`` over ranks in place; collect it with ``.wait()``.
+
+    Every rank must start it at the same point of the program: collectives match by order.
+    """
+    if dist.is_available() and dist.is_initialized():
+        return _Pending(t, dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True))
+    return _Pending(t)
+
+
 def broadcast_object(obj: Any) -> Any:
     """Rank 0's ``obj`` on every rank."""
     if not (dist.is_available() and dist.is_initialized()):

@@ -275,14 +275,17 @@ class Trainer:
                 with self.model.no_sync() if skip_sync else contextlib.nullcontext():
                     with self._autocast():
                         loss, _ = self.task.loss(self.model, batch)
+                    loss_sum += loss.detach().float()
+                    if last:
+                        # The step's one extra collective: [global loss, any rank told to stop],
+                        # so every rank takes the same branch (NaN skip, preemption). Started
+                        # before backward, it overlaps with it instead of adding a round trip.
+                        stop_flag = torch.tensor(float(self.stop_requested), device=dev)
+                        flags = dist_.all_reduce_sum_async(
+                            torch.stack([loss_sum / cfg.grad_accum, stop_flag]))
                     self.scaler.scale(loss / cfg.grad_accum).backward()
-                loss_sum += loss.detach().float()
 
-            # One small all-reduce (and the step's one host sync): the global mean loss and
-            # whether any rank was told to stop. Every rank then takes the same branch.
-            flags = torch.stack([loss_sum / cfg.grad_accum,
-                                 torch.tensor(float(self.stop_requested), device=dev)])
-            global_loss, stop = dist_.all_reduce_sum(flags).tolist()
+            global_loss, stop = flags.wait().tolist()  # the step's one host sync
             global_loss /= env.world_size
             lr = self.scheduler.get_last_lr()[0]
 
