@@ -141,7 +141,8 @@ class Agent:
         self.previous_log: dict[tuple[str, str], Path] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self.venv_bin = REPO_ROOT / ".venv" / "bin"
+        venv = REPO_ROOT / ".venv" / "bin"
+        self.venv_bin = venv if venv.exists() else Path(sys.executable).parent
 
     def say(self, message: str) -> None:
         print(f"{now_iso()} agent: {message}", flush=True)
@@ -258,7 +259,7 @@ class Agent:
     def build_env(self, pod, container) -> dict[str, str]:
         env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
         env["PATH"] = f"{self.venv_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-        if self.venv_bin.exists():
+        if (self.venv_bin.parent / "pyvenv.cfg").exists():
             env["VIRTUAL_ENV"] = str(self.venv_bin.parent)
         env["HOSTNAME"] = pod.metadata.name
         for source in container.env_from or []:

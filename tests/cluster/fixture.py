@@ -18,8 +18,10 @@ started, at session end. The fixture always uses ``<repo>/.cluster`` (no env var
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,8 +89,27 @@ class Cluster:
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
 
+def _build_outside_test_timeout(log) -> None:
+    """Build missing tools with pytest-timeout's SIGALRM timer paused.
+
+    A cold build (about 15 min on 2 cores) must not count against the per-test timeout of
+    whichever test first asks for the fixture; the timer resumes with its remaining time.
+    """
+    if tools.is_built():
+        return
+    paused = None
+    if threading.current_thread() is threading.main_thread():
+        paused = signal.setitimer(signal.ITIMER_REAL, 0)
+    try:
+        tools.build(log)
+    finally:
+        if paused and paused[0] > 0:
+            signal.setitimer(signal.ITIMER_REAL, *paused)
+
+
 def start_or_reuse(log=sys.stderr) -> Cluster:
     """Reuse a live cluster or start one, and hold a lease on it; see :func:`cluster`."""
+    _build_outside_test_timeout(log)
     cp = ControlPlane(log=log)
     state = cp.up(owner="fixture", lease=True)
     return Cluster(cp, cp.kubeconfig, state["server"], state.get("owner") == "fixture")
