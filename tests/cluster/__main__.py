@@ -34,9 +34,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[cluster] nothing to build ({tools.tools_dir()})")
         elif args.command == "up":
             state = cp.up()
-            rss = cp.rss_mib()
+            rss, pss = cp.rss_mib(), cp.pss_mib()
             print(
-                f"[cluster] control plane RSS {sum(rss.values()):.0f} MiB "
+                f"[cluster] control plane RSS {sum(rss.values()):.0f} MiB, "
+                f"PSS {sum(pss.values()):.0f} MiB "
                 f"({', '.join(f'{k} {v:.0f}' for k, v in rss.items())})",
                 file=sys.stderr,
             )
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                         "kubeconfig": str(cp.kubeconfig),
                         "tools": str(tools.tools_dir()),
                         "rss_mib": cp.rss_mib(),
+                        "pss_mib": cp.pss_mib(),
                     },
                     indent=2,
                 )

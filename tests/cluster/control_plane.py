@@ -776,6 +776,21 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ figures
 
+    def pss_mib(self) -> dict[str, float]:
+        """Return the proportional set size (MiB) of each recorded process: the components
+        share one binary, so RSS counts its text pages once per process and PSS does not."""
+        out: dict[str, float] = {}
+        state = self.read_state() or {}
+        for name, info in state.get("processes", {}).items():
+            try:
+                rollup = Path(f"/proc/{info['pid']}/smaps_rollup").read_text()
+            except OSError:
+                continue
+            for line in rollup.splitlines():
+                if line.startswith("Pss:"):
+                    out[name] = int(line.split()[1]) / 1024
+        return out
+
     def rss_mib(self) -> dict[str, float]:
         """Return the resident memory (MiB) of each recorded process."""
         out: dict[str, float] = {}
