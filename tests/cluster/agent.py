@@ -38,10 +38,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CONTAINER = "pytorch"
 JOB_LABEL = "training.kubeflow.org/job-name"
 LOGS_GROUP, LOGS_VERSION, LOGS_PLURAL = "kwok.x-k8s.io", "v1alpha1", "logs"
-#: A whole value that is a replica host name, optionally with a port or a service DNS suffix.
-_HOST_RE = re.compile(
-    r"^(?P<host>[a-z0-9]([-a-z0-9]*[a-z0-9])?-(master|worker|launcher)-\d+"
-    r"(\.[-a-z0-9]+)*)(?P<port>:\d+)?$"
+#: A whole value that is a replica host name (``<job>-master-0``, optionally with a DNS suffix),
+#: optionally with a port: the job's rendezvous, so the port becomes the job's own port.
+_REPLICA_RE = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?-(master|worker|launcher)-\d+(\.[-a-z0-9]+)*(?P<port>:\d+)?$"
+)
+#: A whole value that is a Service DNS name (``name.ns.svc[.cluster.local]``), port kept.
+_SERVICE_RE = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[-a-z0-9]+)*\.svc(\.cluster\.local)?(?P<port>:\d+)?$"
 )
 _PASS_ENV = ("HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "TERM", "TZ")
 
@@ -67,9 +71,12 @@ def rewrite_env(env: dict[str, str], port: int) -> dict[str, str]:
     """Point replica host names at 127.0.0.1 and the rendezvous port at this job's port."""
     out = dict(env)
     for key, value in env.items():
-        match = _HOST_RE.match(value or "")
-        if match:
-            out[key] = "127.0.0.1" + (f":{port}" if match.group("port") else "")
+        replica = _REPLICA_RE.match(value or "")
+        service = _SERVICE_RE.match(value or "")
+        if replica:
+            out[key] = "127.0.0.1" + (f":{port}" if replica.group("port") else "")
+        elif service:
+            out[key] = "127.0.0.1" + (service.group("port") or "")
     if "MASTER_ADDR" in out:
         out["MASTER_ADDR"] = "127.0.0.1"
     if "MASTER_PORT" in out:

@@ -734,8 +734,10 @@ class ControlPlane:
             self.say("no state.json; removing the state folder only")
         keep = os.environ.get("DDPJOB_CLUSTER_KEEP_LOGS") == "1"
         if keep and (self.state_dir / "logs").exists():
-            dest = self.repo / ".cluster-logs"
+            cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+            dest = cache / "ddpjob" / "cluster-logs" / time.strftime("%Y%m%d-%H%M%S")
             shutil.rmtree(dest, ignore_errors=True)
+            dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copytree(self.state_dir / "logs", dest)
             self.say(f"logs kept in {dest}")
         shutil.rmtree(self.state_dir, ignore_errors=True)
