@@ -339,3 +339,30 @@ def test_operator_webhook_validates(cluster, namespace):
     proc = cluster.kubectl("apply", "-f", "-", input_text=bad, check=False)
     assert proc.returncode != 0
     assert "pytorch" in proc.stderr
+
+
+def test_on_failure_restarts_in_place_with_restart_count(cluster, namespace, tmp_path):
+    """restartPolicy OnFailure: the agent restarts the container in place (restartCount 1),
+    and `kubectl logs --previous` shows the failed run."""
+    marker = tmp_path / "ran"
+    cmd = textwrap.dedent(f"""
+        import pathlib, sys
+        m = pathlib.Path({str(marker)!r})
+        if not m.exists():
+            m.write_text('1')
+            print('run 1 fails', flush=True)
+            sys.exit(3)
+        print('run 2 ok', flush=True)
+    """)
+    cluster.kubectl(
+        "apply", "-f", "-", input_text=_job_yaml("inplace", namespace, cmd, restart="OnFailure")
+    )
+    _wait("job Succeeded", lambda: _job_condition(cluster, namespace, "inplace", "Succeeded"), 120)
+    pod = _get(cluster, "pod", "inplace-master-0", "-n", namespace)
+    status = pod["status"]["containerStatuses"][0]
+    assert status["restartCount"] == 1
+    assert status["lastState"]["terminated"]["exitCode"] == 3
+    assert status["state"]["terminated"]["exitCode"] == 0
+    assert "run 2 ok" in cluster.kubectl("logs", "inplace-master-0", "-n", namespace).stdout
+    previous = cluster.kubectl("logs", "inplace-master-0", "-n", namespace, "-p").stdout
+    assert "run 1 fails" in previous
