@@ -11,6 +11,7 @@ second ``build()`` builds nothing and a change to the wrapper builds into a fres
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -168,9 +169,23 @@ def _copy_module_files(dest: Path) -> None:
 def build(log=sys.stderr) -> dict[str, float]:
     """Build whatever is missing into :func:`tools_dir`; return build seconds per artefact.
 
-    A second call with everything present builds nothing and returns an empty dict.
+    A second call with everything present builds nothing and returns an empty dict. Concurrent
+    callers (two test sessions on a cold machine) serialise on a lock; the second finds the
+    tools built.
     """
+    if is_built():
+        return {}
     root = tools_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f".{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return _build_locked(root, log)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build_locked(root: Path, log) -> dict[str, float]:
     times: dict[str, float] = {}
     if is_built():
         return times
