@@ -80,7 +80,7 @@ def failure_report(
 ) -> str:
     """Which replica failed, its exit code and reason, and its last log lines."""
     from controller.errors import ClusterError
-    from controller.explain import explain_failure
+    from controller.explain import explain_failure, sort_events
 
     failure = explain_failure(job, pods)
     if failure.pod is not None:
@@ -91,7 +91,23 @@ def failure_report(
             failure.last_lines = text.splitlines()[-DEFAULT_TAIL_LINES:]
         except ClusterError as e:
             failure.last_lines = [f"(log unavailable: {e})"]
-    return failure.render(f"{namespace}/{job['metadata']['name']}")
+    text = failure.render(f"{namespace}/{job['metadata']['name']}")
+    # Replicas that died earlier with a retryable code were deleted and re-created by the
+    # operator, so no pod shows them; its ExitedWithCode events still do (often the cause).
+    try:
+        events = cluster.list_events(namespace)
+    except ClusterError:
+        return text
+    earlier = [
+        " ".join((e.get("message") or "").split())
+        for e in sort_events(events)
+        if e.get("reason") == "ExitedWithCode"
+        and e.get("involvedObject", {}).get("name") == job["metadata"]["name"]
+        and not (failure.pod and f".{failure.pod} " in (e.get("message") or ""))
+    ]
+    if earlier:
+        text += "\nbefore that, retried by the operator:\n" + "\n".join(f"  {m}" for m in earlier)
+    return text
 
 
 def _announce(job: dict[str, Any]) -> None:
