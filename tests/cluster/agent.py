@@ -425,6 +425,9 @@ class Agent:
         for t in pumps:
             t.join(timeout=5)
         writer.close()
+        # Read-only marks "container exited": kwok's (patched) log reader ends `logs -f` then.
+        with contextlib.suppress(OSError):
+            log_path.chmod(0o444)
         self.record_pid(run, remove=True)
         code = exit_code(returncode)
         self.say(f"{run.namespace}/{run.name}: pid {run.proc.pid} exited {code}")

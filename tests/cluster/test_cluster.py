@@ -366,3 +366,28 @@ def test_on_failure_restarts_in_place_with_restart_count(cluster, namespace, tmp
     assert "run 2 ok" in cluster.kubectl("logs", "inplace-master-0", "-n", namespace).stdout
     previous = cluster.kubectl("logs", "inplace-master-0", "-n", namespace, "-p").stdout
     assert "run 1 fails" in previous
+
+
+def test_logs_follow_streams_and_ends_when_the_container_exits(cluster, namespace):
+    """`kubectl logs -f` streams lines as they come and returns once the process exits."""
+    cmd = "import time\nfor i in range(4):\n    print('tick', i, flush=True)\n    time.sleep(1)"
+    cluster.kubectl("apply", "-f", "-", input_text=_job_yaml("follow", namespace, cmd))
+
+    def running() -> bool:
+        pods = _pods(cluster, namespace, "follow")
+        return bool(pods) and pods[0]["status"].get("phase") == "Running"
+
+    _wait("pod Running", running, 60, 0.1)
+    start = time.monotonic()
+    out = subprocess.run(
+        [str(cluster.kubectl_path), "logs", "-f", "follow-master-0", "-n", namespace],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert [line for line in out.splitlines() if line.startswith("tick")] == [
+        f"tick {i}" for i in range(4)
+    ]
+    assert time.monotonic() - start < 30
