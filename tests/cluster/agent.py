@@ -208,6 +208,8 @@ class Agent:
             gone = [run for uid, run in self.runs.items() if uid not in seen]
         for run in gone:
             self.kill(run, grace=0)
+            with self.lock:
+                self.runs.pop(run.uid, None)
 
     # ------------------------------------------------------------------ reconcile
 
@@ -245,6 +247,8 @@ class Agent:
         threading.Thread(target=self.supervise, args=(run,), daemon=True).start()
 
     def on_deleted(self, pod) -> None:
+        if pod.spec.node_name not in self.nodes:
+            return
         with self.lock:
             run = self.runs.pop(pod.metadata.uid, None)
         if run is not None and not run.finished:

@@ -238,6 +238,11 @@ class ControlPlane:
             if self.is_live():
                 self.say("already up")
                 state = self.read_state()
+                if owner == "cli" and state.get("owner") != "cli":
+                    # `make cluster-up` adopts a fixture-started cluster: only cluster-down
+                    # stops it now, not the end of the test session that started it.
+                    state["owner"] = "cli"
+                    self._write_state(state)
             else:
                 state = self.read_state()
                 if state:
