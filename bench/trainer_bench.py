@@ -196,7 +196,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=250)
     ap.add_argument("--warmup", type=int, default=50, help="steps excluded from the timing")
     ap.add_argument("--batch-size", type=int, default=32, help="per rank")
-    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--ranks", type=int, default=2, help="gloo ranks (processes)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument("trainer_args", nargs="*", metavar="key=value",
@@ -211,7 +211,7 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
            and not k.startswith(("PET_", "TORCHELASTIC_"))}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.ranks),
            "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
            str(Path(__file__).resolve()), "--worker", *sys.argv[1:]]
     p = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
@@ -225,7 +225,7 @@ def main() -> None:
                                                          strict=True))
         for other in ("minimal", "accelerate")
     }
-    print(f"\nvision SmallCNN, {args.nproc} gloo ranks on CPU, batch {args.batch_size}/rank, "
+    print(f"\nvision SmallCNN, {args.ranks} gloo ranks on CPU, batch {args.batch_size}/rank, "
           f"fp32, {args.steps} steps ({args.warmup} warmup), {args.rounds} rounds")
     print(f"{'':>12} {'samples/s':>10}   (median; each round)")
     for n in CONTENDERS:

@@ -139,9 +139,13 @@ def barrier() -> None:
         dist.barrier()
 
 
+def _multi_rank() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    """Sum a tensor over ranks in place and return it (identity without a process group)."""
-    if dist.is_available() and dist.is_initialized():
+    """Sum a tensor over ranks in place and return it (identity for a single rank)."""
+    if _multi_rank():
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
 
@@ -163,7 +167,7 @@ def all_reduce_sum_async(t: torch.Tensor) -> _Pending:
 
     Every rank must start it at the same point of the program: collectives match by order.
     """
-    if dist.is_available() and dist.is_initialized():
+    if _multi_rank():
         return _Pending(t, dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True))
     return _Pending(t)
 

@@ -258,15 +258,19 @@ class Trainer:
         samples_per_step = cfg.batch_size * cfg.grad_accum * env.world_size
         params = [p for p in self.raw_model.parameters() if p.requires_grad]
         grad_norm = torch.zeros((), device=dev)
+        stop_flag = torch.zeros((), device=dev)
+        on_gpu = dev.type != "cpu"  # CPU batches are already where they belong
         self.model.train()
         reason = COMPLETED
         last_saved = self.step if self.step > 0 else -1
 
         while self.step < cfg.max_steps:
-            loss_sum = torch.zeros((), device=dev)
+            loss_sum = None
             for micro in range(cfg.grad_accum):
                 t_data = time.perf_counter()
-                batch = to_device(next(self.batches), dev)
+                batch = next(self.batches)
+                if on_gpu:
+                    batch = to_device(batch, dev)
                 window.data_s += time.perf_counter() - t_data
                 # no_sync on all but the last micro-batch: gradients accumulate locally and
                 # DDP all-reduces once per optimizer step, not once per micro-batch.
@@ -275,18 +279,20 @@ class Trainer:
                 with self.model.no_sync() if skip_sync else contextlib.nullcontext():
                     with self._autocast():
                         loss, _ = self.task.loss(self.model, batch)
-                    loss_sum += loss.detach().float()
+                    detached = loss.detach().float()
+                    loss_sum = detached if loss_sum is None else loss_sum + detached
                     if last:
                         # The step's one extra collective: [global loss, any rank told to stop],
                         # so every rank takes the same branch (NaN skip, preemption). Started
                         # before backward, it overlaps with it instead of adding a round trip.
-                        stop_flag = torch.tensor(float(self.stop_requested), device=dev)
-                        flags = dist_.all_reduce_sum_async(
-                            torch.stack([loss_sum / cfg.grad_accum, stop_flag]))
-                    self.scaler.scale(loss / cfg.grad_accum).backward()
+                        stop_flag.fill_(float(self.stop_requested))
+                        flags = dist_.all_reduce_sum_async(torch.stack([loss_sum, stop_flag]))
+                    if cfg.grad_accum > 1:
+                        loss = loss / cfg.grad_accum
+                    self.scaler.scale(loss).backward()
 
             global_loss, stop = flags.wait().tolist()  # the step's one host sync
-            global_loss /= env.world_size
+            global_loss /= env.world_size * cfg.grad_accum
             lr = self.scheduler.get_last_lr()[0]
 
             if not math.isfinite(global_loss):
