@@ -4,21 +4,22 @@
 
 1. Waiting for a job to end: ddpjob's ``wait_for_job`` (a watch) and the Kubeflow SDK's
    ``TrainingClient.wait_for_job_conditions`` at its defaults (a GET every 15 s) wait for the
-   same job at the same time. For each: seconds from the terminal condition becoming visible
-   (an independent watch records that instant) to the waiting call returning, and the API
-   requests it issued while waiting. Requests are counted with one hook for both clients:
-   ``kubernetes.client.rest.RESTClientObject.request``, attributed by client instance.
-2. Following rank 0's log across a pod restart: the master's process is killed (-9) mid-run so
-   the operator re-creates the pod. ddpjob's ``RankFollower`` and the SDK's
-   ``get_job_logs(follow=True)`` follow at the same time; each is compared with what the pods
-   really printed (the pod agent's log files): lines lost and lines printed twice.
+   same job at the same time; three jobs of different lengths run at once. For each: seconds
+   from the terminal condition becoming visible (an independent watch records that instant) to
+   the waiting call returning, and the API requests it issued while waiting. Requests are
+   counted with one hook for both clients: ``kubernetes.client.rest.RESTClientObject.request``,
+   attributed by client instance.
+2. Following rank 0's log across a pod restart: the master pod is deleted mid-run (preemption:
+   the trainer checkpoints and exits 143), the operator re-creates it and training resumes.
+   ddpjob's ``RankFollower`` and the SDK's ``get_job_logs(follow=True)`` follow at the same
+   time; each is compared with what the pods really printed (the pod agent's log files): lines
+   lost and lines printed twice.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -57,7 +58,9 @@ class RequestCounter:
             return self.counts[id(rest_client)]
 
 
-def job_manifest(name: str, namespace: str, ckpt: Path, max_steps: int) -> dict[str, Any]:
+def job_manifest(
+    name: str, namespace: str, ckpt: Path, max_steps: int, log_every: int = 5
+) -> dict[str, Any]:
     from controller.render import render_pytorchjob
     from controller.spec import validate_spec
 
@@ -65,7 +68,7 @@ def job_manifest(name: str, namespace: str, ckpt: Path, max_steps: int) -> dict[
     spec.update(name=name, namespace=namespace)
     spec["trainer"].update(
         max_steps=max_steps,
-        log_every=5,
+        log_every=log_every,
         eval_every=0,
         resume="auto",
         warmup_steps=0,
@@ -75,65 +78,87 @@ def job_manifest(name: str, namespace: str, ckpt: Path, max_steps: int) -> dict[
     return render_pytorchjob(validate_spec(spec))
 
 
+WAIT_JOBS = (("bench-wait-a", 300), ("bench-wait-b", 600), ("bench-wait-c", 1200))
+SDK = "Kubeflow SDK wait_for_job_conditions (defaults)"
+OURS = "ddpjob wait_for_job (watch)"
+
+
 def bench_wait(
-    cluster_handle: Any, ours: Any, namespace: str, tmp: Path, counter: RequestCounter
+    cluster_handle: Any, namespace: str, tmp: Path, counter: RequestCounter
 ) -> dict[str, Any]:
+    """Three jobs of different lengths at once; per job: an observer, ours, the SDK."""
     from kubeflow.training import TrainingClient
     from kubernetes import client, config, watch
 
+    from controller.cluster import Cluster
     from controller.explain import job_terminal
     from controller.watch import wait_for_job
 
-    name = "bench-wait"
-    ours.create_job(job_manifest(name, namespace, tmp / "ckpt-wait", 40))
-    sdk = TrainingClient(config_file=str(cluster_handle.kubeconfig), namespace=namespace)
-    results: dict[str, dict[str, float]] = {}
-    seen_at: dict[str, float] = {}
+    kubeconfig = str(cluster_handle.kubeconfig)
+    submitter = Cluster(kubeconfig=kubeconfig, notice=lambda s: None)
+    rows: list[dict[str, Any]] = []
+    lock = threading.Lock()
 
-    def observe() -> None:
-        api = client.CustomObjectsApi(
-            config.new_client_from_config(config_file=str(cluster_handle.kubeconfig))
+    def one(name: str, steps: int) -> None:
+        submitter.create_job(
+            job_manifest(name, namespace, tmp / f"ckpt-{name}", steps, log_every=100)
         )
-        for ev in watch.Watch().stream(
-            api.list_namespaced_custom_object,
-            "kubeflow.org",
-            "v1",
-            namespace,
-            "pytorchjobs",
-            field_selector=f"metadata.name={name}",
-            timeout_seconds=300,
-        ):
-            if job_terminal(ev["object"]):
-                seen_at["t"] = time.monotonic()
-                return
+        created = time.monotonic()
+        ours = Cluster(kubeconfig=kubeconfig, notice=lambda s: None)
+        sdk = TrainingClient(config_file=kubeconfig, namespace=namespace)
+        seen: dict[str, float] = {}
+        returned: dict[str, tuple[float, int]] = {}
 
-    def run_ours() -> None:
-        before = counter.of(ours._api.rest_client)
-        wait_for_job(ours, name, namespace, timeout_s=300)
-        results["ddpjob wait (watch)"] = {
-            "returned": time.monotonic(),
-            "requests": counter.of(ours._api.rest_client) - before,
-        }
+        def observe() -> None:
+            api = client.CustomObjectsApi(config.new_client_from_config(config_file=kubeconfig))
+            for ev in watch.Watch().stream(
+                api.list_namespaced_custom_object,
+                "kubeflow.org",
+                "v1",
+                namespace,
+                "pytorchjobs",
+                field_selector=f"metadata.name={name}",
+                timeout_seconds=600,
+            ):
+                if job_terminal(ev["object"]):
+                    seen["t"] = time.monotonic()
+                    return
 
-    def run_sdk() -> None:
-        rc = sdk.custom_api.api_client.rest_client
-        before = counter.of(rc)
-        sdk.wait_for_job_conditions(name, namespace=namespace)
-        results["Kubeflow SDK wait_for_job_conditions (defaults)"] = {
-            "returned": time.monotonic(),
-            "requests": counter.of(rc) - before,
-        }
+        def run_ours() -> None:
+            rc = ours._api.rest_client
+            before = counter.of(rc)
+            wait_for_job(ours, name, namespace, timeout_s=600)
+            returned[OURS] = (time.monotonic(), counter.of(rc) - before)
 
-    threads = [threading.Thread(target=f) for f in (observe, run_ours, run_sdk)]
-    started = time.monotonic()
-    for t in threads:
+        def run_sdk() -> None:
+            rc = sdk.custom_api.api_client.rest_client
+            before = counter.of(rc)
+            sdk.wait_for_job_conditions(name, namespace=namespace)
+            returned[SDK] = (time.monotonic(), counter.of(rc) - before)
+
+        threads = [threading.Thread(target=f) for f in (observe, run_ours, run_sdk)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=700)
+        with lock:
+            for who, (at, requests) in returned.items():
+                rows.append(
+                    {
+                        "job": name,
+                        "who": who,
+                        "job_s": seen["t"] - created,
+                        "latency_s": at - seen["t"],
+                        "requests": requests,
+                    }
+                )
+
+    jobs = [threading.Thread(target=one, args=job) for job in WAIT_JOBS]
+    for t in jobs:
         t.start()
-    for t in threads:
-        t.join(timeout=400)
-    out = {"job_s": seen_at["t"] - started}
-    for who, r in results.items():
-        out[who] = {"latency_s": r["returned"] - seen_at["t"], "requests": r["requests"]}
-    return out
+    for t in jobs:
+        t.join(timeout=800)
+    return {"rows": sorted(rows, key=lambda r: (r["job"], r["who"]))}
 
 
 def agent_lines(state_dir: Path, namespace: str, pod: str) -> list[str]:
@@ -152,11 +177,13 @@ def lost_and_doubled(got: list[str], truth: list[str]) -> tuple[int, int]:
 
 
 def bench_logs(cluster_handle: Any, ours: Any, namespace: str, tmp: Path) -> dict[str, Any]:
+    from kubernetes import client
+
     from controller.logs import RankFollower
-    from tests.e2e.helpers import pod_pid, running_pod, wait_until
+    from tests.e2e.helpers import running_pod, wait_until
 
     name = "bench-logs"
-    ours.create_job(job_manifest(name, namespace, tmp / "ckpt-logs", 120))
+    ours.create_job(job_manifest(name, namespace, tmp / "ckpt-logs", 600))
     got: list[str] = []
     follower = RankFollower(ours, namespace, name, 0, got.append, lambda s: None)
     done = threading.Event()
@@ -186,9 +213,12 @@ def bench_logs(cluster_handle: Any, ours: Any, namespace: str, tmp: Path) -> dic
             [json.loads(x)["step"] for x in list(got) if x.startswith('{"event": "train"')] or [0]
         )
 
-    wait_until("step 40", lambda: step() >= 40, 120, 0.3)
-    pod = running_pod(cluster_handle, name, namespace, "master-0")
-    os.kill(pod_pid(cluster_handle, namespace, pod), signal.SIGKILL)
+    wait_until("step 100", lambda: step() >= 100, 120, 0.1)
+    # Preemption: the pod is deleted, its trainer checkpoints on SIGTERM and exits 143, the
+    # operator re-creates the pod (same name, new UID) and training resumes.
+    client.CoreV1Api(cluster_handle.api_client()).delete_namespaced_pod(
+        f"{name}-master-0", namespace
+    )
     done.wait(300)
     try:
         sdk_out, _ = sdk.communicate(timeout=30)
@@ -200,7 +230,7 @@ def bench_logs(cluster_handle: Any, ours: Any, namespace: str, tmp: Path) -> dic
     truth = agent_lines(cluster_handle.control_plane.state_dir, namespace, f"{name}-master-0")
     out: dict[str, Any] = {"printed_by_pods": len(truth)}
     for who, lines in (
-        ("ddpjob logs -f", got),
+        ("ddpjob logs -f (RankFollower)", got),
         ("Kubeflow SDK get_job_logs(follow=True)", sdk_lines),
     ):
         lost, doubled = lost_and_doubled(lines, truth)
@@ -214,35 +244,48 @@ def main() -> int:
 
     counter = RequestCounter()
     handle = start_or_reuse()
+    from kubernetes import client
+
+    core = client.CoreV1Api(handle.api_client())
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
-    handle.kubectl("create", "namespace", namespace)
+    core.create_namespace({"metadata": {"name": namespace}})
     from tests.e2e.helpers import wait_until
 
-    wait_until(
-        "service account",
-        lambda: (
-            handle.kubectl("get", "sa", "default", "-n", namespace, check=False).returncode == 0
-        ),
-        30,
-    )
+    def has_sa() -> bool:
+        return any(
+            sa.metadata.name == "default"
+            for sa in core.list_namespaced_service_account(namespace).items
+        )
+
+    wait_until("service account", has_sa, 30)
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / namespace
     tmp.mkdir(parents=True, exist_ok=True)
     ours = Cluster(kubeconfig=str(handle.kubeconfig), notice=lambda s: None)
     try:
-        wait = bench_wait(handle, ours, namespace, tmp, counter)
+        wait = bench_wait(handle, namespace, tmp, counter)
         logs = bench_logs(handle, ours, namespace, tmp)
     finally:
-        handle.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        core.delete_namespace(namespace)
         if handle.started_here:
             handle.control_plane.down()
-    print(f"wait for a job to end (job ran {wait.pop('job_s'):.1f} s; same job, same time):")
-    for who, r in wait.items():
+    print("wait for a job to end: 3 jobs at once, each waited for by both clients at once")
+    print(f"  {'job':14s} {'ran':>6s}  {'client':48s} {'returned after':>14s} {'requests':>8s}")
+    for r in wait["rows"]:
         print(
-            f"  {who:50s} {r['latency_s']:6.2f} s after the terminal condition, "
-            f"{r['requests']:3d} API requests"
+            f"  {r['job']:14s} {r['job_s']:5.1f}s  {r['who']:48s} "
+            f"{r['latency_s']:+13.3f}s {r['requests']:8d}"
         )
+    for who in (OURS, SDK):
+        mine = [r for r in wait["rows"] if r["who"] == who]
+        if mine:
+            lat = [r["latency_s"] for r in mine]
+            print(
+                f"  {who}: mean {sum(lat) / len(lat):.3f} s, max {max(lat):.3f} s after the "
+                f"terminal condition; {sum(r['requests'] for r in mine)} requests for "
+                f"{len(mine)} jobs"
+            )
     print(
-        f"follow rank 0 across a pod restart (kill -9 of the master; the pods printed "
+        f"follow rank 0 across a pod restart (master pod deleted mid-run; its two runs printed "
         f"{logs.pop('printed_by_pods')} lines):"
     )
     for who, r in logs.items():

@@ -119,10 +119,20 @@ def get_json(cluster, *args: str) -> Any:
     return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
 
 
+def _core(cluster):
+    from kubernetes import client
+
+    return client.CoreV1Api(cluster.api_client())
+
+
 def job_pods(cluster, name: str, namespace: str) -> list[dict[str, Any]]:
-    return get_json(
-        cluster, "pods", "-n", namespace, "-l", f"training.kubeflow.org/job-name={name}"
-    )["items"]
+    """The job's pods as API dicts (through the API, not kubectl)."""
+    resp = _core(cluster).list_namespaced_pod(
+        namespace,
+        label_selector=f"training.kubeflow.org/job-name={name}",
+        _preload_content=False,
+    )
+    return json.loads(resp.data)["items"]
 
 
 def running_pod(cluster, name: str, namespace: str, replica: str) -> dict[str, Any] | None:
@@ -154,11 +164,14 @@ def pod_pid(cluster, namespace: str, pod: dict[str, Any]) -> int | None:
 
 def latest_step(cluster, name: str, namespace: str) -> int:
     """The last step rank 0 reported (its `train` events), 0 if none yet."""
-    proc = cluster.kubectl(
-        "logs", f"{name}-master-0", "-c", "pytorch", "-n", namespace, "--tail", "50", check=False
-    )
+    try:
+        text = _core(cluster).read_namespaced_pod_log(
+            f"{name}-master-0", namespace, container="pytorch", tail_lines=50
+        )
+    except Exception:  # not created or not started yet
+        return 0
     step = 0
-    for line in proc.stdout.splitlines():
+    for line in text.splitlines():
         if line.startswith('{"event": "train"'):
             step = json.loads(line)["step"]
     return step
