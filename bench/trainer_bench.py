@@ -45,10 +45,20 @@ def _config(args: argparse.Namespace, ckpt_dir: str):
     from trainer.config import build_config
 
     return build_config(
-        {"task": "vision", "task_args": TASK_ARGS, "max_steps": args.steps,
-         "batch_size": args.batch_size, "lr": 1e-3, "grad_clip": 0, "log_every": LOG_EVERY,
-         "eval_batches": 1, "progress": "never", "resume": "never", "device": "cpu",
-         "checkpoint": {"dir": ckpt_dir, "every_steps": 0}},
+        {
+            "task": "vision",
+            "task_args": TASK_ARGS,
+            "max_steps": args.steps,
+            "batch_size": args.batch_size,
+            "lr": 1e-3,
+            "grad_clip": 0,
+            "log_every": LOG_EVERY,
+            "eval_batches": 1,
+            "progress": "never",
+            "resume": "never",
+            "device": "cpu",
+            "checkpoint": {"dir": ckpt_dir, "every_steps": 0},
+        },
         args.trainer_args,
     )
 
@@ -172,13 +182,17 @@ def worker(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = _config(args, tmp)
         for r in range(args.rounds):
-            order = CONTENDERS[r % 3:] + CONTENDERS[: r % 3]
+            order = CONTENDERS[r % 3 :] + CONTENDERS[: r % 3]
             for name in order:
                 dist.barrier()
                 results[name].append(runners[name](cfg, env, args.warmup))
                 if env.is_main:
-                    print(f"round {r + 1}/{args.rounds} {name:>10}: "
-                          f"{results[name][-1]:8.1f} samples/s", file=sys.stderr, flush=True)
+                    print(
+                        f"round {r + 1}/{args.rounds} {name:>10}: "
+                        f"{results[name][-1]:8.1f} samples/s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     if env.is_main:
         print(json.dumps({"rounds": results}), flush=True)
     distributed.teardown()
@@ -199,8 +213,12 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=2, help="gloo ranks (processes)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", help="also write the figures to this file")
-    ap.add_argument("trainer_args", nargs="*", metavar="key=value",
-                    help="extra trainer settings, e.g. ddp.gradient_as_bucket_view=false")
+    ap.add_argument(
+        "trainer_args",
+        nargs="*",
+        metavar="key=value",
+        help="extra trainer settings, e.g. ddp.gradient_as_bucket_view=false",
+    )
     args = ap.parse_args()
     if args.warmup % LOG_EVERY or args.steps <= args.warmup:
         ap.error(f"--warmup: a multiple of {LOG_EVERY} (the trainer's log window) below --steps")
@@ -208,12 +226,26 @@ def main() -> None:
         worker(args)
         return
 
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-           and not k.startswith(("PET_", "TORCHELASTIC_"))}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.ranks),
-           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-           str(Path(__file__).resolve()), "--worker", *sys.argv[1:]]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        and not k.startswith(("PET_", "TORCHELASTIC_"))
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(args.ranks),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        str(Path(__file__).resolve()),
+        "--worker",
+        *sys.argv[1:],
+    ]
     p = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
     if p.returncode != 0:
         raise SystemExit(f"bench workers failed (exit {p.returncode})")
@@ -221,22 +253,36 @@ def main() -> None:
     results = results["rounds"]
     med = {n: statistics.median(v) for n, v in results.items()}
     ratio = {
-        other: statistics.median(t / o for t, o in zip(results["trainer"], results[other],
-                                                         strict=True))
+        other: statistics.median(
+            t / o for t, o in zip(results["trainer"], results[other], strict=True)
+        )
         for other in ("minimal", "accelerate")
     }
-    print(f"\nvision SmallCNN, {args.ranks} gloo ranks on CPU, batch {args.batch_size}/rank, "
-          f"fp32, {args.steps} steps ({args.warmup} warmup), {args.rounds} rounds")
+    print(
+        f"\nvision SmallCNN, {args.ranks} gloo ranks on CPU, batch {args.batch_size}/rank, "
+        f"fp32, {args.steps} steps ({args.warmup} warmup), {args.rounds} rounds"
+    )
     print(f"{'':>12} {'samples/s':>10}   (median; each round)")
     for n in CONTENDERS:
         print(f"{n:>12} {med[n]:10.1f}   " + " ".join(f"{v:.0f}" for v in results[n]))
-    print(f"trainer / minimal loop: {ratio['minimal']:.3f}x (median of per-round ratios; "
-          "target >= 0.97)")
+    print(
+        f"trainer / minimal loop: {ratio['minimal']:.3f}x (median of per-round ratios; "
+        "target >= 0.97)"
+    )
     print(f"trainer / accelerate:   {ratio['accelerate']:.3f}x (target >= 1.00)")
     if args.json:
-        Path(args.json).write_text(json.dumps(
-            {"samples_per_s_median": med, "rounds": results, "trainer_vs_minimal": ratio["minimal"],
-             "trainer_vs_accelerate": ratio["accelerate"], "args": vars(args)}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "samples_per_s_median": med,
+                    "rounds": results,
+                    "trainer_vs_minimal": ratio["minimal"],
+                    "trainer_vs_accelerate": ratio["accelerate"],
+                    "args": vars(args),
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

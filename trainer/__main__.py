@@ -32,8 +32,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--config", help="YAML file with TrainConfig keys")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for config errors")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="dotted overrides, e.g. lr=3e-4 checkpoint.every_steps=50")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="dotted overrides, e.g. lr=3e-4 checkpoint.every_steps=50",
+    )
     return parser.parse_args(argv)
 
 
@@ -81,8 +85,15 @@ def train(cfg: TrainConfig) -> int:
     except ConfigError:
         raise
     except Exception as e:
-        reporter.event("done", step=None, max_steps=cfg.max_steps, loss=None, elapsed_s=None,
-                       reason="error", error=f"{type(e).__name__}: {e}")
+        reporter.event(
+            "done",
+            step=None,
+            max_steps=cfg.max_steps,
+            loss=None,
+            elapsed_s=None,
+            reason="error",
+            error=f"{type(e).__name__}: {e}",
+        )
         raise
     finally:
         distributed.teardown()

@@ -44,8 +44,11 @@ class CheckpointManager:
 
     def list(self) -> list[Path]:
         """Checkpoint files, newest step first."""
-        found = [(int(m.group(1)), p) for p in self.dir.glob("step_*.pt")
-                 if (m := _NAME.fullmatch(p.name))]
+        found = [
+            (int(m.group(1)), p)
+            for p in self.dir.glob("step_*.pt")
+            if (m := _NAME.fullmatch(p.name))
+        ]
         return [p for _, p in sorted(found, reverse=True)]
 
     def save(self, state: dict[str, Any] | None, step: int) -> Path:

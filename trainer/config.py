@@ -83,9 +83,7 @@ class TrainConfig(_Section):
         "fp32", description="fp32, bf16 autocast, or fp16 autocast with a GradScaler."
     )
     lr: float = Field(1e-3, gt=0, description="Peak learning rate (AdamW).")
-    scale_lr: bool = Field(
-        False, description="Multiply lr by world size (linear scaling rule)."
-    )
+    scale_lr: bool = Field(False, description="Multiply lr by world size (linear scaling rule).")
     weight_decay: float = Field(0.01, ge=0, description="AdamW decoupled weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     warmup_steps: int = Field(0, ge=0, description="Linear warmup steps before cosine decay.")
@@ -103,9 +101,7 @@ class TrainConfig(_Section):
     eval_every: int = Field(
         0, ge=0, description="Evaluate every N steps (metrics reduced across ranks); 0 = at end."
     )
-    eval_batches: int = Field(
-        8, ge=1, description="Batches per rank in one evaluation."
-    )
+    eval_batches: int = Field(8, ge=1, description="Batches per rank in one evaluation.")
     log_every: int = Field(10, ge=1, description="Print a `train` event every N steps.")
     seed: int = Field(0, ge=0, description="Base seed; each rank seeds with seed + rank.")
     compile: bool = Field(False, description="torch.compile the model.")

@@ -25,7 +25,11 @@ class ResumableSampler(DistributedSampler):
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int, shuffle: bool):
         super().__init__(
-            dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed,
+            dataset,
+            num_replicas=num_replicas,
+            rank=rank,
+            shuffle=shuffle,
+            seed=seed,
             drop_last=True,
         )
         self.skip = 0
@@ -44,8 +48,14 @@ class ResumableSampler(DistributedSampler):
 
 
 def build_loader(
-    dataset: Dataset, batch_size: int, rank: int, world_size: int, seed: int, shuffle: bool,
-    num_workers: int, pin_memory: bool,
+    dataset: Dataset,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    seed: int,
+    shuffle: bool,
+    num_workers: int,
+    pin_memory: bool,
 ) -> DataLoader:
     """A DataLoader over this rank's shard; full batches only.
 
@@ -55,10 +65,12 @@ def build_loader(
     sampler = ResumableSampler(dataset, world_size, rank, seed, shuffle)
     if sampler.num_samples < batch_size:
         if shuffle or sampler.num_samples == 0:
-            raise ConfigError([
-                f"batch_size: larger than one rank's share of the dataset "
-                f"({sampler.num_samples} samples) (got {batch_size})"
-            ])
+            raise ConfigError(
+                [
+                    f"batch_size: larger than one rank's share of the dataset "
+                    f"({sampler.num_samples} samples) (got {batch_size})"
+                ]
+            )
         batch_size = sampler.num_samples  # a small eval set: one smaller batch per rank
     return DataLoader(
         dataset,

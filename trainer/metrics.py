@@ -51,14 +51,16 @@ class GpuMonitor:
                 nv = self.nvml
                 util = nv.nvmlDeviceGetUtilizationRates(h)
                 mem = nv.nvmlDeviceGetMemoryInfo(h)
-                out.append({
-                    "index": i,
-                    "util_pct": float(util.gpu),
-                    "mem_used_gib": mem.used / 2**30,
-                    "mem_total_gib": mem.total / 2**30,
-                    "temp_c": float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
-                    "power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
-                })
+                out.append(
+                    {
+                        "index": i,
+                        "util_pct": float(util.gpu),
+                        "mem_used_gib": mem.used / 2**30,
+                        "mem_total_gib": mem.total / 2**30,
+                        "temp_c": float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+                        "power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
+                    }
+                )
             except Exception:  # a reading can fail transiently; skip that GPU this time
                 continue
         return out
@@ -68,7 +70,11 @@ class Reporter:
     """Rank 0's outputs. Construct on every rank; only rank 0 does anything."""
 
     def __init__(
-        self, enabled: bool, max_steps: int, progress: str, tensorboard_dir: str | None,
+        self,
+        enabled: bool,
+        max_steps: int,
+        progress: str,
+        tensorboard_dir: str | None,
         stream=None,
     ):
         self.enabled = enabled

@@ -25,9 +25,7 @@ def build_optimizer(
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(
-        groups, lr=lr, betas=cfg.betas, fused=device.type == "cuda" or None
-    )
+    return torch.optim.AdamW(groups, lr=lr, betas=cfg.betas, fused=device.type == "cuda" or None)
 
 
 def lr_factor(step: int, max_steps: int, warmup_steps: int, min_lr_ratio: float) -> float:

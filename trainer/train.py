@@ -112,8 +112,13 @@ class Trainer:
         # Data: each rank its own shard; the sampler seed is shared so shards partition an epoch.
         train_set, eval_set = task.build_datasets()
         pin = dev.type == "cuda"
-        loader_args = dict(rank=env.rank, world_size=env.world_size, seed=cfg.seed,
-                           num_workers=cfg.num_workers, pin_memory=pin)
+        loader_args = dict(
+            rank=env.rank,
+            world_size=env.world_size,
+            seed=cfg.seed,
+            num_workers=cfg.num_workers,
+            pin_memory=pin,
+        )
         self.train_loader = build_loader(train_set, cfg.batch_size, shuffle=True, **loader_args)
         self.eval_loader = build_loader(eval_set, cfg.batch_size, shuffle=False, **loader_args)
         self.tokens_per_sample = tokens_per_sample(task)
@@ -154,7 +159,8 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "ema": (
                 {"model": self.ema.module.state_dict(), "n_averaged": self.ema.n_averaged}
-                if self.ema is not None else None
+                if self.ema is not None
+                else None
             ),
             "step": self.step,
             "epoch": epoch,
@@ -182,8 +188,11 @@ class Trainer:
             set_rng_state(state["rng"][self.env.rank])
         else:
             # Another world size: shards differ, so keep the epoch and the fraction of it done.
-            log.warning("resuming %d ranks from a %d-rank checkpoint: data order and RNG differ",
-                        self.env.world_size, state["world_size"])
+            log.warning(
+                "resuming %d ranks from a %d-rank checkpoint: data order and RNG differ",
+                self.env.world_size,
+                state["world_size"],
+            )
             batch_in_epoch = batch_in_epoch * state["world_size"] // self.env.world_size
             seed_everything(self.cfg.seed + self.env.rank + self.step)
         return epoch, batch_in_epoch
@@ -251,8 +260,13 @@ class Trainer:
     def _loop(self) -> str:
         cfg, env, report = self.cfg, self.env, self.report
         dev = env.device
-        report.event("start", world_size=env.world_size, device=str(dev), step=self.step,
-                     config=cfg.model_dump(mode="json"))
+        report.event(
+            "start",
+            world_size=env.world_size,
+            device=str(dev),
+            step=self.step,
+            config=cfg.model_dump(mode="json"),
+        )
         started = time.perf_counter()
         window = Throughput()
         samples_per_step = cfg.batch_size * cfg.grad_accum * env.world_size
@@ -308,8 +322,13 @@ class Trainer:
                     )
                     reason = NONFINITE
                     break
-                log.warning("step %d: loss is %s; skipping this step (%d/%d)", self.step + 1,
-                            global_loss, self.nonfinite_skips, cfg.max_nonfinite_skips)
+                log.warning(
+                    "step %d: loss is %s; skipping this step (%d/%d)",
+                    self.step + 1,
+                    global_loss,
+                    self.nonfinite_skips,
+                    cfg.max_nonfinite_skips,
+                )
             else:
                 # Unscale before clipping, so the threshold applies to the true gradients.
                 self.scaler.unscale_(self.optimizer)
@@ -335,10 +354,16 @@ class Trainer:
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
                 w = window.window()
                 fields = dict(
-                    step=self.step, max_steps=cfg.max_steps, loss=w["loss"], lr=lr,
-                    grad_norm=float(grad_norm), samples_per_s=w["samples_per_s"],
-                    step_time_s=w["step_time_s"], data_wait=w["data_wait"],
-                    epoch=self.batches.epoch, nonfinite_skips=self.nonfinite_skips,
+                    step=self.step,
+                    max_steps=cfg.max_steps,
+                    loss=w["loss"],
+                    lr=lr,
+                    grad_norm=float(grad_norm),
+                    samples_per_s=w["samples_per_s"],
+                    step_time_s=w["step_time_s"],
+                    data_wait=w["data_wait"],
+                    epoch=self.batches.epoch,
+                    nonfinite_skips=self.nonfinite_skips,
                 )
                 if self.tokens_per_sample:
                     fields["tokens_per_s"] = w["samples_per_s"] * self.tokens_per_sample
@@ -360,8 +385,16 @@ class Trainer:
         if reason != NONFINITE and last_saved != self.step:
             self.save()
         elapsed = time.perf_counter() - started
-        report.event("done", step=self.step, max_steps=cfg.max_steps, loss=self.last_loss,
-                     elapsed_s=elapsed, reason=reason)
-        report.say(f"{reason} at step {self.step}/{cfg.max_steps}, loss {self.last_loss:.4f}, "
-                   f"{elapsed:.1f}s")
+        report.event(
+            "done",
+            step=self.step,
+            max_steps=cfg.max_steps,
+            loss=self.last_loss,
+            elapsed_s=elapsed,
+            reason=reason,
+        )
+        report.say(
+            f"{reason} at step {self.step}/{cfg.max_steps}, loss {self.last_loss:.4f}, "
+            f"{elapsed:.1f}s"
+        )
         return reason

@@ -28,8 +28,10 @@ class SineRegression:
 
     def build_model(self) -> nn.Module:
         return nn.Sequential(
-            nn.Linear(1, self.hidden), nn.Tanh(),
-            nn.Linear(self.hidden, self.hidden), nn.Tanh(),
+            nn.Linear(1, self.hidden),
+            nn.Tanh(),
+            nn.Linear(self.hidden, self.hidden),
+            nn.Tanh(),
             nn.Linear(self.hidden, 1),
         )
 

@@ -24,9 +24,12 @@ def free_port() -> int:
 
 def base_env(**extra: str) -> dict[str, str]:
     """The parent's env minus any launcher variables, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-           and not k.startswith(("PET_", "TORCHELASTIC_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        and not k.startswith(("PET_", "TORCHELASTIC_"))
+    }
     env |= {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
     return env
 
@@ -36,17 +39,32 @@ def trainer_cmd(*args: str) -> list[str]:
 
 
 def torchrun_cmd(nproc: int, *args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-            "-m", "trainer", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "trainer",
+        *args,
+    ]
 
 
 def kubeflow_env(nproc_per_node: int, world_size: int, rank: int = 0) -> dict[str, str]:
     """What the PyTorchJob operator injects into the master pod (no LOCAL_RANK)."""
     return base_env(
-        RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(free_port()), PET_NNODES=str(world_size // nproc_per_node),
-        PET_NODE_RANK=str(rank), PET_NPROC_PER_NODE=str(nproc_per_node),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        PET_NNODES=str(world_size // nproc_per_node),
+        PET_NODE_RANK=str(rank),
+        PET_NPROC_PER_NODE=str(nproc_per_node),
     )
 
 
@@ -69,16 +87,24 @@ def parse_events(stdout: str) -> list[dict]:
 
 
 def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 120) -> Result:
-    p = subprocess.run(cmd, cwd=REPO, env=env or base_env(), capture_output=True, text=True,
-                       timeout=timeout)
+    p = subprocess.run(
+        cmd, cwd=REPO, env=env or base_env(), capture_output=True, text=True, timeout=timeout
+    )
     return Result(p.returncode, p.stdout, p.stderr)
 
 
 def common_args(tmp: Path, **overrides) -> list[str]:
     """A fast run of the test task, checkpointing into ``tmp``."""
-    args = {"task": TEST_TASK, "max_steps": 8, "batch_size": 8, "log_every": 2,
-            "checkpoint.dir": str(tmp / "ckpt"), "progress": "never", "lr": 0.01,
-            "eval_batches": 2}
+    args = {
+        "task": TEST_TASK,
+        "max_steps": 8,
+        "batch_size": 8,
+        "log_every": 2,
+        "checkpoint.dir": str(tmp / "ckpt"),
+        "progress": "never",
+        "lr": 0.01,
+        "eval_batches": 2,
+    }
     args |= overrides
     return [f"{k}={v}" for k, v in args.items()]
 

@@ -44,7 +44,9 @@ class RecordingTask:
 
     def build_model(self) -> nn.Module:
         return nn.Sequential(
-            nn.Linear(self.dim, self.hidden), nn.ReLU(), nn.Dropout(self.dropout),
+            nn.Linear(self.dim, self.hidden),
+            nn.ReLU(),
+            nn.Dropout(self.dropout),
             nn.Linear(self.hidden, self.classes),
         )
 

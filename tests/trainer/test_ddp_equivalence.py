@@ -43,8 +43,13 @@ def test_n_ranks_of_b_equal_one_process_of_n_times_b(
 
 
 def _hook_worker(rank: int, port: int, out_dir: str, grad_accum: int, max_steps: int) -> None:
-    os.environ |= {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    os.environ |= {
+        "RANK": str(rank),
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": str(rank),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     from trainer import distributed
@@ -53,10 +58,16 @@ def _hook_worker(rank: int, port: int, out_dir: str, grad_accum: int, max_steps:
     from trainer.tasks import load_task
     from trainer.train import Trainer
 
-    cfg = build_config({
-        "task": TEST_TASK, "max_steps": max_steps, "batch_size": 4, "grad_accum": grad_accum,
-        "checkpoint": {"dir": f"{out_dir}/ckpt", "every_steps": 0}, "log_every": 1,
-    })
+    cfg = build_config(
+        {
+            "task": TEST_TASK,
+            "max_steps": max_steps,
+            "batch_size": 4,
+            "grad_accum": grad_accum,
+            "checkpoint": {"dir": f"{out_dir}/ckpt", "every_steps": 0},
+            "log_every": 1,
+        }
+    )
     env = distributed.setup("cpu", "gloo", 60)
     try:
         task = load_task(cfg.task, cfg.task_args)

@@ -27,8 +27,17 @@ def _check_completed(r, world_size: int) -> None:
     assert done["reason"] == "completed" and done["step"] == 8
     train = r.of("train")
     assert [e["step"] for e in train] == [2, 4, 6, 8]
-    keys = {"step", "max_steps", "loss", "lr", "grad_norm", "samples_per_s", "step_time_s",
-            "data_wait", "epoch"}
+    keys = {
+        "step",
+        "max_steps",
+        "loss",
+        "lr",
+        "grad_norm",
+        "samples_per_s",
+        "step_time_s",
+        "data_wait",
+        "epoch",
+    }
     assert keys <= set(train[-1])
     assert r.of("checkpoint")[-1]["step"] == 8
 
@@ -47,9 +56,14 @@ def test_kubeflow_env_two_pods(tmp_path) -> None:
     """Two "pods" with RANK 0/1, WORLD_SIZE 2, MASTER_ADDR 127.0.0.1 and no LOCAL_RANK."""
     env0 = kubeflow_env(nproc_per_node=1, world_size=2, rank=0)
     procs = [
-        subprocess.Popen(trainer_cmd(*common_args(tmp_path)), cwd=REPO, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env=env0 | {"RANK": str(rank), "PET_NODE_RANK": str(rank)})
+        subprocess.Popen(
+            trainer_cmd(*common_args(tmp_path)),
+            cwd=REPO,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env0 | {"RANK": str(rank), "PET_NODE_RANK": str(rank)},
+        )
         for rank in (0, 1)
     ]
     outs = [p.communicate(timeout=120) for p in procs]

@@ -38,9 +38,17 @@ def test_fp16_grad_scaler_skips_overflowing_steps(tmp_path: Path, overflow: bool
 
 
 def test_bf16_autocast_trains(tmp_path: Path) -> None:
-    r = run(trainer_cmd(*common_args(
-        tmp_path, max_steps=20, precision="bf16", log_every=10,
-        **{"task_args.record_dir": str(tmp_path / "rec")})))
+    r = run(
+        trainer_cmd(
+            *common_args(
+                tmp_path,
+                max_steps=20,
+                precision="bf16",
+                log_every=10,
+                **{"task_args.record_dir": str(tmp_path / "rec")},
+            )
+        )
+    )
     assert r.rc == 0, r.stderr[-2000:]
     assert _dtypes(tmp_path / "rec") == {"torch.bfloat16"}
     losses = [e["loss"] for e in r.of("train")]
@@ -49,11 +57,20 @@ def test_bf16_autocast_trains(tmp_path: Path) -> None:
 
 
 def test_ema_is_an_exponential_average_of_the_weights(tmp_path: Path) -> None:
-    r = run(trainer_cmd(*common_args(tmp_path, max_steps=3, ema_decay=0.5, **{
-        "checkpoint.every_steps": 1, "checkpoint.keep": 5})))
+    r = run(
+        trainer_cmd(
+            *common_args(
+                tmp_path,
+                max_steps=3,
+                ema_decay=0.5,
+                **{"checkpoint.every_steps": 1, "checkpoint.keep": 5},
+            )
+        )
+    )
     assert r.rc == 0, r.stderr[-2000:]
-    s1, s2, s3 = (torch.load(tmp_path / "ckpt" / f"step_{i:08d}.pt", weights_only=True)
-                  for i in (1, 2, 3))
+    s1, s2, s3 = (
+        torch.load(tmp_path / "ckpt" / f"step_{i:08d}.pt", weights_only=True) for i in (1, 2, 3)
+    )
     w = "0.weight"
     torch.testing.assert_close(s1["ema"]["model"][w], s1["model"][w])  # first update copies
     want = 0.5 * s1["ema"]["model"][w] + 0.5 * s2["model"][w]
@@ -78,8 +95,17 @@ def test_nan_loss_stops_with_the_step_and_exit_1(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_nan_on_one_rank_is_skipped_by_all_ranks(tmp_path: Path) -> None:
     """Rank 1 alone sees NaN at steps 3 and 4: both ranks skip both steps, then go on."""
-    r = run(torchrun_cmd(2, *common_args(tmp_path, max_nonfinite_skips=2, log_every=8, **{
-        "task_args.nan_calls": "[3, 4]", "task_args.nan_ranks": "[1]"})))
+    r = run(
+        torchrun_cmd(
+            2,
+            *common_args(
+                tmp_path,
+                max_nonfinite_skips=2,
+                log_every=8,
+                **{"task_args.nan_calls": "[3, 4]", "task_args.nan_ranks": "[1]"},
+            ),
+        )
+    )
     assert r.rc == 0, r.stderr[-2000:]
     assert "step 3: loss is nan; skipping this step (1/2)" in r.stderr
     assert r.of("train")[-1]["nonfinite_skips"] == 2
@@ -89,7 +115,10 @@ def test_nan_on_one_rank_is_skipped_by_all_ranks(tmp_path: Path) -> None:
 
 
 def test_nan_beyond_the_skip_budget_stops(tmp_path: Path) -> None:
-    r = run(trainer_cmd(*common_args(tmp_path, max_nonfinite_skips=1, **{
-        "task_args.nan_calls": "[2, 5]"})))
+    r = run(
+        trainer_cmd(
+            *common_args(tmp_path, max_nonfinite_skips=1, **{"task_args.nan_calls": "[2, 5]"})
+        )
+    )
     assert r.rc == 1
     assert "step 5: loss is nan; stopping (max_nonfinite_skips=1)" in r.stdout

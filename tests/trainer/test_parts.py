@@ -40,8 +40,9 @@ def _ids(stream: MicroBatches, n: int) -> list[list[int]]:
 @pytest.mark.parametrize("rank", [0, 1])
 def test_micro_batches_resume_mid_epoch_in_the_same_order(rank: int) -> None:
     data = TensorDataset(torch.arange(40))
-    loader = build_loader(data, 4, rank=rank, world_size=2, seed=3, shuffle=True,
-                          num_workers=0, pin_memory=False)
+    loader = build_loader(
+        data, 4, rank=rank, world_size=2, seed=3, shuffle=True, num_workers=0, pin_memory=False
+    )
     straight = MicroBatches(loader)
     want = _ids(straight, 12)  # 5 batches per epoch per rank: crosses two epoch boundaries
     first = MicroBatches(loader)
@@ -56,8 +57,9 @@ def test_ranks_partition_each_epoch() -> None:
     data = TensorDataset(torch.arange(42))  # not divisible by world x batch: tails are dropped
     seen = []
     for rank in (0, 1):
-        loader = build_loader(data, 4, rank=rank, world_size=2, seed=0, shuffle=True,
-                              num_workers=0, pin_memory=False)
+        loader = build_loader(
+            data, 4, rank=rank, world_size=2, seed=0, shuffle=True, num_workers=0, pin_memory=False
+        )
         batches = [b[0].tolist() for b in loader]
         assert len(batches) == 5  # every rank the same number of full batches: no hang
         seen += [i for b in batches for i in b]
@@ -66,8 +68,16 @@ def test_ranks_partition_each_epoch() -> None:
 
 def test_batch_larger_than_the_shard_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="batch_size"):
-        build_loader(TensorDataset(torch.arange(10)), 8, rank=0, world_size=2, seed=0,
-                     shuffle=True, num_workers=0, pin_memory=False)
+        build_loader(
+            TensorDataset(torch.arange(10)),
+            8,
+            rank=0,
+            world_size=2,
+            seed=0,
+            shuffle=True,
+            num_workers=0,
+            pin_memory=False,
+        )
 
 
 def _state(step: int) -> dict:
@@ -99,8 +109,7 @@ def test_checkpoint_falls_back_past_every_unreadable_file(tmp_path: Path) -> Non
     p2.write_bytes(p2.read_bytes()[:100])  # truncated
     state, path, skipped = mgr.load("auto")
     assert state["step"] == 1 and path.name == "step_00000001.pt"
-    assert [s.split(":")[0] for s in skipped] == [str(tmp_path / "step_00000003.pt"),
-                                                  str(p2)]
+    assert [s.split(":")[0] for s in skipped] == [str(tmp_path / "step_00000003.pt"), str(p2)]
     with pytest.raises(RuntimeError):  # an explicit path must load, or fail loudly
         mgr.load(str(p2))
     assert mgr.load("never") == (None, None, [])
@@ -115,8 +124,7 @@ def test_events_are_single_line_json_with_nan_as_null() -> None:
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 and lines[1] == "a human line"
     event = json.loads(lines[0])
-    assert event == {"event": "train", "step": 1, "loss": None, "lr": 1e-3,
-                     "nested": {"x": None}}
+    assert event == {"event": "train", "step": 1, "loss": None, "lr": 1e-3, "nested": {"x": None}}
     assert "gpus" not in event  # no NVML on this machine: no GPU keys, no error
 
 
@@ -131,8 +139,10 @@ def test_relaunch_decision_and_command(monkeypatch) -> None:
     argv = torchrun_argv(["lr=1e-3"])
     assert argv[1:3] == ["-m", "torch.distributed.run"]
     joined = " ".join(argv[3:])
-    assert joined == ("--nnodes 2 --node-rank 1 --nproc-per-node 4 --master-addr job-master-0 "
-                      "--master-port 23456 -m trainer lr=1e-3")
+    assert joined == (
+        "--nnodes 2 --node-rank 1 --nproc-per-node 4 --master-addr job-master-0 "
+        "--master-port 23456 -m trainer lr=1e-3"
+    )
     monkeypatch.setenv("LOCAL_RANK", "0")  # a torchrun child never re-launches
     assert not needs_torchrun()
     monkeypatch.setenv("PET_NPROC_PER_NODE", "1")
@@ -171,10 +181,13 @@ def test_tasks_build_and_learn_a_little(name: str, one_thread) -> None:
 
 
 def test_trainer_config_imports_without_torch() -> None:
-    code = ("import sys; sys.modules['torch'] = None; import trainer.config; "
-            "import trainer.config as c; c.load_config(None, ['lr=1e-3'])")
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=base_env(),
-                       capture_output=True, text=True)
+    code = (
+        "import sys; sys.modules['torch'] = None; import trainer.config; "
+        "import trainer.config as c; c.load_config(None, ['lr=1e-3'])"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=base_env(), capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -199,15 +212,21 @@ def test_checkpoint_keys_have_no_ddp_or_compile_prefix(tmp_path: Path, monkeypat
     from trainer.config import build_config
     from trainer.train import Trainer
 
-    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                 "MASTER_PORT": str(free_port())}.items():
+    for k, v in {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }.items():
         monkeypatch.setenv(k, v)
-    cfg = build_config({"task": TEST_TASK, "compile": True, "ema_decay": 0.9,
-                        "checkpoint": {"dir": str(tmp_path)}})
+    cfg = build_config(
+        {"task": TEST_TASK, "compile": True, "ema_decay": 0.9, "checkpoint": {"dir": str(tmp_path)}}
+    )
     env = distributed.setup("cpu", "gloo", 60)
     try:
-        trainer = Trainer(cfg, env, load_task(cfg.task, cfg.task_args),
-                          Reporter(False, 1, "never", None))
+        trainer = Trainer(
+            cfg, env, load_task(cfg.task, cfg.task_args), Reporter(False, 1, "never", None)
+        )
         assert type(trainer.model).__name__ == "DistributedDataParallel"
         assert type(trainer.model.module).__name__ == "OptimizedModule"
         state = trainer.state_dict()
@@ -220,6 +239,7 @@ def test_checkpoint_keys_have_no_ddp_or_compile_prefix(tmp_path: Path, monkeypat
 
 def test_small_eval_set_gets_one_smaller_batch_per_rank() -> None:
     data = TensorDataset(torch.arange(10))
-    loader = build_loader(data, 8, rank=1, world_size=2, seed=0, shuffle=False,
-                          num_workers=0, pin_memory=False)
+    loader = build_loader(
+        data, 8, rank=1, world_size=2, seed=0, shuffle=False, num_workers=0, pin_memory=False
+    )
     assert [b[0].tolist() for b in loader] == [[1, 3, 5, 7, 9]]

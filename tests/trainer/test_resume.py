@@ -44,21 +44,36 @@ def _wait_for_event(proc: subprocess.Popen, pred, timeout: float = 120) -> list[
 @pytest.mark.slow
 def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(tmp_path: Path) -> None:
     n, accum = 6, 2
+
     # Dropout makes every rank's RNG stream matter; the sleep keeps the killed run mid-way.
     def args(name: str, **kw) -> list[str]:
         return common_args(
-            tmp_path / name, max_steps=2 * n, grad_accum=accum, log_every=1,
-            **{"checkpoint.every_steps": n, "task_args.dropout": 0.3, "eval_every": 4,
-               "task_args.record_dir": str(tmp_path / name / "rec")}, **kw)
+            tmp_path / name,
+            max_steps=2 * n,
+            grad_accum=accum,
+            log_every=1,
+            **{
+                "checkpoint.every_steps": n,
+                "task_args.dropout": 0.3,
+                "eval_every": 4,
+                "task_args.record_dir": str(tmp_path / name / "rec"),
+            },
+            **kw,
+        )
 
     straight = run(torchrun_cmd(2, *args("straight")))
     assert straight.rc == 0, straight.stderr[-2000:]
 
     # Run to the step-n checkpoint, then kill -9 every process of the job, launcher included
     # (torchrun starts each worker in its own session, so walk the process tree).
-    proc = subprocess.Popen(torchrun_cmd(2, *args("resumed", **{"task_args.sleep_s": 0.1})),
-                            cwd=REPO, env=base_env(), text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        torchrun_cmd(2, *args("resumed", **{"task_args.sleep_s": 0.1})),
+        cwd=REPO,
+        env=base_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         seen = _wait_for_event(proc, lambda e: e["event"] == "checkpoint")
     finally:
@@ -87,7 +102,7 @@ def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(tmp_path: Path) ->
     for rank in (0, 1):
         want = _records(tmp_path / "straight" / "rec", rank)
         got = _records(tmp_path / "resumed" / "rec", rank)
-        first, rest = got[: n * accum], got[-(n * accum):]
+        first, rest = got[: n * accum], got[-(n * accum) :]
         assert len(want) == 2 * n * accum
         assert first + rest == want
 
@@ -95,11 +110,21 @@ def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(tmp_path: Path) ->
 @pytest.mark.slow
 def test_sigterm_checkpoints_exits_143_and_rerun_resumes(tmp_path: Path) -> None:
     """Preemption in a Kubeflow pod with nprocPerNode=2 (the trainer re-launched torchrun)."""
-    args = common_args(tmp_path, max_steps=200, log_every=1, **{"task_args.sleep_s": 0.05,
-                                                               "checkpoint.every_steps": 1000})
+    args = common_args(
+        tmp_path,
+        max_steps=200,
+        log_every=1,
+        **{"task_args.sleep_s": 0.05, "checkpoint.every_steps": 1000},
+    )
     env = kubeflow_env(nproc_per_node=2, world_size=2)
-    proc = subprocess.Popen(trainer_cmd(*args), cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        trainer_cmd(*args),
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     _wait_for_event(proc, lambda e: e["event"] == "train" and e["step"] >= 3)
     proc.send_signal(signal.SIGTERM)  # what the kubelet does to the pod's main process
     out, err = proc.communicate(timeout=120)
@@ -119,8 +144,14 @@ def test_sigterm_checkpoints_exits_143_and_rerun_resumes(tmp_path: Path) -> None
 
 def test_sigterm_standalone_exits_143(tmp_path: Path) -> None:
     args = common_args(tmp_path, max_steps=500, log_every=1, **{"task_args.sleep_s": 0.02})
-    proc = subprocess.Popen(trainer_cmd(*args), cwd=REPO, env=base_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        trainer_cmd(*args),
+        cwd=REPO,
+        env=base_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     _wait_for_event(proc, lambda e: e["event"] == "train")
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
@@ -145,11 +176,18 @@ def test_truncated_newest_checkpoint_falls_back_to_previous(tmp_path: Path) -> N
 
 
 def test_resume_never_starts_fresh_and_keep_prunes(tmp_path: Path) -> None:
-    r = run(trainer_cmd(*common_args(tmp_path, max_steps=8, **{"checkpoint.every_steps": 1,
-                                                                "checkpoint.keep": 2})))
+    r = run(
+        trainer_cmd(
+            *common_args(
+                tmp_path, max_steps=8, **{"checkpoint.every_steps": 1, "checkpoint.keep": 2}
+            )
+        )
+    )
     assert r.rc == 0
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
-        "step_00000007.pt", "step_00000008.pt"]
+        "step_00000007.pt",
+        "step_00000008.pt",
+    ]
     fresh = run(trainer_cmd(*common_args(tmp_path, max_steps=2, resume="never")))
     assert fresh.rc == 0 and fresh.of("resume") == []
     assert fresh.of("start")[0]["step"] == 0

@@ -39,7 +39,12 @@ class TinyGPT(nn.Module):
     """
 
     def __init__(
-        self, vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int,
+        self,
+        vocab_size: int,
+        block_size: int,
+        n_layer: int,
+        n_head: int,
+        n_embd: int,
         dropout: float,
     ):
         super().__init__()
@@ -47,7 +52,12 @@ class TinyGPT(nn.Module):
         self.pos = nn.Embedding(block_size, n_embd)
         self.drop = nn.Dropout(dropout)
         layer = nn.TransformerEncoderLayer(
-            n_embd, n_head, 4 * n_embd, dropout, activation="gelu", batch_first=True,
+            n_embd,
+            n_head,
+            4 * n_embd,
+            dropout,
+            activation="gelu",
+            batch_first=True,
             norm_first=True,
         )
         # Nested tensors are an inference fast path for padded batches; we never pad.
@@ -59,7 +69,8 @@ class TinyGPT(nn.Module):
         nn.init.normal_(self.tok.weight, std=0.02)
         nn.init.normal_(self.pos.weight, std=0.02)
         self.register_buffer(
-            "causal_mask", nn.Transformer.generate_square_subsequent_mask(block_size),
+            "causal_mask",
+            nn.Transformer.generate_square_subsequent_mask(block_size),
             persistent=False,
         )
 
@@ -90,8 +101,12 @@ class LMTask:
         self.block_size = block_size
         self.tokens_per_sample = block_size  # read by the loop for tokens_per_s
         self.model_args = dict(
-            vocab_size=len(self.vocab), block_size=block_size, n_layer=n_layer, n_head=n_head,
-            n_embd=n_embd, dropout=dropout,
+            vocab_size=len(self.vocab),
+            block_size=block_size,
+            n_layer=n_layer,
+            n_head=n_head,
+            n_embd=n_embd,
+            dropout=dropout,
         )
         self.eval_fraction = eval_fraction
 
