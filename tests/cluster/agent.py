@@ -67,6 +67,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+_VAR_RE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def expand(value: str, env: dict[str, str]) -> str:
+    """Expand ``$(VAR)`` like the kubelet: defined names are replaced, ``$$`` is a literal
+    ``$``, undefined references stay as written."""
+
+    def sub(match: re.Match) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group(1)
+        return env[name] if name in env else match.group(0)
+
+    return _VAR_RE.sub(sub, value)
+
+
 def rewrite_env(env: dict[str, str], port: int) -> dict[str, str]:
     """Point replica host names at 127.0.0.1 and the rendezvous port at this job's port."""
     out = dict(env)
@@ -289,7 +305,7 @@ class Agent:
                 data = {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
             env.update({f"{source.prefix or ''}{k}": v for k, v in data.items()})
         for var in container.env or []:
-            env[var.name] = self.env_value(pod, var)
+            env[var.name] = expand(self.env_value(pod, var), env)
         return rewrite_env(env, self.job_port(pod))
 
     def env_value(self, pod, var) -> str:
@@ -340,7 +356,7 @@ class Agent:
         try:
             container = self.container_of(pod)
             env = self.build_env(pod, container)
-            argv = list(container.command or []) + list(container.args or [])
+            argv = [expand(a, env) for a in [*(container.command or []), *(container.args or [])]]
         except Exception as exc:
             self.say(f"{run.namespace}/{run.name}: cannot prepare: {exc!r}")
             self.patch_terminated(pod, 128, "ContainerCannotRun", str(exc), now_iso())

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from tests.cluster import tools
-from tests.cluster.agent import CriLogWriter, exit_code, rewrite_env
+from tests.cluster.agent import CriLogWriter, exit_code, expand, rewrite_env
 from tests.cluster.control_plane import KWOK_CONFIG, _node, _proc_start_time
 
 
@@ -79,3 +79,10 @@ def test_pinned_versions_match_the_go_module():
     assert f"helm.sh/helm/v3 {tools.VERSIONS['helm']}" in gomod
     assert f"go.etcd.io/etcd/server/v3 {tools.VERSIONS['etcd']}" in gomod
     assert json.dumps(tools.VERSIONS)  # serialisable into build-times.json
+
+
+def test_expand_follows_kubelet_rules():
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "41000"}
+    assert expand("--addr=$(MASTER_ADDR):$(MASTER_PORT)", env) == "--addr=127.0.0.1:41000"
+    assert expand("$(UNDEFINED) stays", env) == "$(UNDEFINED) stays"
+    assert expand("$$(MASTER_ADDR) is escaped", env) == "$(MASTER_ADDR) is escaped"
