@@ -456,12 +456,28 @@ def test_helm_install_runs_a_two_node_job_to_succeeded(cluster, tmp_path):
         ).stdout
         assert _condition(job) == "Succeeded", (job.get("status"), logs[-2000:])
         assert '"event": "done"' in logs
-        pods = _job_pods(cluster, namespace, release)
-        assert [p["metadata"]["name"] for p in pods] == [
-            f"{release}-master-0",
-            f"{release}-worker-0",
-        ]
-        assert all(p["status"]["phase"] == "Succeeded" for p in pods)
+        # rank 0 finished a DDP run of WORLD_SIZE 2: the process group only forms when the
+        # worker joins. (The worker pod itself may be gone: cleanPodPolicy Running deletes it if
+        # the job ended before its status did.)
+        master = next(
+            p
+            for p in _job_pods(cluster, namespace, release)
+            if p["metadata"]["name"] == f"{release}-master-0"
+        )
+        env = {e["name"]: e.get("value") for e in master["spec"]["containers"][0]["env"]}
+        assert env["WORLD_SIZE"] == "2" and env["PET_NNODES"] == "2", env
+        events = cluster.kubectl(
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "-o",
+            "json",
+            "--field-selector",
+            f"involvedObject.name={release},reason=SuccessfulCreatePod",
+        )
+        created = {e["message"] for e in json.loads(events.stdout)["items"]}
+        assert f"Created pod: {release}-worker-0" in created, created
 
 
 def test_a_two_node_job_in_a_restricted_namespace(cluster, restricted, tmp_path):
