@@ -248,7 +248,15 @@ class ControlPlane:
                 if state:
                     self.say("stale state found; stopping what it recorded")
                     self._stop(state)
-                state = self._up(owner)
+                try:
+                    state = self._up(owner)
+                except BaseException:
+                    # Stop what this attempt started; keep .cluster/logs for the post-mortem.
+                    partial = self.read_state()
+                    if partial:
+                        self._stop(partial)
+                        self.state_file.unlink(missing_ok=True)
+                    raise
             if lease:
                 self._lease_path(os.getpid()).parent.mkdir(exist_ok=True)
                 self._lease_path(os.getpid()).write_text(_proc_start_time(os.getpid()) or "")
