@@ -235,7 +235,20 @@ class ControlPlane:
         session using it). With ``lease`` this process registers as a user of the cluster.
         """
         with state_lock(self.repo):
-            if self.is_live():
+            live = self.is_live()
+            if live and self._outdated(self.read_state()):
+                users = self._other_sessions()
+                if users:
+                    self.say(
+                        f"running cluster predates the current harness/tools; kept for "
+                        f"sessions {', '.join(users)} (run `make cluster-down` later)"
+                    )
+                else:
+                    self.say("running cluster predates the current harness/tools; restarting")
+                    live = False
+                    if self.read_state().get("owner") == "cli":
+                        owner = "cli"  # still stopped only by `make cluster-down`
+            if live:
                 self.say("already up")
                 state = self.read_state()
                 if owner == "cli" and state.get("owner") != "cli":
@@ -262,6 +275,23 @@ class ControlPlane:
                 self._lease_path(os.getpid()).write_text(_proc_start_time(os.getpid()) or "")
             return state
 
+    def _outdated(self, state: dict) -> bool:
+        """True when the running cluster was started from other tools or harness code."""
+        return (
+            state.get("tools") != str(tools.tools_dir()) or state.get("harness") != _harness_hash()
+        )
+
+    def _other_sessions(self) -> list[str]:
+        """Pids of other live processes holding a lease on the cluster."""
+        users = []
+        for path in (self.state_dir / "sessions").glob("*"):
+            if (
+                int(path.name) != os.getpid()
+                and _proc_start_time(int(path.name)) == path.read_text()
+            ):
+                users.append(path.name)
+        return users
+
     def _lease_path(self, pid: int) -> Path:
         return self.state_dir / "sessions" / str(pid)
 
@@ -273,10 +303,7 @@ class ControlPlane:
             state = self.read_state()
             if not state or state.get("owner") != "fixture":
                 return False
-            others = []
-            for path in (self.state_dir / "sessions").glob("*"):
-                if _proc_start_time(int(path.name)) == path.read_text():
-                    others.append(path.name)
+            others = self._other_sessions()
             if others:
                 self.say(f"left running for sessions {', '.join(others)}")
                 return False
@@ -317,6 +344,7 @@ class ControlPlane:
             "versions": tools.VERSIONS,
             "nodes": list(NODE_NAMES),
             "owner": owner,
+            "harness": _harness_hash(),
             "processes": {},
         }
         self._write_state(state)
@@ -819,6 +847,15 @@ class ControlPlane:
                 if line.startswith("VmRSS:"):
                     out[name] = int(line.split()[1]) / 1024
         return out
+
+
+def _harness_hash() -> str:
+    """Hash of the harness code that runs inside the cluster (agent, control plane)."""
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for name in ("agent.py", "control_plane.py", "pki.py"):
+        digest.update((here / name).read_bytes())
+    return digest.hexdigest()[:10]
 
 
 def _binding(name: str, role: str, user: str) -> dict:
