@@ -53,8 +53,10 @@ def test_quickstart_submit_wait_follow_succeeds(cluster, namespace, tmp_path):
     assert st.returncode == 0, st.stderr
     status = json.loads(st.stdout)
     assert status["condition"] == "Succeeded"
-    assert [r["replica"] for r in status["replicas"]] == ["master-0", "worker-0"]
-    assert all(r["exit_code"] == 0 for r in status["replicas"])
+    # The job succeeds when the master does; a worker still exiting then is removed by
+    # cleanPodPolicy: Running, so only the master's row is certain.
+    master = status["replicas"][0]
+    assert (master["replica"], master["phase"], master["exit_code"]) == ("master-0", "Succeeded", 0)
     assert status["progress"]["step"] == 30
 
     listing = ddpjob(cluster, "list", "-n", namespace, "-l", "app.kubernetes.io/name=ddpjob")
