@@ -152,15 +152,8 @@ def test_helm_template_equals_controller_render_for_every_branch(helm, case, tmp
     _assert_one_truth(chart_doc, rendered)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "controller.render.to_yaml (PyYAML, YAML 1.1) writes the strings y/n/N, 1e-05 and 0o17 "
-        "plain; Go YAML (helm, kubectl) reads them as a bool, a float, an int. to_yaml must "
-        "quote them"
-    ),
-)
 def test_render_values_yaml_reads_back_the_same_in_helm(helm, tmp_path):
+    """Strings Go's YAML takes for bools or numbers (y, 1e-05, 0o17) are quoted by to_yaml."""
     spec = {
         "name": "strings",
         "image": "repo/trainer:1",
