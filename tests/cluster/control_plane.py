@@ -552,6 +552,10 @@ class ControlPlane:
                 str(ports["operator-webhook"]),
                 "--webhook-cert-dir",
                 str(self.state_dir / "webhook-certs"),
+                # The init container template we ship for `restricted` namespaces: upstream's
+                # built-in one sets no securityContext, so PodSecurity refuses Worker pods.
+                "--pytorch-init-container-template-file",
+                str(self.repo / "k8s" / "operator" / "init-container-restricted.yaml"),
                 "--zap-log-level",
                 "info",
             ],
