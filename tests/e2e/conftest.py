@@ -17,9 +17,9 @@ from tests.cluster.fixture import cluster  # noqa: E402,F401 - the session fixtu
 def namespace(cluster):  # noqa: F811 - the fixture above
     """A fresh namespace enforcing the `baseline` Pod Security profile, removed afterwards.
 
-    Not `restricted`: our pods pass it, but the operator adds an `init-pytorch` container to
-    every Worker pod without a securityContext, which `restricted` refuses (`status` then
-    says so: FailedCreatePod ... violates PodSecurity "restricted:latest").
+    Not `restricted`: our pods pass it, but the upstream operator adds an `init-pytorch`
+    container without a securityContext to every Worker pod, which `restricted` refuses
+    (`status` then says: FailedCreatePod ... violates PodSecurity "restricted:latest").
     """
     from tests.e2e.helpers import wait_until
 
