@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.trainer.conftest import common_args, run, torchrun_cmd, trainer_cmd
+from tests.trainer.conftest import common_args, kubeflow_env, run, torchrun_cmd, trainer_cmd
 
 
 def _last_ckpt(tmp: Path) -> dict:
@@ -122,3 +122,15 @@ def test_nan_beyond_the_skip_budget_stops(tmp_path: Path) -> None:
     )
     assert r.rc == 1
     assert "step 5: loss is nan; stopping (max_nonfinite_skips=1)" in r.stdout
+
+
+@pytest.mark.slow
+def test_failure_exit_code_survives_the_kubeflow_relaunch(tmp_path: Path) -> None:
+    """nprocPerNode=2: the NaN stop (exit 1) comes back through torchrun as 1, not 143 or 0."""
+    r = run(
+        trainer_cmd(*common_args(tmp_path, **{"task_args.nan_calls": "[2]"})),
+        env=kubeflow_env(nproc_per_node=2, world_size=2),
+    )
+    assert r.rc == 1
+    assert "step 2: loss is nan; stopping" in r.stdout
+    assert r.of("done")[-1]["reason"] == "nonfinite"
