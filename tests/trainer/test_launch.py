@@ -101,3 +101,19 @@ def test_progress_bar_and_tensorboard_when_asked(tmp_path) -> None:
 def test_no_progress_bar_when_stdout_is_not_a_tty(tmp_path) -> None:
     r = run(trainer_cmd(*common_args(tmp_path, progress="auto")))  # stdout is a pipe
     assert r.rc == 0 and "train: " not in r.stderr and "it/s" not in r.stderr
+
+
+def test_custom_task_plugin_from_the_command_line(tmp_path) -> None:
+    r = run(
+        trainer_cmd(
+            "task=examples.custom_task.my_task:build",
+            "task_args.hidden=16",
+            "max_steps=4",
+            "log_every=2",
+            "progress=never",
+            f"checkpoint.dir={tmp_path}",
+        )
+    )
+    assert r.rc == 0, r.stderr[-2000:]
+    assert r.of("start")[0]["config"]["task_args"] == {"hidden": 16}
+    assert set(r.of("eval")[-1]["metrics"]) == {"loss", "mae"}

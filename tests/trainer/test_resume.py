@@ -94,6 +94,8 @@ def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(tmp_path: Path) ->
     b = torch.load(tmp_path / "resumed" / "ckpt" / final.name, weights_only=True)
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), k  # bitwise, not allclose
+    # Every rank's RNG is in the checkpoint, and they differ: each rank seeds with seed + rank.
+    assert len(a["rng"]) == 2 and not torch.equal(a["rng"][0]["torch"], a["rng"][1]["torch"])
     assert torch.equal(a["optimizer"]["state"][0]["exp_avg"], b["optimizer"]["state"][0]["exp_avg"])
     assert [e["loss"] for e in straight.of("train")][n:] == [e["loss"] for e in resumed.of("train")]
 
