@@ -166,7 +166,8 @@ def preflight(cluster: Cluster, manifest: dict[str, Any], *, force: bool) -> Non
         return
     first = failed[0]
     err_cls = UserError if first.name == "job accepted" else ClusterError
-    raise err_cls(f"submit: preflight {first.name} failed: {first.detail}")
+    detail = first.detail.split(": ", 1)[1] if first.detail.startswith("submit: ") else first.detail
+    raise err_cls(f"submit: preflight {first.name} failed: {detail}")
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

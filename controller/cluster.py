@@ -177,8 +177,18 @@ class Cluster:
                 '"github.com/kubeflow/training-operator.git/manifests/overlays/standalone'
                 '?ref=v1.9.2"`'
             )
+        if status == 404 and _details(exc).get("kind") == "namespaces":
+            ns = _details(exc).get("name", "?")
+            return NotFound(
+                f"{where}: namespace {ns} does not exist (got 404 {message}). Create it "
+                f"(`kubectl create namespace {ns}`) or pick another with -n / `namespace:`"
+            )
         if status == 404:
-            return NotFound(f"{where}: {what or 'object'} not found (got 404 {message})")
+            hint = ""
+            if what.startswith("PyTorchJob "):
+                ns = what.split(" ", 1)[1].split("/", 1)[0]
+                hint = f". Check the name and namespace: `python -m controller list -n {ns}`"
+            return NotFound(f"{where}: {what or 'object'} not found (got 404 {message}){hint}")
         if status == 409:
             return Conflict(
                 f"{where}: {what or 'the object'} already exists (got 409 {message}). "
@@ -662,6 +672,15 @@ def _api_message(exc: Any) -> str:
             text = body.decode() if isinstance(body, bytes) else str(body)
             return text.strip()[:300]
     return str(getattr(exc, "reason", "") or exc)
+
+
+def _details(exc: Any) -> dict[str, Any]:
+    """The ``details`` of the API's Status body ({} if none)."""
+    try:
+        data = json.loads(exc.body or "{}")
+    except (ValueError, TypeError):
+        return {}
+    return (data.get("details") or {}) if isinstance(data, dict) else {}
 
 
 def _crd_missing(exc: Any) -> bool:

@@ -22,7 +22,7 @@ from controller.cluster import (
     OPERATOR_POD_SELECTOR,
     Cluster,
 )
-from controller.errors import ClusterError, DdpjobError, UserError
+from controller.errors import ClusterError, DdpjobError, NotFound, UserError
 
 GPU = "nvidia.com/gpu"
 OK, WARN, FAIL = "ok", "warn", "FAIL"
@@ -156,20 +156,23 @@ def _check_operator(cluster: Cluster, namespace: str, can_create: bool) -> Check
         meta = ready[0]["metadata"]
         return Check(name, OK, f"pod {meta['namespace']}/{meta['name']} is Ready")
     # 2. Its validating webhook answers a dry run (works when it runs outside the cluster).
-    if can_create:
+    # In `default` too when the job's namespace does not exist (the manifest check says so).
+    for ns in dict.fromkeys((namespace, "default")) if can_create else ():
         try:
-            cluster.create_job(probe_job(namespace), dry_run=True)
+            cluster.create_job(probe_job(ns), dry_run=True)
         except UserError as e:
             if "must be 1" in str(e) or "admission webhook" in str(e):
                 return Check(name, OK, "its admission webhook answered a server-side dry run")
+        except NotFound:
+            continue
         except ClusterError as e:
             if "webhook" in str(e):
                 return Check(
                     name,
                     FAIL,
-                    (f"its admission webhook does not answer (the operator is down?): {e}"),
+                    f"its admission webhook does not answer (the operator is down?): {e}",
                 )
-    # 3. Jobs it has reconciled recently.
+        break
     if pods:
         meta = pods[0]["metadata"]
         return Check(name, FAIL, f"pod {meta['namespace']}/{meta['name']} is not Ready")

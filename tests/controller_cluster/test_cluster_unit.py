@@ -82,6 +82,14 @@ def api_error(status: int, message: str, details: dict | None = None):
             "Is the operator running?",
         ),
         (503, "etcd unavailable", {}, "x", errors.ClusterError, "503 etcd unavailable"),
+        (
+            404,
+            'namespaces "nope" not found',
+            {"name": "nope", "kind": "namespaces"},
+            "PyTorchJob nope/q",
+            errors.NotFound,
+            "`kubectl create namespace nope`",
+        ),
     ],
 )
 def test_api_errors_translate(status, message, details, what, cls, words):
