@@ -117,3 +117,26 @@ def test_custom_task_plugin_from_the_command_line(tmp_path) -> None:
     assert r.rc == 0, r.stderr[-2000:]
     assert r.of("start")[0]["config"]["task_args"] == {"hidden": 16}
     assert set(r.of("eval")[-1]["metrics"]) == {"loss", "mae"}
+
+
+@pytest.mark.slow
+def test_kubeflow_two_pods_of_two_processes(tmp_path) -> None:
+    """nodes=2, nprocPerNode=2: each pod re-launches torchrun; 4 ranks join one group."""
+    env0 = kubeflow_env(nproc_per_node=2, world_size=4, rank=0)
+    procs = [
+        subprocess.Popen(
+            trainer_cmd(*common_args(tmp_path, batch_size=4)),
+            cwd=REPO,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env0 | {"RANK": str(node), "PET_NODE_RANK": str(node)},
+        )
+        for node in (0, 1)
+    ]
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    assert parse_events(outs[1][0]) == []  # node 1 holds ranks 2 and 3: silent
+    events = parse_events(outs[0][0])
+    assert events[0]["event"] == "start" and events[0]["world_size"] == 4
+    assert events[-1]["event"] == "done" and events[-1]["reason"] == "completed"
