@@ -89,3 +89,92 @@ def test_node_selector_and_taints():
     assert fit_problem(job(2, 8), gpu_nodes) is not None  # b's taint is not tolerated
     tolerate = [{"key": "gpu", "operator": "Exists"}]
     assert fit_problem(job(2, 8, tolerations=tolerate), gpu_nodes) is None
+
+
+class FakeCluster:
+    """Answers what doctor asks; ``probe`` is what a dry-run create raises (None = accepted)."""
+
+    server = "https://example:6443"
+
+    def __init__(self, *, operator_pods=(), probe=None, allowed=True, served=True):
+        self.operator_pods, self.probe, self.allowed, self.served = (
+            list(operator_pods),
+            probe,
+            allowed,
+            served,
+        )
+
+    def version(self):
+        return {"gitVersion": "v1.31.0"}
+
+    def job_api_served(self):
+        return self.served
+
+    def can_i(self, verb, resource, **_):
+        return self.allowed, ""
+
+    def list_pods_all_namespaces(self, selector):
+        return self.operator_pods
+
+    def create_job(self, manifest, dry_run=False):
+        if self.probe is not None:
+            raise self.probe
+        return manifest
+
+    def list_nodes(self):
+        return NODES
+
+
+def _by_name(checks):
+    return {c.name: c for c in checks}
+
+
+def test_operator_found_by_its_ready_pod():
+    from controller.doctor import run_checks
+
+    pod = {
+        "metadata": {"name": "training-operator-x", "namespace": "kubeflow"},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    checks = _by_name(run_checks(FakeCluster(operator_pods=[pod]), "default"))
+    assert checks["training operator"].status == "ok"
+    assert "kubeflow/training-operator-x is Ready" in checks["training operator"].detail
+
+
+def test_operator_down_when_its_webhook_does_not_answer():
+    from controller.doctor import run_checks
+    from controller.errors import ClusterError, UserError
+
+    down = ClusterError(
+        "submit: the training operator's admission webhook did not answer "
+        '(got 500 failed calling webhook "validator": connection refused)'
+    )
+    checks = _by_name(run_checks(FakeCluster(probe=down), "default"))
+    assert checks["training operator"].status == "FAIL"
+    denied = UserError(
+        'submit: the cluster refused PyTorchJob (admission webhook "v" denied '
+        "the request: spec.pytorchReplicaSpecs[Master].replicas: must be 1)"
+    )
+    checks = _by_name(run_checks(FakeCluster(probe=denied), "default"))
+    assert checks["training operator"].status == "ok"
+    checks = _by_name(run_checks(FakeCluster(), "default"))  # no webhook installed
+    assert checks["training operator"].status == "warn"
+
+
+def test_missing_crd_stops_the_checks_and_says_what_to_install():
+    from controller.doctor import run_checks
+
+    checks = run_checks(FakeCluster(served=False), "default")
+    assert [c.status for c in checks] == ["ok", "FAIL"]
+    assert "Install the Kubeflow training operator" in checks[-1].detail
+
+
+def test_rbac_lists_every_missing_verb_and_a_job_that_cannot_fit_fails():
+    from controller.doctor import run_checks
+
+    checks = _by_name(run_checks(FakeCluster(allowed=False), "ml", job(1, 16)))
+    assert checks["RBAC"].status == "FAIL"
+    assert "create pytorchjobs (for submit)" in checks["RBAC"].detail
+    assert checks["RBAC (nodes)"].status == "warn"
+    assert checks["job accepted"].status == "warn"  # no permission to dry-run
+    assert checks["job fits"].status == "FAIL" and "--force" in checks["job fits"].detail
