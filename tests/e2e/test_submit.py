@@ -109,6 +109,12 @@ def test_a_task_that_raises_fails_with_replica_exit_code_and_last_lines(
     w = ddpjob(cluster, "wait", "boom", "-n", namespace, "--timeout", "30")
     assert w.returncode == 1 and "replica master-0" in w.stderr
 
+    # The same story with --follow: rank 0's traceback streams by, then the explanation.
+    f = ddpjob(cluster, "submit", str(spec), "--follow", "--replace")
+    assert f.returncode == 1, f.stdout + f.stderr
+    assert "RuntimeError: injected failure at call 6 on rank 0" in f.stdout
+    assert f"error: job {namespace}/boom Failed: replica master-0" in f.stderr
+
 
 def test_a_job_no_node_can_fit_is_refused_and_with_force_says_why_it_waits(
     cluster, namespace, tmp_path
