@@ -31,12 +31,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONTAINER = "pytorch"
 JOB_LABEL = "training.kubeflow.org/job-name"
+# How long a pod status update is retried while the API server is away.
+STATUS_RETRY_S = 300
 LOGS_GROUP, LOGS_VERSION, LOGS_PLURAL = "kwok.x-k8s.io", "v1alpha1", "logs"
 #: A whole value that is a replica host name (``<job>-master-0``, optionally with a DNS suffix),
 #: optionally with a port: the job's rendezvous, so the port becomes the job's own port.
@@ -653,16 +656,31 @@ class Agent:
             ),
         }
         base.update(status)
-        try:
-            self.core.patch_namespaced_pod_status(
-                pod.metadata.name, pod.metadata.namespace, {"status": base}
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                self.say(
-                    f"{pod.metadata.namespace}/{pod.metadata.name}: "
-                    f"status patch failed: {exc.status} {exc.body}"
+        where = f"{pod.metadata.namespace}/{pod.metadata.name}"
+        # A status the API server never got would leave the pod Running forever (a kubelet
+        # retries too): while the server is away (connection refused, 5xx), retry with backoff.
+        deadline = time.monotonic() + STATUS_RETRY_S
+        delay = 0.5
+        while True:
+            try:
+                self.core.patch_namespaced_pod_status(
+                    pod.metadata.name, pod.metadata.namespace, {"status": base}
                 )
+                return
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+                if exc.status and exc.status < 500:
+                    self.say(f"{where}: status patch failed: {exc.status} {exc.body}")
+                    return
+                problem = f"{exc.status} {exc.reason}"
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                problem = str(exc)
+            if time.monotonic() > deadline:
+                self.say(f"{where}: status patch gave up after {STATUS_RETRY_S} s: {problem}")
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     def patch_running(self, run: PodRun) -> None:
         pod = run.pod
