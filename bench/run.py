@@ -1,0 +1,39 @@
+"""Run every benchmark, one after the other, each printing its own side-by-side ratios.
+
+    make bench                      # all three
+    python bench/run.py trainer     # just one: trainer, controller or cluster
+
+The trainer bench needs only CPU; the cluster bench reuses a live `make cluster-up` or starts
+the local control plane itself. Exit status: non-zero if any bench missed its target or failed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BENCHES = {
+    "trainer": HERE / "trainer_bench.py",
+    "controller": HERE / "controller_bench.py",
+    "cluster": HERE / "cluster_bench.py",
+}
+
+
+def main(argv: list[str]) -> int:
+    names = argv or list(BENCHES)
+    unknown = [n for n in names if n not in BENCHES]
+    if unknown:
+        print(f"bench: unknown bench {unknown[0]!r}; choose from {', '.join(BENCHES)}")
+        return 2
+    worst = 0
+    for name in names:
+        print(f"\n===== {name} =====", flush=True)
+        code = subprocess.call([sys.executable, str(BENCHES[name])], cwd=HERE.parent)
+        worst = worst or code
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
