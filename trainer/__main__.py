@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import traceback
+from pathlib import Path
 
 from trainer.config import ConfigError, TrainConfig, load_config
 
@@ -111,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             from trainer.tasks import load_task
 
             load_task(cfg.task, cfg.task_args)  # fail with exit 2 here, not once per worker
+            if cfg.resume not in ("auto", "never") and not Path(cfg.resume).is_file():
+                raise ConfigError([f"resume: no such checkpoint file (got {cfg.resume})"])
             return relaunch_under_torchrun(argv)
         return train(cfg)
     except ConfigError as e:

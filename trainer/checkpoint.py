@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from trainer import distributed as distributed_
+from trainer.config import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -68,39 +69,48 @@ class CheckpointManager:
         distributed_.barrier()
         return path
 
-    def resolve(self, resume: str) -> tuple[Path | None, list[str]]:
-        """Rank 0: the checkpoint to resume from (or None) and notes on files skipped.
+    def resolve(self, resume: str) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
+        """Rank 0: the checkpoint to resume from, its state, and notes on files skipped.
 
-        ``never`` -> None; ``auto`` -> newest readable file in the directory, if any;
+        ``never`` -> nothing; ``auto`` -> the newest readable file in the directory, if any;
         anything else is a path that must load.
         """
         if resume == "never":
-            return None, []
+            return None, None, []
         if resume != "auto":
             path = Path(resume)
-            read(path)  # let a bad explicit path fail loudly
-            return path, []
+            try:
+                return path, read(path), []
+            except Exception as e:  # the user named this file: say so, do not fall back
+                raise ConfigError([f"resume: cannot load {_first_line(e)} (got {resume})"]) from e
         skipped = []
         for path in self.list():
             try:
-                read(path)
+                return path, read(path), skipped
             except Exception as e:  # torn zip, truncated pickle, I/O error: all mean "skip it"
                 note = f"{path}: unreadable ({_first_line(e)})"
                 log.warning("checkpoint %s; trying an older one", note)
                 skipped.append(note)
-                continue
-            return path, skipped
-        return None, skipped
+        return None, None, skipped
 
     def load(self, resume: str) -> tuple[dict[str, Any] | None, Path | None, list[str]]:
-        """On every rank: the state chosen by rank 0 (path broadcast, each rank reads it)."""
-        choice = self.resolve(resume) if self.is_main else (None, [])
-        path, skipped = distributed_.broadcast_object(
-            (str(choice[0]) if choice[0] else None, choice[1])
+        """On every rank: the state rank 0 chose (its path is broadcast; the others read it)."""
+        path, state, skipped, problem = None, None, [], None
+        if self.is_main:
+            try:
+                path, state, skipped = self.resolve(resume)
+            except ConfigError as e:
+                problem = e.problems  # every rank must learn it, or the others would hang
+        path_str, skipped, problem = distributed_.broadcast_object(
+            (str(path) if path else None, skipped, problem)
         )
-        if path is None:
+        if problem:
+            raise ConfigError(problem)
+        if path_str is None:
             return None, None, skipped
-        return read(Path(path)), Path(path), skipped
+        if state is None:  # not rank 0: read the file rank 0 validated
+            state = read(Path(path_str))
+        return state, Path(path_str), skipped
 
 
 def read(path: Path) -> dict[str, Any]:
@@ -119,6 +129,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _first_line(e: BaseException) -> str:
+def _first_line(e: BaseException, limit: int = 120) -> str:
     text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
+    line = f"{type(e).__name__}: {text[0] if text else ''}"
+    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -61,3 +61,9 @@ def test_unknown_nested_key_is_reported_with_its_path() -> None:
         load_config(None, ["ddp.bucket_cap=1", "seed=-1"])
     assert "ddp.bucket_cap: unknown key (got 1)" in e.value.problems
     assert any(p.startswith("seed: ") for p in e.value.problems)
+
+
+def test_missing_resume_file_in_kubeflow_pod_is_exit_2() -> None:
+    r = run(trainer_cmd("resume=/no/such/step_00000001.pt"), env=kubeflow_env(2, 2))
+    assert r.rc == 2
+    assert "resume: no such checkpoint file (got /no/such/step_00000001.pt)" in r.stderr

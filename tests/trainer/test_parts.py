@@ -110,7 +110,7 @@ def test_checkpoint_falls_back_past_every_unreadable_file(tmp_path: Path) -> Non
     state, path, skipped = mgr.load("auto")
     assert state["step"] == 1 and path.name == "step_00000001.pt"
     assert [s.split(":")[0] for s in skipped] == [str(tmp_path / "step_00000003.pt"), str(p2)]
-    with pytest.raises(RuntimeError):  # an explicit path must load, or fail loudly
+    with pytest.raises(ConfigError, match="resume: cannot load"):  # named file: no fallback
         mgr.load(str(p2))
     assert mgr.load("never") == (None, None, [])
 

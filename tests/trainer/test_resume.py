@@ -193,3 +193,14 @@ def test_resume_never_starts_fresh_and_keep_prunes(tmp_path: Path) -> None:
     fresh = run(trainer_cmd(*common_args(tmp_path, max_steps=2, resume="never")))
     assert fresh.rc == 0 and fresh.of("resume") == []
     assert fresh.of("start")[0]["step"] == 0
+
+
+@pytest.mark.slow
+def test_unreadable_explicit_resume_path_is_exit_2_on_every_rank(tmp_path: Path) -> None:
+    bad = tmp_path / "nope.pt"
+    bad.write_bytes(b"not a checkpoint")
+    r = run(torchrun_cmd(2, *common_args(tmp_path, resume=str(bad))), timeout=120)
+    assert r.rc != 0
+    # Both ranks say why (a user's mistake: no traceback of ours), and nobody hangs.
+    assert r.stderr.count("resume: cannot load UnpicklingError") == 2
+    assert "trainer/checkpoint.py" not in r.stderr
