@@ -67,7 +67,7 @@ def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(tmp_path: Path) ->
     # Run to the step-n checkpoint, then kill -9 every process of the job, launcher included
     # (torchrun starts each worker in its own session, so walk the process tree).
     proc = subprocess.Popen(
-        torchrun_cmd(2, *args("resumed", **{"task_args.sleep_s": 0.1})),
+        torchrun_cmd(2, *args("resumed", **{"task_args.sleep_s": 0.2})),
         cwd=REPO,
         env=base_env(),
         text=True,
