@@ -154,6 +154,14 @@ class Throughput:
         self.steps = 0
         self.samples = 0
         self.loss_sum = 0.0
+        self.loss_steps = 0  # steps with a finite loss (a skipped NaN step has none to average)
+
+    def add_step(self, samples: int, loss: float) -> None:
+        self.steps += 1
+        self.samples += samples
+        if math.isfinite(loss):
+            self.loss_sum += loss
+            self.loss_steps += 1
 
     def window(self) -> dict[str, float]:
         elapsed = max(time.perf_counter() - self.start, 1e-9)
@@ -162,5 +170,5 @@ class Throughput:
             "samples_per_s": self.samples / elapsed,
             "step_time_s": elapsed / max(self.steps, 1),
             "data_wait": self.data_s / elapsed,
-            "loss": self.loss_sum / max(self.steps, 1),
+            "loss": self.loss_sum / self.loss_steps if self.loss_steps else math.nan,
         }

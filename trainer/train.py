@@ -346,9 +346,7 @@ class Trainer:
             self.scheduler.step()
             self.step += 1
             self.last_loss = global_loss
-            window.steps += 1
-            window.samples += samples_per_step
-            window.loss_sum += global_loss if math.isfinite(global_loss) else 0.0
+            window.add_step(samples_per_step, global_loss)
             report.advance(self.step, global_loss)
 
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
