@@ -206,8 +206,13 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
-        # YAML reads 1e-3 as a string (no dot); numbers are what users mean.
-        if isinstance(value, str) and re.fullmatch(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+", value):
+        # YAML reads a plain 1e-3 as a string (no dot); a number is what users mean. A quoted
+        # "1e5" stays the string it was written as (a directory may be called that).
+        if (
+            isinstance(value, str)
+            and raw.lstrip()[:1] not in ("'", '"')
+            and re.fullmatch(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+", value)
+        ):
             value = float(value)
         node = out
         *parents, leaf = key.split(".")

@@ -67,3 +67,12 @@ def test_missing_resume_file_in_kubeflow_pod_is_exit_2() -> None:
     r = run(trainer_cmd("resume=/no/such/step_00000001.pt"), env=kubeflow_env(2, 2))
     assert r.rc == 2
     assert "resume: no such checkpoint file (got /no/such/step_00000001.pt)" in r.stderr
+
+
+def test_plain_exponent_is_a_number_but_a_quoted_one_stays_a_string() -> None:
+    """YAML 1.1 reads a plain 1e-3 as text, so the trainer makes it a number; quoting opts out
+    (the controller quotes string values, e.g. a checkpoint directory named "1e5")."""
+    from trainer.config import parse_overrides
+
+    got = parse_overrides(["lr=1e-3", 'checkpoint.dir="1e5"', "task_args.name='2e3'"])
+    assert got == {"lr": 0.001, "checkpoint": {"dir": "1e5"}, "task_args": {"name": "2e3"}}
