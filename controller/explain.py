@@ -24,6 +24,7 @@ EXIT_MEANINGS = {
     130: "SIGINT",
     134: "SIGABRT (abort)",
     137: "SIGKILL (killed: OOM, kill -9 or grace period over)",
+    138: "lost a peer rank (the trainer's retryable code, 128 + SIGUSR1: another rank died first)",
     139: "SIGSEGV (segmentation fault)",
     143: "SIGTERM (preempted or deleted; retried under restartPolicy ExitCode)",
 }

@@ -353,8 +353,8 @@ class JobSpec(_Model):
     restart_policy: Literal["ExitCode", "OnFailure", "Never", "Always"] = Field(
         "ExitCode",
         description=(
-            "When the operator restarts a pod. ExitCode: retry exit codes 130/137/138/143 "
-            "(preemption, OOM kill), fail on the others."
+            "When the operator restarts a pod. ExitCode: retry exit codes 130, 137 (killed), "
+            "138 (the trainer lost a peer) and 143 (preempted); fail on the others."
         ),
     )
     backoff_limit: int = Field(

@@ -8,13 +8,18 @@ Runbook::
     # nprocPerNode > 1 it re-launches itself under torchrun (one process per GPU).
 
 Exit codes: 0 done, 1 failure (NaN/inf loss, an exception), 2 bad configuration,
+138 a peer rank was lost (128 + SIGUSR1: the operator's code for a user-defined retryable
+error; this process is fine, the job should be retried),
 143 preempted (SIGTERM; a checkpoint was written, so the operator's retry resumes).
+Under restartPolicy ExitCode the operator retries 130, 137, 138 and 143 and fails on the rest.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -23,7 +28,32 @@ from pathlib import Path
 
 from trainer.config import ConfigError, TrainConfig, load_config
 
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_PREEMPTED = 0, 1, 2, 143
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_PEER_LOST, EXIT_PREEMPTED = 0, 1, 2, 138, 143
+# Set by the torchrun re-launch: each worker appends its exit code, because torchrun itself
+# reports any worker failure as 1 and the operator must still see 138/143 as retryable.
+EXIT_FILE_ENV = "DDPJOB_EXIT_FILE"
+
+
+def record_exit(code: int) -> int:
+    """Tell a re-launching parent (if any) how this worker ended; returns ``code``."""
+    path = os.environ.get(EXIT_FILE_ENV)
+    if path and code != EXIT_OK:
+        with contextlib.suppress(OSError), open(path, "a") as f:
+            f.write(f"{code}\n")
+    return code
+
+
+def relaunch_exit_code(rc: int, worker_codes: list[int]) -> int:
+    """The pod's exit code after torchrun: a worker's real failure beats a retryable one (the
+    peers of a crashed rank only lost a peer), and a retryable one beats torchrun's plain 1."""
+    if rc == 0:
+        return 0
+    permanent = [c for c in worker_codes if c in (EXIT_FAILED, EXIT_CONFIG)]
+    if permanent:
+        return permanent[0]
+    if worker_codes:
+        return worker_codes[0]
+    return rc
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -51,7 +81,9 @@ def relaunch_under_torchrun(argv: list[str]) -> int:
     """
     from trainer.distributed import torchrun_argv
 
-    proc = subprocess.Popen(torchrun_argv(argv))
+    exit_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"ddpjob-exit-{os.getpid()}"
+    exit_file.unlink(missing_ok=True)
+    proc = subprocess.Popen(torchrun_argv(argv), env={**os.environ, EXIT_FILE_ENV: str(exit_file)})
     received: list[int] = []
 
     def forward(signum: int, frame) -> None:
@@ -61,9 +93,15 @@ def relaunch_under_torchrun(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     rc = proc.wait()
+    try:
+        codes = [int(line) for line in exit_file.read_text().split()]
+        exit_file.unlink()
+    except (OSError, ValueError):
+        codes = []
     if rc != 0 and signal.SIGTERM in received:
         return EXIT_PREEMPTED
-    return rc if rc >= 0 else 128 - rc  # killed by a signal: the shell's convention
+    rc = rc if rc >= 0 else 128 - rc  # killed by a signal: the shell's convention
+    return relaunch_exit_code(rc, codes)
 
 
 def train(cfg: TrainConfig) -> int:
@@ -83,18 +121,32 @@ def train(cfg: TrainConfig) -> int:
     reporter = Reporter(env.is_main, cfg.max_steps, cfg.progress, cfg.tensorboard_dir)
     try:
         reason = Trainer(cfg, env, task, reporter).fit()
+        # Leave together: a rank that destroys its group while a peer is still talking to it
+        # can make the peer abort (exit 134) after a run that had finished well.
+        distributed.barrier()
     except ConfigError:
         raise
     except Exception as e:
+        lost = distributed.is_peer_lost(e)
         reporter.event(
             "done",
             step=None,
             max_steps=cfg.max_steps,
             loss=None,
             elapsed_s=None,
-            reason="error",
+            reason="peer_lost" if lost else "error",
             error=f"{type(e).__name__}: {e}",
         )
+        if lost:
+            print(
+                f"[rank {env.rank}] lost a peer ({type(e).__name__}: {str(e)[:200]}); exiting "
+                f"{EXIT_PEER_LOST} so the job is retried and resumes from its last checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
+            sys.stdout.flush()
+            # Skip the group's teardown: destroying it with a dead peer can hang or abort.
+            os._exit(record_exit(EXIT_PEER_LOST))
         raise
     finally:
         distributed.teardown()
@@ -115,16 +167,16 @@ def main(argv: list[str] | None = None) -> int:
             if cfg.resume not in ("auto", "never") and not Path(cfg.resume).is_file():
                 raise ConfigError([f"resume: no such checkpoint file (got {cfg.resume})"])
             return relaunch_under_torchrun(argv)
-        return train(cfg)
+        return record_exit(train(cfg))
     except ConfigError as e:
         if args.debug:
             traceback.print_exc()
         for line in e.problems:
             print(line, file=sys.stderr)
-        return EXIT_CONFIG
+        return record_exit(EXIT_CONFIG)
     except Exception:
         traceback.print_exc()
-        return EXIT_FAILED
+        return record_exit(EXIT_FAILED)
 
 
 if __name__ == "__main__":

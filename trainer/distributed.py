@@ -61,9 +61,17 @@ def needs_torchrun() -> bool:
 
     torchrun sets LOCAL_RANK on each worker, so its children never re-launch again.
     """
+    if "LOCAL_RANK" in os.environ:
+        return False
+    if elastic():
+        return True  # only torchrun speaks the c10d rendezvous, even for one process per pod
     nproc = nproc_per_node_from_env()
-    several = int(nproc) > 1 if nproc.isdigit() else nproc in _SYMBOLIC_NPROC
-    return several and "LOCAL_RANK" not in os.environ
+    return int(nproc) > 1 if nproc.isdigit() else nproc in _SYMBOLIC_NPROC
+
+
+def elastic() -> bool:
+    """An elastic PyTorchJob: the operator sets ``PET_RDZV_ENDPOINT`` and no master replica."""
+    return bool(os.environ.get("PET_RDZV_ENDPOINT"))
 
 
 def torchrun_argv(trainer_args: list[str]) -> list[str]:
@@ -73,6 +81,11 @@ def torchrun_argv(trainer_args: list[str]) -> list[str]:
     MASTER_ADDR/MASTER_PORT (not ``PET_MASTER_*``) are what the operator sets for the rendezvous.
     """
     env = os.environ
+    if elastic():
+        # torchrun reads its elastic settings from the operator's PET_* variables itself:
+        # PET_NNODES (min:max), PET_RDZV_BACKEND, PET_RDZV_ENDPOINT, PET_NPROC_PER_NODE,
+        # PET_MAX_RESTARTS. Nothing to translate.
+        return [sys.executable, "-m", "torch.distributed.run", "-m", "trainer", *trainer_args]
     return [
         sys.executable,
         "-m",
@@ -125,6 +138,27 @@ def setup(device: str = "auto", backend: str = "auto", timeout_s: int = 600) -> 
             device_id=dev if chosen == "nccl" else None,
         )
     return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=dev)
+
+
+# What a collective raises when another rank died (gloo closes the socket; the TCPStore on the
+# master goes away; NCCL aborts or times out). The process itself is healthy: retrying helps.
+_PEER_LOST_TEXT = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "connection refused",
+    "socket timeout",
+    "timed out",
+    "nccl communicator was aborted",
+)
+
+
+def is_peer_lost(exc: BaseException) -> bool:
+    """True when ``exc`` means another rank of the job is gone rather than a bug here."""
+    if isinstance(exc, dist.DistError):  # DistBackendError, DistNetworkError, DistStoreError
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(t in text for t in _PEER_LOST_TEXT)
 
 
 def teardown() -> None:

@@ -10,6 +10,7 @@ from tests.trainer.conftest import (
     REPO,
     base_env,
     common_args,
+    free_port,
     kubeflow_env,
     parse_events,
     run,
@@ -140,3 +141,32 @@ def test_kubeflow_two_pods_of_two_processes(tmp_path) -> None:
     events = parse_events(outs[0][0])
     assert events[0]["event"] == "start" and events[0]["world_size"] == 4
     assert events[-1]["event"] == "done" and events[-1]["reason"] == "completed"
+
+
+@pytest.mark.slow
+def test_elastic_pods_rendezvous_through_torchrun(tmp_path) -> None:
+    """An elastic PyTorchJob has no master: the operator sets PET_RDZV_ENDPOINT (worker 0),
+    PET_RDZV_BACKEND=c10d and PET_NNODES=min:max, and each pod must join via torchrun."""
+    env = base_env(
+        PET_RDZV_ENDPOINT=f"127.0.0.1:{free_port()}",
+        PET_RDZV_BACKEND="c10d",
+        PET_NNODES="2:2",
+        PET_NPROC_PER_NODE="1",
+        PET_MAX_RESTARTS="0",
+    )
+    procs = [
+        subprocess.Popen(
+            trainer_cmd(*common_args(tmp_path)),
+            cwd=REPO,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        for _ in (0, 1)
+    ]
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    # Exactly one pod holds rank 0 and speaks; it saw a world of 2.
+    starts = [e for out, _ in outs for e in parse_events(out) if e["event"] == "start"]
+    assert len(starts) == 1 and starts[0]["world_size"] == 2

@@ -204,3 +204,54 @@ def test_unreadable_explicit_resume_path_is_exit_2_on_every_rank(tmp_path: Path)
     # Both ranks say why (a user's mistake: no traceback of ours), and nobody hangs.
     assert r.stderr.count("resume: cannot load UnpicklingError") == 2
     assert "trainer/checkpoint.py" not in r.stderr
+
+
+@pytest.mark.slow
+def test_a_lost_peer_exits_138_retryable_not_1(tmp_path: Path) -> None:
+    """kill -9 of one pod's trainer: the survivor's collective fails, and it must exit with a
+    code the operator retries under restartPolicy ExitCode (138), not a permanent 1."""
+    args = common_args(tmp_path, max_steps=500, log_every=1, **{"task_args.sleep_s": 0.02})
+    master = kubeflow_env(nproc_per_node=1, world_size=2, rank=0)
+    worker = {**master, "RANK": "1", "PET_NODE_RANK": "1"}
+    procs = [
+        subprocess.Popen(
+            trainer_cmd(*args),
+            cwd=REPO,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for env in (master, worker)
+    ]
+    _wait_for_event(procs[0], lambda e: e["event"] == "train" and e["step"] >= 3)
+    procs[1].kill()
+    out, err = procs[0].communicate(timeout=120)
+    procs[1].communicate(timeout=30)
+    assert procs[0].returncode == 138, err[-3000:]
+    assert "lost a peer" in err and "Traceback" not in err
+    assert parse_events(out)[-1]["reason"] == "peer_lost"
+
+
+@pytest.mark.slow
+def test_a_lost_peer_under_the_torchrun_relaunch_still_exits_138(tmp_path: Path) -> None:
+    """torchrun reports any worker failure as 1; the relaunching pod must still report 138."""
+    args = common_args(tmp_path, max_steps=500, log_every=1, **{"task_args.sleep_s": 0.02})
+    proc = subprocess.Popen(
+        trainer_cmd(*args),
+        cwd=REPO,
+        env=kubeflow_env(nproc_per_node=2, world_size=2),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    _wait_for_event(proc, lambda e: e["event"] == "train" and e["step"] >= 3)
+    trainers = [
+        c
+        for c in psutil.Process(proc.pid).children(recursive=True)
+        if "trainer" in c.cmdline() and "torch.distributed.run" not in c.cmdline()
+    ]
+    assert len(trainers) == 2, trainers
+    max(trainers, key=lambda c: c.pid).kill()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 138, err[-3000:]
