@@ -63,7 +63,21 @@ def free_port() -> int:
 
 
 def operator_env(spec: JobSpec, node: int, master_port: int) -> dict[str, str]:
-    """What the Kubeflow operator injects into the pod of ``node`` (a Master exists)."""
+    """What the Kubeflow operator injects into the pod of ``node``.
+
+    A fixed-size job has a Master, and each pod learns its rank from the env. An elastic job has
+    Workers only: the operator gives each the c10d rendezvous (worker 0's address) and the
+    min:max node range, and torchrun assigns ranks as pods join.
+    """
+    if spec.elastic:
+        return {
+            "PYTHONUNBUFFERED": "0",
+            "PET_RDZV_BACKEND": "c10d",
+            "PET_RDZV_ENDPOINT": f"127.0.0.1:{master_port}",  # <name>-worker-0 on a cluster
+            "PET_NNODES": f"{spec.elastic.min_nodes}:{spec.elastic.max_nodes}",
+            "PET_MAX_RESTARTS": str(spec.elastic.max_restarts),
+            "PET_NPROC_PER_NODE": str(spec.nproc_per_node),
+        }
     return {
         # The operator sets "0"; any non-empty value turns buffering off in Python.
         "PYTHONUNBUFFERED": "0",
@@ -115,11 +129,6 @@ def run_local(
     """Run ``spec`` here; 0 when every node exits 0, 128+signal when stopped, JobFailed else."""
     out = out or sys.stdout
     err = err or sys.stderr
-    if spec.elastic:
-        raise UserError(
-            "elastic: run --local runs fixed-size jobs only; drop elastic "
-            "(--set elastic=null) to try the job here"
-        )
     extra_env = spec_env(spec)
     logs = Path(logs_dir) if logs_dir else Path("runs") / spec.name / "logs"
     logs.mkdir(parents=True, exist_ok=True)

@@ -60,10 +60,14 @@ def test_node_command_is_this_python_running_the_trainer():
     assert node_command(spec) == [sys.executable, "-m", "trainer", "lr=0.01", "max_steps=5"]
 
 
-def test_elastic_is_refused_locally():
-    spec = validate_spec(minimal(nodes=2, elastic={"min_nodes": 1, "max_nodes": 2}))
-    with pytest.raises(UserError, match="elastic: run --local runs fixed-size jobs only"):
-        run_local(spec)
+def test_elastic_nodes_get_the_operators_rendezvous_env_not_a_master():
+    spec = validate_spec(
+        minimal(nodes=2, elastic={"min_nodes": 1, "max_nodes": 3, "max_restarts": 2})
+    )
+    env = operator_env(spec, 1, 4242)
+    assert env["PET_RDZV_ENDPOINT"] == "127.0.0.1:4242" and env["PET_RDZV_BACKEND"] == "c10d"
+    assert (env["PET_NNODES"], env["PET_MAX_RESTARTS"]) == ("1:3", "2")
+    assert not {"MASTER_ADDR", "RANK", "WORLD_SIZE"} & set(env)
 
 
 def test_a_command_that_cannot_start_is_a_user_error(tmp_path):
@@ -187,3 +191,26 @@ def test_quickstart_trains_on_two_cpu_nodes_with_the_real_trainer(tmp_path):
     assert (logs / "rank-1.log").exists()
     assert (tmp_path / "runs/quickstart/checkpoints").is_dir()
     assert "job succeeded" in result.stderr
+
+
+@pytest.mark.slow
+def test_an_elastic_spec_runs_locally_through_the_rendezvous(tmp_path, write_spec):
+    """Elastic jobs have no master: the nodes meet at the c10d rendezvous, as on a cluster."""
+    spec = write_spec(
+        minimal(
+            nodes=2,
+            elastic={"min_nodes": 2, "max_nodes": 2},
+            trainer={"max_steps": 4, "log_every": 2, "task_args": {"image_size": 16},
+                     "checkpoint": {"dir": str(tmp_path / "ckpt")}},
+        )
+    )  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [PYTHON, "-m", "controller", "run", str(spec), "--local", "--logs-dir", str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    logs = "".join(p.read_text() for p in sorted(tmp_path.glob("rank-*.log")))
+    starts = [json.loads(x) for x in logs.splitlines() if x.startswith('{"event": "start"')]
+    assert len(starts) == 1 and starts[0]["world_size"] == 2  # one rank 0, a world of two
+    assert '"reason": "completed"' in logs
