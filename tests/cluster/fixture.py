@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,21 @@ import pytest
 
 from . import tools
 from .control_plane import ControlPlane
+
+
+def wait_until(what: str, probe, timeout: float = 60, interval: float = 0.5):
+    """Poll ``probe()`` until it returns a truthy value; return it or fail naming ``what``.
+
+    For tests that wait on the cluster's eventual state (a condition, an event, a pod).
+    """
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 @dataclass

@@ -11,19 +11,13 @@ import uuid
 
 import pytest
 
+from tests.cluster.fixture import wait_until
+
 pytestmark = pytest.mark.cluster
 
 
 def _wait(what: str, probe, timeout: float = 90, interval: float = 0.5):
-    """Poll ``probe()`` until it returns a truthy value; return it or fail with ``what``."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+    return wait_until(what, probe, timeout, interval)
 
 
 @pytest.fixture

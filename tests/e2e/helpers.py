@@ -15,21 +15,11 @@ from typing import Any
 
 import yaml
 
+from tests.cluster.fixture import wait_until
+
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
 PY = sys.executable
-
-
-def wait_until(what: str, probe, timeout: float = 60, interval: float = 0.3):
-    """Poll ``probe()`` until truthy; return its value or fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 def write_spec(

@@ -17,7 +17,6 @@ import contextlib
 import json
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ import yaml
 
 from controller.render import render_pytorchjob
 from controller.spec import validate_spec
+from tests.cluster.fixture import wait_until
 
 from .conftest import CHART, CI_VALUES, EXAMPLES, K8S, ROOT, tools
 
@@ -38,14 +38,7 @@ PSA_REFUSAL = 'violates PodSecurity "restricted:latest"'
 
 
 def _wait(what: str, probe, timeout: float = 120, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+    return wait_until(what, probe, timeout, interval)
 
 
 def _ensure_namespace(cluster, name: str, level: str = "restricted") -> str:
