@@ -435,7 +435,13 @@ class Cluster:
                 **kwargs,
             )
             return resp.data.decode("utf-8", errors="replace")
-        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+        except ApiException as e:
+            if e.status == 400:  # the container has not started, or has no previous run
+                raise NotFound(
+                    f"logs: no log for pod {namespace}/{pod} yet (got 400 {_api_message(e)})"
+                ) from None
+            raise self._translate(e, "logs", f"pod {namespace}/{pod}") from None
+        except (urllib3.exceptions.HTTPError, OSError) as e:
             raise self._translate(e, "logs", f"pod {namespace}/{pod}") from None
 
     def stream_log(self, pod: str, namespace: str, *, previous: bool = False) -> Any:

@@ -108,6 +108,22 @@ def test_connection_refused_says_what_to_do():
     assert "(got connection refused)" in str(err) and "make cluster-up" in str(err)
 
 
+def test_a_log_that_is_not_there_yet_is_not_found_not_bad_input(monkeypatch):
+    """400 from the log endpoint (container not started, no previous run) is transient for a
+    follower: NotFound, which it handles, not UserError, which would end `logs -f`."""
+    from types import SimpleNamespace
+
+    def refuse(*args, **kwargs):
+        raise api_error(400, 'no logs found for container "pytorch" in pod "ns/job-worker-0"')
+
+    monkeypatch.setattr(
+        Cluster, "core", property(lambda self: SimpleNamespace(read_namespaced_pod_log=refuse))
+    )
+    c = bare_cluster()
+    with pytest.raises(errors.NotFound, match="no log for pod ns/job-worker-0 yet"):
+        c.read_log("job-worker-0", "ns", previous=True)
+
+
 def test_resync_reports_vanished_objects_as_deleted():
     known = {"a": {"metadata": {"uid": "a"}}, "b": {"metadata": {"uid": "b"}}}
     events = list(_resync(known, [{"metadata": {"uid": "b"}}, {"metadata": {"uid": "c"}}]))
