@@ -9,6 +9,7 @@ push` build and push the tag asked for.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -175,6 +176,8 @@ def test_make_targets_build_and_push_the_requested_tag(target):
         capture_output=True,
         text=True,
         check=True,
+        # Under `make test` the parent's MAKEFLAGS/MAKELEVEL would add "Entering directory".
+        env={k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")},
     )
     commands = [shlex.split(c) for c in proc.stdout.replace("\\\n", " ").splitlines() if c]
     build = next(c for c in commands if c[:2] == ["docker", "build"] or "build" in c[:3])
