@@ -7,8 +7,9 @@ Runbook (all of these run the same code; see trainer/__main__.py for the launch 
     python -m trainer --config run.yaml lr=3e-4                     # inside a PyTorchJob pod
 
 Per optimizer step: ``grad_accum`` micro-batches (all but the last under ``no_sync``, so DDP
-all-reduces gradients once), one tiny all-reduce of [loss, stop flag] so every rank takes the
-same branch (NaN skip, preemption), then unscale -> clip -> step -> EMA -> schedule.
+all-reduces gradients once, and the step's [loss, stop flag] ride along in its last bucket so
+every rank takes the same branch: NaN skip, preemption), then unscale -> clip -> step -> EMA ->
+schedule.
 """
 
 from __future__ import annotations
@@ -91,6 +92,11 @@ class Trainer:
                 static_graph=cfg.ddp.static_graph,
                 **_buffer_sync_kwargs(cfg.ddp.broadcast_buffers),
             )
+        # The step's [loss, stop] flags travel with the gradients (one all-reduce round a step).
+        self.step_flags: dist_.StepFlags | None = None
+        if env.distributed and env.world_size > 1:
+            self.step_flags = dist_.StepFlags(dev)
+            self.model.register_comm_hook(None, self.step_flags.hook)
         # With gradient_as_bucket_view the gradients *are* DDP's all-reduce buckets: zeroing them
         # in place lets backward accumulate straight into the buckets. Setting them to None
         # would make every backward allocate fresh gradients and copy them into the buckets.
@@ -296,16 +302,20 @@ class Trainer:
                     detached = loss.detach().float()
                     loss_sum = detached if loss_sum is None else loss_sum + detached
                     if last:
-                        # The step's one extra collective: [global loss, any rank told to stop],
-                        # so every rank takes the same branch (NaN skip, preemption). Started
-                        # before backward, it overlaps with it instead of adding a round trip.
+                        # [global loss, any rank told to stop], so every rank takes the same
+                        # branch (NaN skip, preemption). With DDP the pair rides in the last
+                        # gradient bucket (StepFlags); a lone process just keeps it.
                         stop_flag.fill_(float(self.stop_requested))
-                        flags = dist_.all_reduce_sum_async(torch.stack([loss_sum, stop_flag]))
+                        flags = torch.stack([loss_sum, stop_flag])
+                        if self.step_flags is not None:
+                            self.step_flags.values.copy_(flags)
                     if cfg.grad_accum > 1:
                         loss = loss / cfg.grad_accum
                     self.scaler.scale(loss).backward()
 
-            global_loss, stop = flags.wait().tolist()  # the step's one host sync
+            if self.step_flags is not None:
+                flags = self.step_flags.values  # reduced by the time backward returned
+            global_loss, stop = flags.tolist()  # the step's one host sync
             global_loss /= env.world_size * cfg.grad_accum
             lr = self.scheduler.get_last_lr()[0]
 

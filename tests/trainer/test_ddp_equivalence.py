@@ -50,8 +50,6 @@ def _hook_worker(rank: int, port: int, out_dir: str, grad_accum: int, max_steps:
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
     }
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
     from trainer import distributed
     from trainer.config import build_config
     from trainer.metrics import Reporter
@@ -72,15 +70,32 @@ def _hook_worker(rank: int, port: int, out_dir: str, grad_accum: int, max_steps:
     try:
         task = load_task(cfg.task, cfg.task_args)
         trainer = Trainer(cfg, env, task, Reporter(False, 0, "never", None))
-        counts = {"calls": 0, "rounds": 0}
+        # Every all-reduce DDP does goes through the trainer's hook (StepFlags), which also
+        # carries the step's [loss, stop]: there is no other per-step collective to count.
+        calls = []
+        real_all_reduce = torch.distributed.all_reduce
 
-        def counting_hook(state, bucket):
-            counts["calls"] += 1
-            counts["rounds"] += bucket.is_last()  # the last bucket closes one all-reduce round
-            return allreduce_hook(state, bucket)
+        def counting_all_reduce(*args, **kwargs):
+            calls.append(1)
+            return real_all_reduce(*args, **kwargs)
 
-        trainer.model.register_comm_hook(None, counting_hook)
-        assert trainer.fit() == "completed"
+        real_eval = trainer.run_eval
+
+        def uncounted_eval():  # the final evaluation's metric all-reduces are not steps
+            torch.distributed.all_reduce = real_all_reduce
+            try:
+                real_eval()
+            finally:
+                torch.distributed.all_reduce = counting_all_reduce
+
+        trainer.run_eval = uncounted_eval
+        torch.distributed.all_reduce = counting_all_reduce
+        try:
+            assert trainer.fit() == "completed"
+        finally:
+            torch.distributed.all_reduce = real_all_reduce
+        flags = trainer.step_flags
+        counts = {"calls": flags.calls, "rounds": flags.rounds, "all_reduces": len(calls)}
         counts["micro_batches"] = trainer.batches.position()[1]
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(counts))
     finally:
@@ -95,5 +110,7 @@ def test_one_allreduce_round_per_optimizer_step(tmp_path: Path) -> None:
         counts = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert counts["micro_batches"] == max_steps * grad_accum  # 15 backward passes ...
         assert counts["rounds"] == max_steps  # ... but only 5 all-reduce rounds
-        # The tiny model fits one bucket: no all-reduce at all in the no_sync micro-batches.
+        # The tiny model fits one bucket: no all-reduce at all in the no_sync micro-batches,
+        # and none besides DDP's own (the loss and stop flag ride in its bucket).
         assert counts["calls"] == max_steps
+        assert counts["all_reduces"] == max_steps
