@@ -45,15 +45,7 @@ def _ensure_namespace(cluster, name: str, level: str = "restricted") -> str:
     """Create (or keep) a namespace enforcing Pod Security ``level``, like k8s/namespace.yaml."""
     labels = {f"pod-security.kubernetes.io/{m}": level for m in ("enforce", "audit", "warn")}
     ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
-    cluster.kubectl(
-        "apply",
-        "--server-side",
-        "--field-manager",
-        "ddpjob-tests",
-        "-f",
-        "-",
-        input_text=json.dumps(ns),
-    )
+    _apply(cluster, ns)
     _wait(
         f"service account default in {name}",
         lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
@@ -67,18 +59,24 @@ def restricted(cluster) -> str:
     return _ensure_namespace(cluster, "pkg-restricted")
 
 
-def _dry_run(cluster, docs: str) -> subprocess.CompletedProcess:
+def _apply(cluster, *objects, dry_run: bool = False, check: bool = True):
+    """``kubectl apply --server-side`` of dicts (as JSON) or ready YAML/JSON text."""
+    docs = "\n---\n".join(o if isinstance(o, str) else json.dumps(o) for o in objects)
     return cluster.kubectl(
         "apply",
         "--server-side",
-        "--dry-run=server",
+        *(["--dry-run=server"] if dry_run else []),
         "--field-manager",
         "ddpjob-tests",
         "-f",
         "-",
         input_text=docs,
-        check=False,
+        check=check,
     )
+
+
+def _dry_run(cluster, docs: str) -> subprocess.CompletedProcess:
+    return _apply(cluster, docs, dry_run=True, check=False)
 
 
 # ------------------------------------------------------------------------------------------
@@ -117,15 +115,7 @@ def test_kubectl_apply_k_k8s_passes_server_side_dry_run(cluster):
     objects = _kustomize(cluster)
     # A dry run creates nothing, so namespaced objects need their namespace to exist already.
     (ns,) = [o for o in objects if o["kind"] == "Namespace"]
-    cluster.kubectl(
-        "apply",
-        "--server-side",
-        "--field-manager",
-        "ddpjob-tests",
-        "-f",
-        "-",
-        input_text=json.dumps(ns),
-    )
+    _apply(cluster, ns)
     proc = cluster.kubectl(
         "apply",
         "-k",
@@ -214,15 +204,7 @@ def _ensure_priority_classes(cluster, jobs: list[tuple[str, dict[str, Any]]]) ->
             "metadata": {"name": name},
             "value": 1000,
         }
-        cluster.kubectl(
-            "apply",
-            "--server-side",
-            "--field-manager",
-            "ddpjob-tests",
-            "-f",
-            "-",
-            input_text=json.dumps(pc),
-        )
+        _apply(cluster, pc)
 
 
 def test_rendered_pods_are_admitted_under_restricted(cluster, restricted):
@@ -543,15 +525,7 @@ def _sa_kubeconfig(cluster, path: Path) -> Path:
 def sa_kubeconfig(cluster, tmp_path_factory) -> Path:
     """k8s/ applied for real (minus the example job), and a token kubeconfig for its SA."""
     objects = [o for o in _kustomize(cluster) if o["kind"] != "PyTorchJob"]
-    cluster.kubectl(
-        "apply",
-        "--server-side",
-        "--field-manager",
-        "ddpjob-tests",
-        "-f",
-        "-",
-        input_text="\n---\n".join(json.dumps(o) for o in objects),
-    )
+    _apply(cluster, *objects)
     return _sa_kubeconfig(cluster, tmp_path_factory.mktemp("sa") / "kubeconfig")
 
 
