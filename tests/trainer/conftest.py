@@ -93,6 +93,26 @@ def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 120)
     return Result(p.returncode, p.stdout, p.stderr)
 
 
+def run_pods(envs: list[dict[str, str]], args: list[str], timeout: float = 180) -> list[Result]:
+    """Start ``python -m trainer args`` once per env, all at once (the pods of one job)."""
+    procs = [
+        subprocess.Popen(
+            trainer_cmd(*args),
+            cwd=REPO,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for env in envs
+    ]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=timeout)
+        results.append(Result(p.returncode, out, err))
+    return results
+
+
 def common_args(tmp: Path, **overrides) -> list[str]:
     """A fast run of the test task, checkpointing into ``tmp``."""
     args = {

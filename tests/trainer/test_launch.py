@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from tests.trainer.conftest import (
-    REPO,
     base_env,
     common_args,
     free_port,
     kubeflow_env,
-    parse_events,
     run,
+    run_pods,
     torchrun_cmd,
     trainer_cmd,
 )
@@ -56,21 +53,11 @@ def test_torchrun_two_processes(tmp_path) -> None:
 def test_kubeflow_env_two_pods(tmp_path) -> None:
     """Two "pods" with RANK 0/1, WORLD_SIZE 2, MASTER_ADDR 127.0.0.1 and no LOCAL_RANK."""
     env0 = kubeflow_env(nproc_per_node=1, world_size=2, rank=0)
-    procs = [
-        subprocess.Popen(
-            trainer_cmd(*common_args(tmp_path)),
-            cwd=REPO,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env0 | {"RANK": str(rank), "PET_NODE_RANK": str(rank)},
-        )
-        for rank in (0, 1)
-    ]
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
-    assert parse_events(outs[1][0]) == []  # rank 1 is silent on stdout
-    events = parse_events(outs[0][0])
+    envs = [env0 | {"RANK": str(rank), "PET_NODE_RANK": str(rank)} for rank in (0, 1)]
+    r0, r1 = run_pods(envs, common_args(tmp_path), timeout=120)
+    assert [r0.rc, r1.rc] == [0, 0], r0.stderr[-2000:] + r1.stderr[-2000:]
+    assert r1.events == []  # rank 1 is silent on stdout
+    events = r0.events
     assert events[0]["event"] == "start" and events[0]["world_size"] == 2
     assert events[-1]["event"] == "done" and events[-1]["reason"] == "completed"
 
@@ -124,21 +111,11 @@ def test_custom_task_plugin_from_the_command_line(tmp_path) -> None:
 def test_kubeflow_two_pods_of_two_processes(tmp_path) -> None:
     """nodes=2, nprocPerNode=2: each pod re-launches torchrun; 4 ranks join one group."""
     env0 = kubeflow_env(nproc_per_node=2, world_size=4, rank=0)
-    procs = [
-        subprocess.Popen(
-            trainer_cmd(*common_args(tmp_path, batch_size=4)),
-            cwd=REPO,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env0 | {"RANK": str(node), "PET_NODE_RANK": str(node)},
-        )
-        for node in (0, 1)
-    ]
-    outs = [p.communicate(timeout=180) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
-    assert parse_events(outs[1][0]) == []  # node 1 holds ranks 2 and 3: silent
-    events = parse_events(outs[0][0])
+    envs = [env0 | {"RANK": str(node), "PET_NODE_RANK": str(node)} for node in (0, 1)]
+    r0, r1 = run_pods(envs, common_args(tmp_path, batch_size=4))
+    assert [r0.rc, r1.rc] == [0, 0], r0.stderr[-2000:] + r1.stderr[-2000:]
+    assert r1.events == []  # node 1 holds ranks 2 and 3: silent
+    events = r0.events
     assert events[0]["event"] == "start" and events[0]["world_size"] == 4
     assert events[-1]["event"] == "done" and events[-1]["reason"] == "completed"
 
@@ -154,19 +131,8 @@ def test_elastic_pods_rendezvous_through_torchrun(tmp_path) -> None:
         PET_NPROC_PER_NODE="1",
         PET_MAX_RESTARTS="0",
     )
-    procs = [
-        subprocess.Popen(
-            trainer_cmd(*common_args(tmp_path)),
-            cwd=REPO,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-        )
-        for _ in (0, 1)
-    ]
-    outs = [p.communicate(timeout=180) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    r0, r1 = run_pods([env, env], common_args(tmp_path))
+    assert [r0.rc, r1.rc] == [0, 0], r0.stderr[-2000:] + r1.stderr[-2000:]
     # Exactly one pod holds rank 0 and speaks; it saw a world of 2.
-    starts = [e for out, _ in outs for e in parse_events(out) if e["event"] == "start"]
+    starts = r0.of("start") + r1.of("start")
     assert len(starts) == 1 and starts[0]["world_size"] == 2
