@@ -17,12 +17,14 @@ started, at session end. The fixture always uses ``<repo>/.cluster`` (no env var
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,25 @@ import pytest
 
 from . import tools
 from .control_plane import ControlPlane
+
+
+@contextlib.contextmanager
+def temporary_namespace(cluster, prefix: str, level: str = "baseline"):
+    """A fresh namespace enforcing Pod Security ``level``, ready for pods (its default service
+    account exists), deleted afterwards with whatever the test left in it."""
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    cluster.kubectl("label", "namespace", name, f"pod-security.kubernetes.io/enforce={level}")
+    wait_until(
+        "default service account",
+        lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
+        30,
+    )
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "pytorchjobs", "--all", "-n", name, "--wait=false", check=False)
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def wait_until(what: str, probe, timeout: float = 60, interval: float = 0.5):

@@ -7,11 +7,10 @@ import os
 import subprocess
 import textwrap
 import time
-import uuid
 
 import pytest
 
-from tests.cluster.fixture import wait_until
+from tests.cluster.fixture import temporary_namespace, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -23,16 +22,8 @@ def _wait(what: str, probe, timeout: float = 90, interval: float = 0.5):
 @pytest.fixture
 def namespace(cluster):
     """A fresh namespace (PodSecurity 'baseline' enforced) removed after the test."""
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    cluster.kubectl("create", "namespace", name)
-    cluster.kubectl("label", "namespace", name, "pod-security.kubernetes.io/enforce=baseline")
-    _wait(
-        "default service account",
-        lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
-        30,
-    )
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    with temporary_namespace(cluster, "t") as name:
+        yield name
 
 
 def _job_yaml(
