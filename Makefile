@@ -42,19 +42,19 @@ schema: venv  ## regenerate the checked-in JSON Schema of the job spec
 	$(PY) -m controller schema > controller/spec.schema.json
 
 cluster-up: venv  ## build (once, cached) and start a real control plane on 127.0.0.1
-	$(PY) -m tests.cluster up
+	$(PY) -m localkube up
 
 cluster-down:  ## stop exactly what cluster-up started and remove its state
-	$(PY) -m tests.cluster down
+	$(PY) -m localkube down
 
 tools: venv  ## build the pinned control-plane binaries into the cache, start nothing
-	$(PY) -m tests.cluster build
+	$(PY) -m localkube build
 
 kind-up:  ## for machines with Docker: a kind cluster with the Kubeflow training operator
-	$(PY) -m tests.cluster kind-up
+	$(PY) -m localkube kind-up
 
 e2e: venv
-	$(PY) -m pytest tests/e2e tests/cluster
+	$(PY) -m pytest tests/e2e tests/localkube
 
 bench: venv  ## benchmarks: ratios measured side by side in one run
 	$(PY) bench/run.py

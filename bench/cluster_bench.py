@@ -1,4 +1,4 @@
-"""Cluster client bench, side by side in one run on the local control plane (tests/cluster).
+"""Cluster client bench, side by side in one run on the local cluster (localkube).
 
     python bench/cluster_bench.py            # reuses a live `make cluster-up`, else starts one
 
@@ -162,16 +162,6 @@ def bench_wait(
     return {"rows": sorted(rows, key=lambda r: (r["job"], r["who"]))}
 
 
-def agent_lines(state_dir: Path, namespace: str, pod: str) -> list[str]:
-    """What every run of ``pod`` printed (the pod agent's files): the ground truth."""
-    from types import SimpleNamespace
-
-    from tests.e2e.helpers import agent_log_lines
-
-    handle = SimpleNamespace(control_plane=SimpleNamespace(state_dir=state_dir))
-    return agent_log_lines(handle, namespace, pod)
-
-
 def lost_and_doubled(got: list[str], truth: list[str]) -> tuple[int, int]:
     g, t = Counter(got), Counter(truth)
     return sum((t - g).values()), sum((g - t).values())
@@ -179,7 +169,7 @@ def lost_and_doubled(got: list[str], truth: list[str]) -> tuple[int, int]:
 
 def bench_logs(cluster_handle: Any, ours: Any, namespace: str, tmp: Path) -> dict[str, Any]:
     from controller.logs import RankFollower
-    from tests.e2e.helpers import pod_pid, running_pod, wait_until
+    from localkube.handle import wait_until
 
     name = "bench-logs"
     # One node: a restarted master then resumes alone (with two, the survivor of a lost peer
@@ -195,7 +185,7 @@ def bench_logs(cluster_handle: Any, ours: Any, namespace: str, tmp: Path) -> dic
 
     threading.Thread(target=follow, daemon=True).start()
     wait_until(
-        "master running", lambda: running_pod(cluster_handle, name, namespace, "master-0"), 120, 0.3
+        "master running", lambda: cluster_handle.running_pod(name, namespace, "master-0"), 120, 0.3
     )
     sdk_code = (
         "import sys\nfrom kubeflow.training import TrainingClient\n"
@@ -217,8 +207,8 @@ def bench_logs(cluster_handle: Any, ours: Any, namespace: str, tmp: Path) -> dic
     wait_until("step 100", lambda: step() >= 100, 120, 0.1)
     # kill -9 of the trainer: exit 137 is retryable, the operator re-creates the pod (same
     # name, new UID) and the trainer resumes from its last checkpoint.
-    pod = running_pod(cluster_handle, name, namespace, "master-0")
-    os.kill(pod_pid(cluster_handle, namespace, pod), signal.SIGKILL)
+    pod = cluster_handle.running_pod(name, namespace, "master-0")
+    os.kill(cluster_handle.pod_pid(namespace, pod), signal.SIGKILL)
     done.wait(300)
     try:
         sdk_out, _ = sdk.communicate(timeout=30)
@@ -227,7 +217,7 @@ def bench_logs(cluster_handle: Any, ours: Any, namespace: str, tmp: Path) -> dic
         sdk_out, _ = sdk.communicate()
     prefix = f"[Pod {name}-master-0]: "
     sdk_lines = [x[len(prefix) :] for x in sdk_out.splitlines() if x.startswith(prefix)]
-    truth = agent_lines(cluster_handle.control_plane.state_dir, namespace, f"{name}-master-0")
+    truth = cluster_handle.pod_log_lines(namespace, f"{name}-master-0")
     runs = sum(1 for x in truth if x.startswith('{"event": "start"'))
     out: dict[str, Any] = {"printed_by_pods": len(truth), "runs": runs}
     for who, lines in (
@@ -241,7 +231,7 @@ def bench_logs(cluster_handle: Any, ours: Any, namespace: str, tmp: Path) -> dic
 
 def main() -> int:
     from controller.cluster import Cluster
-    from tests.cluster.fixture import start_or_reuse
+    from localkube.handle import start_or_reuse
 
     counter = RequestCounter()
     handle = start_or_reuse()
@@ -250,7 +240,7 @@ def main() -> int:
     core = client.CoreV1Api(handle.api_client())
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": namespace}})
-    from tests.e2e.helpers import wait_until
+    from localkube.handle import wait_until
 
     def has_sa() -> bool:
         return any(

@@ -10,15 +10,12 @@ import signal
 
 import pytest
 
+from localkube.handle import wait_until
 from tests.e2e.helpers import (
     Background,
-    agent_log_lines,
     ddpjob,
     latest_step,
-    pod_pid,
     restart_apiserver,
-    running_pod,
-    wait_until,
     write_spec,
 )
 
@@ -71,9 +68,9 @@ def test_kill_9_of_a_worker_is_retried_and_resumes_from_its_checkpoint(
         wait_until(
             "training past step 30", lambda: latest_step(cluster, name, namespace) >= 30, 90, 0.5
         )
-        worker = running_pod(cluster, name, namespace, "worker-0")
+        worker = cluster.running_pod(name, namespace, "worker-0")
         assert worker is not None
-        pid = pod_pid(cluster, namespace, worker)
+        pid = cluster.pod_pid(namespace, worker)
         assert pid, "the agent recorded no pid for the worker"
         os.kill(pid, signal.SIGKILL)
 
@@ -94,8 +91,8 @@ def test_kill_9_of_a_worker_is_retried_and_resumes_from_its_checkpoint(
     assert resumed and resumed[-1]["step"] >= 10
     assert _final_step(out0) == MAX_STEPS
     assert "following kill9-master-0 (attempt 2)" in err0
-    _assert_same_lines(out1, agent_log_lines(cluster, namespace, f"{name}-worker-0"), "rank 1")
-    _assert_same_lines(out0, agent_log_lines(cluster, namespace, f"{name}-master-0"), "rank 0")
+    _assert_same_lines(out1, cluster.pod_log_lines(namespace, f"{name}-worker-0"), "rank 1")
+    _assert_same_lines(out0, cluster.pod_log_lines(namespace, f"{name}-master-0"), "rank 0")
     st = json.loads(ddpjob(cluster, "status", name, "-n", namespace, "-o", "json").stdout)
     assert st["condition"] == "Succeeded" and st["progress"]["step"] == MAX_STEPS
 
@@ -131,7 +128,7 @@ def test_deleting_a_running_pod_checkpoints_exits_143_and_the_job_recovers(
     resumed = _events(out0, "resume")
     assert resumed and resumed[-1]["step"] in ckpt_steps
     assert _final_step(out0) == MAX_STEPS
-    _assert_same_lines(out0, agent_log_lines(cluster, namespace, f"{name}-master-0"), "rank 0")
+    _assert_same_lines(out0, cluster.pod_log_lines(namespace, f"{name}-master-0"), "rank 0")
 
 
 def test_wait_and_logs_follow_ride_out_an_api_server_restart(cluster, namespace, tmp_path):
@@ -162,4 +159,4 @@ def test_wait_and_logs_follow_ride_out_an_api_server_restart(cluster, namespace,
     assert "lost the API server" in err_w and "reconnected" in err_w
     assert code_f == 0, err_f
     assert _final_step(out_f) == max_steps
-    _assert_same_lines(out_f, agent_log_lines(cluster, namespace, f"{name}-master-0"), "rank 0")
+    _assert_same_lines(out_f, cluster.pod_log_lines(namespace, f"{name}-master-0"), "rank 0")

@@ -1,6 +1,6 @@
 """Shared pieces for the packaging tests: paths, helm, the chart renderer, label normalising.
 
-helm is the one built from source with the local control plane's tools (tests/cluster/tools.py,
+helm is the one built from source with the local control plane's tools (localkube/tools.py,
 pinned there); the first test that needs it builds the tools if they are missing.
 """
 
@@ -17,12 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # `tests.cluster` importable whatever the rootdir/import mode
-    sys.path.insert(0, str(ROOT))
+from localkube import tools
 
-from tests.cluster import tools  # noqa: E402
-from tests.cluster.fixture import cluster  # noqa: E402,F401
+ROOT = Path(__file__).resolve().parents[2]
 
 CHART = ROOT / "charts" / "ddpjob"
 K8S = ROOT / "k8s"

@@ -1,4 +1,4 @@
-"""The chart and k8s/ on the real apiserver (tests/cluster): dry runs, PodSecurity, RBAC, a job.
+"""The chart and k8s/ on the real apiserver (localkube): dry runs, PodSecurity, RBAC, a job.
 
 - `helm template` of every ci case and `kubectl apply -k k8s/` pass a server-side dry run with
   the PyTorchJob CRD and the operator's validating webhook in place.
@@ -26,7 +26,7 @@ import yaml
 
 from controller.render import render_pytorchjob
 from controller.spec import validate_spec
-from tests.cluster.fixture import wait_until
+from localkube.handle import wait_until
 
 from .conftest import CHART, CI_VALUES, EXAMPLES, K8S, ROOT, tools
 

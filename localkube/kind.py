@@ -41,9 +41,7 @@ nodes:
 def _need(tool: str, hint: str) -> str:
     path = shutil.which(tool)
     if path is None:
-        raise SystemExit(
-            f"tests.cluster kind-up: {tool} is missing (got no `{tool}` on PATH). {hint}"
-        )
+        raise SystemExit(f"localkube kind-up: {tool} is missing (got no `{tool}` on PATH). {hint}")
     return path
 
 

@@ -38,6 +38,7 @@ class PKI:
     """A throw-away CA in ``directory`` that signs serving and client certificates."""
 
     def __init__(self, directory: Path) -> None:
+        """Create a new CA in ``directory`` (use :meth:`load` to open an existing one)."""
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.ca_key = _key()
@@ -70,6 +71,17 @@ class PKI:
         )
         _write_key(self.ca_key, self.path("ca.key"))
         _write_cert(self.ca_cert, self.path("ca.crt"))
+
+    @classmethod
+    def load(cls, directory: Path) -> PKI:
+        """The CA already in ``directory`` (to issue more certificates, or read paths)."""
+        pki = cls.__new__(cls)
+        pki.dir = directory
+        pki.ca_key = serialization.load_pem_private_key(
+            (directory / "ca.key").read_bytes(), password=None
+        )
+        pki.ca_cert = x509.load_pem_x509_certificate((directory / "ca.crt").read_bytes())
+        return pki
 
     def path(self, name: str) -> Path:
         """Return the path of a file in the PKI directory."""

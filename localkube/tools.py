@@ -1,6 +1,6 @@
 """Build the Go components of the local control plane, pinned and cached outside the repo.
 
-Everything Go comes from one wrapper module (``tests/cluster/go``) so that kube-apiserver,
+Everything Go comes from one wrapper module (``localkube/go``) so that kube-apiserver,
 kube-controller-manager, kube-scheduler, etcd, kwok, the training operator and kubectl share one
 dependency graph and one link (a busybox-style multi-call binary ``kube``). helm is built from the
 same module graph, so the packages it shares with Kubernetes come from the Go build cache.
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-#: Pinned component versions. They must match tests/cluster/go/go.mod.
+#: Pinned component versions. They must match localkube/go/go.mod.
 VERSIONS = {
     "kubernetes": "v1.33.13",
     "etcd": "v3.5.21",
@@ -110,7 +110,7 @@ def _run_go(args: list[str], log) -> float:
     """Run one go command in the wrapper module; return its wall time in seconds."""
     if shutil.which("go") is None:
         raise RuntimeError(
-            "tests.cluster.tools: the go command is missing (got no `go` on PATH). "
+            "localkube.tools: the go command is missing (got no `go` on PATH). "
             "Install Go >= 1.24 (https://go.dev/dl/) or point DDPJOB_TOOLS_DIR at built tools."
         )
     start = time.monotonic()
@@ -119,7 +119,7 @@ def _run_go(args: list[str], log) -> float:
     elapsed = time.monotonic() - start
     if proc.returncode != 0:
         raise RuntimeError(
-            f"tests.cluster.tools: go {args[0]} failed (got exit {proc.returncode}):\n"
+            f"localkube.tools: go {args[0]} failed (got exit {proc.returncode}):\n"
             f"{proc.stderr[-4000:]}\nHint: check network access to the Go module proxy."
         )
     return elapsed
@@ -159,7 +159,7 @@ def _copy_module_files(dest: Path) -> None:
             )
             if out.returncode != 0:
                 raise RuntimeError(
-                    f"tests.cluster.tools: go mod download {module} failed "
+                    f"localkube.tools: go mod download {module} failed "
                     f"(got exit {out.returncode}): {out.stderr[-2000:]}"
                 )
             dirs[module] = json.loads(out.stdout)["Dir"]

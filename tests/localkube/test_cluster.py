@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.cluster.fixture import temporary_namespace, wait_until
+from localkube.handle import temporary_namespace, wait_until
 
 pytestmark = pytest.mark.cluster
 

@@ -1,4 +1,4 @@
-"""CLI: ``python -m tests.cluster {build,up,down,status,kind-up,kind-down}``."""
+"""CLI: ``python -m localkube {build,up,down,status,kind-up,kind-down}``."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import sys
 import time
 
 from . import tools
-from .control_plane import ClusterError, ControlPlane
+from .control_plane import ControlPlane
+from .procs import LocalkubeError
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one sub-command; return the process exit code."""
-    parser = argparse.ArgumentParser(prog="python -m tests.cluster")
+    parser = argparse.ArgumentParser(prog="python -m localkube")
     parser.add_argument(
         "command", choices=("build", "up", "down", "status", "kind-up", "kind-down")
     )
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
             return 0 if live else 1
-    except ClusterError as exc:
+    except LocalkubeError as exc:
         print(exc, file=sys.stderr)
         return 1
     return 0

@@ -8,9 +8,11 @@ import signal
 import subprocess
 import sys
 
-from tests.cluster import tools
-from tests.cluster.agent import CriLogWriter, exit_code, expand, rewrite_env
-from tests.cluster.control_plane import KWOK_CONFIG, _node, _proc_start_time
+from localkube import tools
+from localkube.agent import CriLogWriter, exit_code, expand, rewrite_env
+from localkube.bootstrap import KWOK_CONFIG
+from localkube.bootstrap import kwok_node as _node
+from localkube.procs import proc_start_time as _proc_start_time
 
 
 def test_exit_code_maps_signals_to_128_plus_n():

@@ -1,34 +1,29 @@
-"""The session-scoped pytest fixture ``cluster``.
+"""A running local cluster as its users (tests, bench) see it: kubectl, helm, the API client.
 
-Use from any test directory::
+    from localkube.handle import start_or_reuse
 
-    # tests/e2e/conftest.py
-    pytest_plugins = ["tests.cluster.fixture"]
+    cluster = start_or_reuse()          # reuse a live cluster or start one, and lease it
+    cluster.kubectl("get", "nodes")
+    env = cluster.env                   # os.environ + KUBECONFIG=<repo>/.cluster/kubeconfig
+    cluster.control_plane.release()     # stops it only if we started it and nobody else uses it
 
-    def test_submit(cluster):
-        cluster.kubectl("get", "nodes")
-        env = cluster.env  # os.environ + KUBECONFIG=<repo>/.cluster/kubeconfig
-
-A live cluster (``make cluster-up`` earlier) is reused and left running; otherwise the fixture
-starts one (building missing tools first) and the last session using it stops exactly what was
-started, at session end. The fixture always uses ``<repo>/.cluster`` (no env var needed);
-``DDPJOB_CLUSTER=skip`` skips every test that asks for it.
+The pytest fixture ``cluster`` (tests/conftest.py) is this, for a whole test session.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import pytest
+from controller.kubeflow import CONTAINER, LABEL_JOB_NAME
 
 from . import tools
 from .control_plane import ControlPlane
@@ -119,6 +114,68 @@ class Cluster:
             raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}): {proc.stderr}")
         return proc
 
+    def core_api(self):
+        """A ``kubernetes.client.CoreV1Api`` for the admin user."""
+        from kubernetes import client
+
+        return client.CoreV1Api(self.api_client())
+
+    def job_pods(self, name: str, namespace: str) -> list[dict[str, Any]]:
+        """A PyTorchJob's pods as API dicts (through the API, not kubectl)."""
+        resp = self.core_api().list_namespaced_pod(
+            namespace, label_selector=f"{LABEL_JOB_NAME}={name}", _preload_content=False
+        )
+        return json.loads(resp.data)["items"]
+
+    def running_pod(self, name: str, namespace: str, replica: str) -> dict[str, Any] | None:
+        """The pod ``<name>-<replica>`` once its trainer runs (reported Running)."""
+        for pod in self.job_pods(name, namespace):
+            if pod["metadata"]["name"] != f"{name}-{replica}":
+                continue
+            statuses = pod.get("status", {}).get("containerStatuses") or []
+            if (
+                pod["status"].get("phase") == "Running"
+                and statuses
+                and statuses[0].get("state", {}).get("running")
+            ):
+                return pod
+        return None
+
+    def pod_pid(self, namespace: str, pod: dict[str, Any]) -> int | None:
+        """The host pid of ``pod``'s trainer (the pod agent records it in agent-pids.json)."""
+        path = self.control_plane.state_dir / "agent-pids.json"
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        meta = pod["metadata"]
+        info = data.get(f"{namespace}/{meta['name']}/{meta['uid']}")
+        return info["pid"] if info else None
+
+    def pod_log_lines(self, namespace: str, pod_name: str) -> list[str]:
+        """Everything every run of the pod named ``pod_name`` printed, in order: the ground
+        truth for a followed log (each run's output is its own CRI-format file on the node)."""
+        root = self.control_plane.state_dir / "pods"
+        files = []
+        for d in root.glob(f"{namespace}_{pod_name}_*"):
+            files.extend((d / CONTAINER).glob("*.log"))
+        entries = []
+        for f in files:
+            partial = ""
+            for raw in f.read_text(errors="replace").splitlines():
+                stamp, _stream, tag, body = [*raw.split(" ", 3), ""][:4]
+                if tag == "P":
+                    partial += body
+                    continue
+                entries.append((stamp, str(f), len(entries), partial + body))
+                partial = ""
+        # Runs do not overlap in time: order by each file's first stamp, then line order.
+        first: dict[str, str] = {}
+        for stamp, f, _, _ in entries:
+            first.setdefault(f, stamp)
+        entries.sort(key=lambda e: (first[e[1]], e[2]))
+        return [e[3] for e in entries]
+
     def api_client(self):
         """Return a ``kubernetes.client.ApiClient`` for the admin user."""
         from kubernetes import config
@@ -126,44 +183,9 @@ class Cluster:
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
 
-def _build_outside_test_timeout(log) -> None:
-    """Build missing tools with pytest-timeout's SIGALRM timer paused.
-
-    A cold build (about 15 min on 2 cores) must not count against the per-test timeout of
-    whichever test first asks for the fixture; the timer resumes with its remaining time.
-    """
-    if tools.is_built():
-        return
-    paused = None
-    if threading.current_thread() is threading.main_thread():
-        paused = signal.setitimer(signal.ITIMER_REAL, 0)
-    try:
-        tools.build(log)
-    finally:
-        if paused and paused[0] > 0:
-            signal.setitimer(signal.ITIMER_REAL, *paused)
-
-
 def start_or_reuse(log=sys.stderr) -> Cluster:
-    """Reuse a live cluster or start one, and hold a lease on it; see :func:`cluster`."""
-    _build_outside_test_timeout(log)
+    """Reuse a live cluster or start one, and hold a lease on it (``release()`` drops it)."""
+    tools.build(log)
     cp = ControlPlane(log=log)
     state = cp.up(owner="fixture", lease=True)
     return Cluster(cp, cp.kubeconfig, state["server"], state.get("owner") == "fixture")
-
-
-@pytest.fixture(scope="session")
-def cluster():
-    """A live local control plane for the whole test session (see module docstring).
-
-    A cluster started by ``make cluster-up`` is used and left running. One started by a
-    fixture is stopped by the last pytest session that leases it (concurrent sessions, e.g.
-    two engineers' runs or ``pytest -n``, share it safely).
-    """
-    if os.environ.get("DDPJOB_CLUSTER") == "skip":
-        pytest.skip("DDPJOB_CLUSTER=skip: cluster tests disabled")
-    handle = start_or_reuse()
-    try:
-        yield handle
-    finally:
-        handle.control_plane.release()

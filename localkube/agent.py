@@ -10,7 +10,7 @@ kubelet API (kwok) -> file. Pod status carries the real exit code (128 + signal 
 Restart policies Always/OnFailure restart in place (``restartCount``); Never ends the pod.
 On deletion: SIGTERM to the process group, SIGKILL after the grace period, then the final delete.
 
-Run: ``python -m tests.cluster.agent --kubeconfig K --state-dir D --nodes a,b``.
+Run: ``python -m localkube.agent --kubeconfig K --state-dir D --nodes a,b``.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CONTAINER = "pytorch"
-JOB_LABEL = "training.kubeflow.org/job-name"
+from controller.kubeflow import CONTAINER, LABEL_JOB_NAME
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 # How long a pod status update is retried while the API server is away.
 STATUS_RETRY_S = 300
 LOGS_GROUP, LOGS_VERSION, LOGS_PLURAL = "kwok.x-k8s.io", "v1alpha1", "logs"
@@ -279,7 +279,7 @@ class Agent:
     def job_port(self, pod) -> int:
         labels = pod.metadata.labels or {}
         owner = next(iter(pod.metadata.owner_references or []), None)
-        key = labels.get(JOB_LABEL) or (owner.uid if owner else pod.metadata.name)
+        key = labels.get(LABEL_JOB_NAME) or (owner.uid if owner else pod.metadata.name)
         key = f"{pod.metadata.namespace}/{key}"
         with self.lock:
             if key not in self.job_ports:
@@ -751,7 +751,7 @@ class Agent:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the agent until SIGTERM/SIGINT, then stop all pod processes."""
-    parser = argparse.ArgumentParser(prog="python -m tests.cluster.agent", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m localkube.agent", description=__doc__)
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--state-dir", required=True, type=Path)
     parser.add_argument("--nodes", required=True, help="comma-separated node names")

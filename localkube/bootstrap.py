@@ -1,0 +1,200 @@
+"""What the local cluster needs besides its processes: credentials, and the objects applied once
+the API server answers (CRDs, the operator's RBAC and webhook configuration, the kwok nodes).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+
+from controller import kubeflow
+
+from .pki import PKI
+
+if TYPE_CHECKING:
+    from .components import Context
+
+#: Fake GPU nodes managed by kwok: scheduling and fit tests see 8 GPUs each.
+KWOK_NODES = ("kwok-node-0", "kwok-node-1")
+KWOK_NODE_CAPACITY = {
+    "cpu": "32",
+    "memory": "256Gi",
+    "pods": "110",
+    "nvidia.com/gpu": "8",
+    "ephemeral-storage": "1Ti",
+}
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+
+#: kwok keeps its default node stages; the only pod stage never matches, so kwok leaves pods to
+#: the pod agent (which runs them and reports real status) instead of faking Running/Succeeded.
+KWOK_CONFIG = """\
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options: {}
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-left-to-ddpjob-agent
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchLabels:
+      ddpjob.local/kwok-never-matches: "true"
+  next: {}
+"""
+
+#: Client identities: name -> (certificate CN, organisations). Each gets ``<name>.kubeconfig``
+#: (``admin`` gets ``kubeconfig``, the one users export).
+USERS = {
+    "admin": ("kubernetes-admin", ("system:masters",)),
+    "controller-manager": ("system:kube-controller-manager", ()),
+    "scheduler": ("system:kube-scheduler", ()),
+    "kwok": ("ddpjob:kwok", ()),
+    "training-operator": ("ddpjob:training-operator", ()),
+}
+
+
+def issue_credentials(state_dir: Path, server: str) -> PKI:
+    """A fresh CA with every serving and client certificate the cluster uses, and kubeconfigs."""
+    pki = PKI(state_dir / "pki")
+    pki.service_account_keys()
+    pki.issue(
+        "apiserver",
+        "kube-apiserver",
+        server=True,
+        dns=(
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ),
+        ips=("127.0.0.1", "10.0.0.1"),
+    )
+    pki.issue("kwok", "kwok-kubelet", server=True, dns=("localhost",), ips=("127.0.0.1",))
+    webhook_dir = state_dir / "webhook-certs"
+    webhook_dir.mkdir()
+    crt, key = pki.issue(
+        "webhook", "training-operator-webhook", server=True, dns=("localhost",), ips=("127.0.0.1",)
+    )
+    shutil.copyfile(crt, webhook_dir / "tls.crt")
+    shutil.copyfile(key, webhook_dir / "tls.key")
+    pki.issue(
+        "apiserver-kubelet-client",
+        "kube-apiserver-kubelet-client",
+        organizations=("system:masters",),
+        client=True,
+    )
+    for name, (cn, orgs) in USERS.items():
+        path = state_dir / ("kubeconfig" if name == "admin" else f"{name}.kubeconfig")
+        crt, key = pki.issue(name, cn, organizations=orgs, client=True)
+        pki.kubeconfig(path, server, cn, crt, key)
+    return pki
+
+
+def cluster_role_binding(name: str, role: str, user: str) -> dict:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": f"ddpjob:{name}"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }
+
+
+def kwok_node(name: str) -> dict:
+    """A fake node kwok keeps Ready, with 8 GPUs of allocatable capacity."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                "nvidia.com/gpu.present": "true",
+            },
+        },
+        "status": {"capacity": KWOK_NODE_CAPACITY, "allocatable": KWOK_NODE_CAPACITY},
+    }
+
+
+def operator_webhooks(manifests: Path, ca_crt: Path, port: int) -> dict:
+    """Upstream's webhook configuration, PyTorchJob hooks only, pointed at the operator's
+    webhook server on 127.0.0.1 (it runs outside the cluster: a URL, not a Service)."""
+    hook_docs = (manifests / "training-operator-webhooks.yaml").read_text()
+    webhooks = next(w for w in yaml.safe_load_all(hook_docs) if w)
+    pytorch_hooks = [w for w in webhooks["webhooks"] if "pytorchjob" in w["name"]]
+    ca_bundle = base64.b64encode(ca_crt.read_bytes()).decode()
+    for hook in pytorch_hooks:
+        path = hook["clientConfig"]["service"]["path"]
+        hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle}
+    webhooks["metadata"] = {"name": "validator.training-operator.kubeflow.org"}
+    webhooks["webhooks"] = pytorch_hooks
+    return webhooks
+
+
+def apply(ctx: Context) -> None:
+    """Install CRDs, the operator's RBAC and webhook configuration, and the kwok nodes; wait
+    until the CRDs are established."""
+    role = yaml.safe_load((ctx.manifests / "training-operator-role.yaml").read_text())
+    role["metadata"] = {"name": "training-operator"}
+    objects = [
+        role,
+        cluster_role_binding("training-operator", "training-operator", "ddpjob:training-operator"),
+        cluster_role_binding("kwok", "cluster-admin", "ddpjob:kwok"),
+        operator_webhooks(ctx.manifests, ctx.pki.path("ca.crt"), ctx.ports["operator-webhook"]),
+        *(kwok_node(n) for n in KWOK_NODES),
+    ]
+    crds = [ctx.manifests / "pytorchjobs-crd.yaml", ctx.manifests / "kwok-logs-crd.yaml"]
+    docs = "\n---\n".join(p.read_text() for p in crds)
+    docs += "\n---\n" + "\n---\n".join(yaml.safe_dump(o) for o in objects)
+    ctx.kubectl(
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager",
+        "ddpjob-cluster",
+        "-f",
+        "-",
+        input_text=docs,
+        timeout=120,
+    )
+    wait_established(ctx, [kubeflow.PYTORCHJOB_CRD, "logs.kwok.x-k8s.io"])
+
+
+def wait_established(ctx: Context, crds: list[str], timeout_s: float = 60) -> None:
+    """Block until every CRD in ``crds`` reports Established (its API is served)."""
+    from .procs import LocalkubeError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = ctx.kubectl("get", "crd", *crds, "-o", "json", check=False)
+        if out.returncode == 0:
+            items = json.loads(out.stdout)["items"]
+            if len(items) == len(crds) and all(
+                any(
+                    c["type"] == "Established" and c["status"] == "True"
+                    for c in (item.get("status") or {}).get("conditions") or []
+                )
+                for item in items
+            ):
+                return
+        if time.monotonic() > deadline:
+            raise LocalkubeError(
+                f"localkube: CRDs {', '.join(crds)} not established after {timeout_s:.0f}s "
+                f"(got {out.stderr.strip() or 'not all Established'})"
+            )
+        time.sleep(0.2)

@@ -1,0 +1,414 @@
+"""The components of the local cluster: how each is started and how we know it is ready.
+
+Each :class:`Component` is a name, a command line built from the cluster's :class:`Context`
+(ports, certificates, paths), and a readiness probe. ``up`` walks :data:`SEQUENCE` in order:
+a component with ``wait="now"`` is waited for before the next one starts (etcd before the API
+server), the others start at once and are waited for together at the end. A :class:`Step` is
+work between processes (the bootstrap objects need the API server, kwok needs them).
+
+The command lines live here and nowhere else; bootstrap objects are in ``bootstrap.py`` and
+process bookkeeping in ``procs.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import sys
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from . import bootstrap
+from .pki import PKI
+
+
+@dataclass
+class Context:
+    """What a component's command line and probe may use: paths, ports, certificates."""
+
+    repo: Path
+    state_dir: Path
+    bindir: Path
+    manifests: Path
+    ports: dict[str, int]
+    pki: PKI
+    kubectl: Callable[..., object]
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports['apiserver']}"
+
+    def kubeconfig(self, user: str) -> str:
+        """The kubeconfig ``up`` wrote for ``user`` (``admin`` is the one users export)."""
+        if user == "admin":
+            return str(self.state_dir / "kubeconfig")
+        return str(self.state_dir / f"{user}.kubeconfig")
+
+    def admin_ssl(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki.path("ca.crt")))
+        ctx.load_cert_chain(str(self.pki.path("admin.crt")), str(self.pki.path("admin.key")))
+        return ctx
+
+
+def http_get(url: str, ctx: ssl.SSLContext | None = None, timeout_s: float = 2.0) -> str:
+    """The body of a GET (health endpoints), as text."""
+    with urllib.request.urlopen(url, context=ctx, timeout=timeout_s) as resp:
+        return resp.read().decode()
+
+
+def _insecure() -> ssl.SSLContext:
+    # The components' own serving certificates are self-signed; their /healthz is all we read.
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+@dataclass(frozen=True)
+class Component:
+    """One long-running process of the cluster."""
+
+    name: str
+    argv: Callable[[Context], list[str]]
+    ready: Callable[[Context], bool]
+    #: "now": wait for it before starting the next entry; "end": wait with the rest at the end.
+    wait: Literal["now", "end"] = "end"
+    timeout_s: float = 60
+    env: Callable[[Context], dict[str, str]] | None = None
+    #: Files the command line needs, written just before the start.
+    prepare: Callable[[Context], None] | None = None
+    ports: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Step:
+    """Work between components (not a process)."""
+
+    name: str
+    run: Callable[[Context], None]
+
+
+# ------------------------------------------------------------------------------------ etcd
+
+
+def _etcd(ctx: Context) -> list[str]:
+    p = ctx.ports
+    return [
+        str(ctx.bindir / "etcd"),
+        "--name",
+        "default",
+        "--data-dir",
+        str(ctx.state_dir / "etcd"),
+        "--listen-client-urls",
+        f"http://127.0.0.1:{p['etcd']}",
+        "--advertise-client-urls",
+        f"http://127.0.0.1:{p['etcd']}",
+        "--listen-peer-urls",
+        f"http://127.0.0.1:{p['etcd-peer']}",
+        "--initial-advertise-peer-urls",
+        f"http://127.0.0.1:{p['etcd-peer']}",
+        "--initial-cluster",
+        f"default=http://127.0.0.1:{p['etcd-peer']}",
+        "--listen-metrics-urls",
+        "",
+        "--unsafe-no-fsync",
+        "--snapshot-count",
+        "10000",
+        "--quota-backend-bytes",
+        str(2 * 1024**3),
+        "--log-level",
+        "warn",
+    ]
+
+
+ETCD = Component(
+    "etcd",
+    _etcd,
+    lambda ctx: '"health":"true"' in http_get(f"http://127.0.0.1:{ctx.ports['etcd']}/health"),
+    wait="now",
+    timeout_s=30,
+    ports=("etcd", "etcd-peer"),
+)
+
+# ------------------------------------------------------------------------------------ API server
+
+
+def _apiserver(ctx: Context) -> list[str]:
+    pki = ctx.pki
+    return [
+        str(ctx.bindir / "kube-apiserver"),
+        "--etcd-servers",
+        f"http://127.0.0.1:{ctx.ports['etcd']}",
+        "--bind-address",
+        "127.0.0.1",
+        "--advertise-address",
+        "127.0.0.1",
+        "--secure-port",
+        str(ctx.ports["apiserver"]),
+        "--cert-dir",
+        str(pki.dir),
+        "--tls-cert-file",
+        str(pki.path("apiserver.crt")),
+        "--tls-private-key-file",
+        str(pki.path("apiserver.key")),
+        "--client-ca-file",
+        str(pki.path("ca.crt")),
+        "--authorization-mode",
+        "Node,RBAC",
+        "--enable-admission-plugins",
+        "NodeRestriction,PodSecurity",
+        "--service-cluster-ip-range",
+        "10.0.0.0/24",
+        "--service-account-issuer",
+        "https://kubernetes.default.svc.cluster.local",
+        "--service-account-key-file",
+        str(pki.path("sa.pub")),
+        "--service-account-signing-key-file",
+        str(pki.path("sa.key")),
+        "--api-audiences",
+        "https://kubernetes.default.svc.cluster.local",
+        "--kubelet-client-certificate",
+        str(pki.path("apiserver-kubelet-client.crt")),
+        "--kubelet-client-key",
+        str(pki.path("apiserver-kubelet-client.key")),
+        "--kubelet-preferred-address-types",
+        "InternalIP",
+        "--endpoint-reconciler-type",
+        "none",
+        "--allow-privileged=true",
+        "--profiling=false",
+        "--v",
+        "1",
+    ]
+
+
+APISERVER = Component(
+    "kube-apiserver",
+    _apiserver,
+    lambda ctx: http_get(f"{ctx.server}/readyz", ctx.admin_ssl()) == "ok",
+    wait="now",
+    timeout_s=90,
+    ports=("apiserver",),
+)
+
+# ------------------------------------------------------------------------------------ controllers
+
+
+def _controller_manager(ctx: Context) -> list[str]:
+    kubeconfig = ctx.kubeconfig("controller-manager")
+    pki = ctx.pki
+    return [
+        str(ctx.bindir / "kube-controller-manager"),
+        "--kubeconfig",
+        kubeconfig,
+        "--authentication-kubeconfig",
+        kubeconfig,
+        "--authorization-kubeconfig",
+        kubeconfig,
+        "--bind-address",
+        "127.0.0.1",
+        "--secure-port",
+        str(ctx.ports["controller-manager"]),
+        "--leader-elect=false",
+        "--use-service-account-credentials=true",
+        "--service-account-private-key-file",
+        str(pki.path("sa.key")),
+        "--root-ca-file",
+        str(pki.path("ca.crt")),
+        "--cluster-signing-cert-file",
+        str(pki.path("ca.crt")),
+        "--cluster-signing-key-file",
+        str(pki.path("ca.key")),
+        "--controllers",
+        "*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,"
+        "-node-route-controller,-persistentvolume-expander",
+        "--node-monitor-grace-period",
+        "60s",
+        "--profiling=false",
+        "--v",
+        "1",
+    ]
+
+
+CONTROLLER_MANAGER = Component(
+    "kube-controller-manager",
+    _controller_manager,
+    lambda ctx: (
+        http_get(f"https://127.0.0.1:{ctx.ports['controller-manager']}/healthz", _insecure())
+        == "ok"
+    ),
+    ports=("controller-manager",),
+)
+
+
+def _scheduler(ctx: Context) -> list[str]:
+    kubeconfig = ctx.kubeconfig("scheduler")
+    return [
+        str(ctx.bindir / "kube-scheduler"),
+        "--kubeconfig",
+        kubeconfig,
+        "--authentication-kubeconfig",
+        kubeconfig,
+        "--authorization-kubeconfig",
+        kubeconfig,
+        "--bind-address",
+        "127.0.0.1",
+        "--secure-port",
+        str(ctx.ports["scheduler"]),
+        "--leader-elect=false",
+        "--profiling=false",
+        "--v",
+        "1",
+    ]
+
+
+SCHEDULER = Component(
+    "kube-scheduler",
+    _scheduler,
+    lambda ctx: (
+        http_get(f"https://127.0.0.1:{ctx.ports['scheduler']}/healthz", _insecure()) == "ok"
+    ),
+    ports=("scheduler",),
+)
+
+# ------------------------------------------------------------------------------------ kwok
+
+
+def _kwok(ctx: Context) -> list[str]:
+    pki = ctx.pki
+    return [
+        str(ctx.bindir / "kwok"),
+        "--kubeconfig",
+        ctx.kubeconfig("kwok"),
+        "--config",
+        str(ctx.state_dir / "kwok.yaml"),
+        "--manage-all-nodes=false",
+        "--manage-nodes-with-annotation-selector",
+        f"{bootstrap.KWOK_ANNOTATION}=fake",
+        "--node-ip",
+        "127.0.0.1",
+        "--node-port",
+        str(ctx.ports["kwok"]),
+        "--server-address",
+        f"127.0.0.1:{ctx.ports['kwok']}",
+        "--tls-cert-file",
+        str(pki.path("kwok.crt")),
+        "--tls-private-key-file",
+        str(pki.path("kwok.key")),
+        "--enable-crds",
+        "Logs",
+        "--node-lease-duration-seconds",
+        "40",
+    ]
+
+
+def _kwok_nodes_ready(ctx: Context) -> bool:
+    items = json.loads(ctx.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    ready = [
+        n["metadata"]["name"]
+        for n in items
+        if any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in n.get("status", {}).get("conditions", [])
+        )
+    ]
+    return set(bootstrap.KWOK_NODES) <= set(ready)
+
+
+KWOK = Component(
+    "kwok",
+    _kwok,
+    _kwok_nodes_ready,
+    prepare=lambda ctx: (ctx.state_dir / "kwok.yaml").write_text(bootstrap.KWOK_CONFIG),
+    ports=("kwok",),
+)
+
+# ------------------------------------------------------------------------------------ operator
+
+
+def _training_operator(ctx: Context) -> list[str]:
+    return [
+        str(ctx.bindir / "training-operator"),
+        "--kubeconfig",
+        ctx.kubeconfig("training-operator"),
+        "--health-probe-bind-address",
+        f"127.0.0.1:{ctx.ports['operator-probe']}",
+        "--metrics-bind-address",
+        f"127.0.0.1:{ctx.ports['operator-metrics']}",
+        "--webhook-server-port",
+        str(ctx.ports["operator-webhook"]),
+        "--webhook-cert-dir",
+        str(ctx.state_dir / "webhook-certs"),
+        # The init container template we ship for `restricted` namespaces: upstream's
+        # built-in one sets no securityContext, so PodSecurity refuses Worker pods.
+        "--pytorch-init-container-template-file",
+        str(ctx.repo / "k8s" / "operator" / "init-container-restricted.yaml"),
+        "--zap-log-level",
+        "info",
+    ]
+
+
+TRAINING_OPERATOR = Component(
+    "training-operator",
+    _training_operator,
+    lambda ctx: http_get(f"http://127.0.0.1:{ctx.ports['operator-probe']}/readyz") == "ok",
+    env=lambda ctx: {"KUBECONFIG": ctx.kubeconfig("training-operator")},
+    ports=("operator-probe", "operator-webhook", "operator-metrics"),
+)
+
+# ------------------------------------------------------------------------------------ pod agent
+
+
+def _pod_agent(ctx: Context) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "localkube.agent",
+        "--kubeconfig",
+        ctx.kubeconfig("admin"),
+        "--state-dir",
+        str(ctx.state_dir),
+        "--nodes",
+        ",".join(bootstrap.KWOK_NODES),
+    ]
+
+
+POD_AGENT = Component("pod-agent", _pod_agent, lambda ctx: (ctx.state_dir / "agent.ready").exists())
+
+# ------------------------------------------------------------------------------------ the order
+
+
+def _default_service_account(ctx: Context) -> bool:
+    proc = ctx.kubectl("get", "serviceaccount", "default", "-n", "default", check=False)
+    return proc.returncode == 0
+
+
+#: Start order; ``down()`` stops the processes in reverse.
+SEQUENCE: tuple[Component | Step, ...] = (
+    ETCD,
+    APISERVER,
+    CONTROLLER_MANAGER,
+    SCHEDULER,
+    Step("bootstrap-objects", bootstrap.apply),
+    KWOK,
+    TRAINING_OPERATOR,
+    POD_AGENT,
+)
+
+#: Cluster-wide conditions checked after every component is ready: (what, probe).
+FINAL_PROBES: tuple[tuple[str, Callable[[Context], bool]], ...] = (
+    ("default service account", _default_service_account),
+)
+
+
+def components() -> list[Component]:
+    """The processes of the cluster, in start order."""
+    return [c for c in SEQUENCE if isinstance(c, Component)]
+
+
+def port_names() -> list[str]:
+    """Every port a component listens on (each gets a free port at ``up``)."""
+    return [p for c in components() for p in c.ports]

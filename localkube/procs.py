@@ -1,0 +1,162 @@
+"""Process bookkeeping for the local cluster: the state file, spawning, and stopping exactly
+what was started.
+
+A process is recorded with its kernel start time beside its pid, so a recycled pid is never
+signalled. ``up`` and ``down`` serialise on a file lock per checkout, so two pytest sessions (or
+make and pytest) never start or stop the cluster at the same time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+
+class LocalkubeError(RuntimeError):
+    """The local cluster could not be built, started, reached or stopped."""
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (the kernel's pick)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def proc_start_time(pid: int) -> str | None:
+    """The kernel start time of ``pid`` (field 22 of /proc/pid/stat), None if gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] == "Z":
+        return None
+    return fields[19]
+
+
+def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/ddpjob`` (default ``~/.cache/ddpjob``): builds, locks, kept logs."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ddpjob"
+
+
+def _lock_path(repo: Path) -> Path:
+    digest = hashlib.sha256(str(repo).encode()).hexdigest()[:12]
+    base = cache_dir() / "locks"
+    base.mkdir(parents=True, exist_ok=True)
+    return base / f"cluster-{digest}.lock"
+
+
+@contextlib.contextmanager
+def state_lock(repo: Path):
+    """Serialise up/down between processes (two pytest sessions, make and pytest)."""
+    with open(_lock_path(repo), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class StateFile:
+    """``state.json``: what ``up`` started (pids with start times, argv), ports, paths."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def write(self, state: dict) -> None:
+        """Replace the file atomically (a reader never sees half of it)."""
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        tmp.replace(self.path)
+
+
+def base_env() -> dict[str, str]:
+    """The environment of every component: ours without KUBECONFIG, at most 2 Go threads."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBECONFIG")}
+    env.setdefault("GOMAXPROCS", "2")
+    return env
+
+
+def spawn(
+    argv: list[str], log_path: Path, cwd: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, dict]:
+    """Start ``argv`` in its own session, output appended to ``log_path``.
+
+    Returns the process and its record for the state file: pid, start time, argv.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=env or base_env(),
+            start_new_session=True,
+        )
+    start = None
+    for _ in range(50):
+        start = proc_start_time(proc.pid)
+        if start:
+            break
+        time.sleep(0.01)
+    return proc, {"pid": proc.pid, "start": start, "argv": argv}
+
+
+def dead(processes: dict[str, dict]) -> list[str]:
+    """Names of recorded processes that are gone or whose pid now belongs to another."""
+    return [n for n, info in processes.items() if proc_start_time(info["pid"]) != info["start"]]
+
+
+def terminate(pid: int, start: str, timeout_s: float, say=None, name: str = "") -> None:
+    """SIGTERM ``pid`` if it is still the recorded process; SIGKILL after ``timeout_s``."""
+    if proc_start_time(pid) != start:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc_start_time(pid) != start:
+            return
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.05)
+    if say is not None:
+        say(f"{name} (pid {pid}) ignored SIGTERM for {timeout_s:.0f}s; sending SIGKILL")
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def memory_mib(processes: dict[str, dict], field: str) -> dict[str, float]:
+    """``field`` (``Pss`` from smaps_rollup or ``VmRSS`` from status) of each live process, MiB.
+
+    The components share one binary, so RSS counts its text pages once per process and PSS
+    does not: PSS is what the cluster really costs.
+    """
+    out: dict[str, float] = {}
+    source = "smaps_rollup" if field == "Pss" else "status"
+    for name, info in processes.items():
+        try:
+            text = Path(f"/proc/{info['pid']}/{source}").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith(f"{field}:"):
+                out[name] = int(line.split()[1]) / 1024
+    return out
