@@ -7,8 +7,12 @@ STAMP := $(VENV)/.installed-stamp
 IMAGE ?= ghcr.io/ddpjob/trainer
 TAG ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 SPEC ?= examples/quickstart.yaml
+# What the local cluster's real node and the image build need from Debian (root, apt). runc, not
+# crun: crun refuses this kernel's hybrid cgroups. See docs/local-cluster.md.
+NODE_PACKAGES := containerd runc containernetworking-plugins iptables conntrack socat \
+	podman buildah skopeo mmdebstrap busybox-static uidmap
 
-.PHONY: venv demo test test-fast lint fmt image push cluster-up cluster-down tools kind-up e2e bench schema
+.PHONY: node-deps venv demo test test-fast lint fmt image push cluster-up cluster-down tools kind-up e2e bench schema
 
 venv: $(STAMP)  ## create .venv and install ddpjob with every extra (torch included)
 
@@ -46,6 +50,18 @@ cluster-up: venv  ## build (once, cached) and start a real control plane on 127.
 
 cluster-down:  ## stop exactly what cluster-up started and remove its state
 	$(PY) -m localkube down
+
+node-deps:  ## install the Debian packages the real node and the image build need (root, apt)
+	@missing=$$(for p in $(NODE_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
+		| grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+			echo "node-deps: need root and apt-get to install: $$missing" >&2; exit 1; fi; \
+		echo "node-deps: apt-get install $$missing"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null \
+		|| { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -q $$missing >/dev/null; }; \
+	fi
 
 tools: venv  ## build the pinned control-plane binaries into the cache, start nothing
 	$(PY) -m localkube build
