@@ -62,7 +62,7 @@ class RequestCounter:
 def job_manifest(
     name: str, namespace: str, ckpt: Path, max_steps: int, log_every: int = 5, nodes: int = 2
 ) -> dict[str, Any]:
-    from controller.render import render_pytorchjob
+    from controller.render.pytorchjob import render_pytorchjob
     from controller.spec import validate_spec
 
     spec = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
@@ -91,9 +91,9 @@ def bench_wait(
     from kubeflow.training import TrainingClient
     from kubernetes import client, config, watch
 
-    from controller.cluster import Cluster
-    from controller.explain import job_terminal
-    from controller.watch import wait_for_job
+    from controller.jobs.explain import job_terminal
+    from controller.jobs.wait import wait_for_job
+    from controller.kube.client import Cluster
 
     kubeconfig = str(cluster_handle.kubeconfig)
     submitter = Cluster(kubeconfig=kubeconfig, notice=lambda s: None)
@@ -168,7 +168,7 @@ def lost_and_doubled(got: list[str], truth: list[str]) -> tuple[int, int]:
 
 
 def bench_logs(cluster_handle: Any, ours: Any, namespace: str, tmp: Path) -> dict[str, Any]:
-    from controller.logs import RankFollower
+    from controller.jobs.follow import RankFollower
     from localkube.handle import wait_until
 
     name = "bench-logs"
@@ -230,7 +230,7 @@ def bench_logs(cluster_handle: Any, ours: Any, namespace: str, tmp: Path) -> dic
 
 
 def main() -> int:
-    from controller.cluster import Cluster
+    from controller.kube.client import Cluster
     from localkube.handle import start_or_reuse
 
     counter = RequestCounter()

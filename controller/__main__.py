@@ -1,7 +1,7 @@
-"""``python -m controller``: see controller/cli.py."""
+"""``python -m controller``: see controller/cli/main.py."""
 
 import sys
 
-from controller.cli import main
+from controller.cli.main import main
 
 sys.exit(main())

@@ -54,6 +54,9 @@ RETRYABLE_EXIT_CODES = (130, 137, 138, 143)
 #: The upstream manifests label the operator's pod with this (manifests/base/deployment.yaml).
 OPERATOR_POD_SELECTOR = "control-plane=kubeflow-training-operator"
 
+#: Every job API ddpjob renders and watches.
+JOB_APIS = (PYTORCHJOB,)
+
 # ------------------------------------------------------------------------------------------
 # The trainer image (ours, but every renderer and the chart must agree on it)
 

@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from controller.errors import JobFailed, UserError
+from controller.kubeflow import DEFAULT_COMMAND
 from controller.progress import Progress
-from controller.render import DEFAULT_COMMAND, trainer_args
+from controller.render.args import trainer_args
 from controller.spec import JobSpec
 
 TAIL_LINES = 20

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from controller.errors import ClusterError, UserError
-from controller.explain import parse_event
+from controller.progress import parse_event
 
 
 def train_series(lines: Iterable[str]) -> dict[str, list[float]]:

@@ -654,3 +654,22 @@ def json_schema() -> dict[str, Any]:
     """The JSON Schema of the spec (draft 2020-12), as checked in at controller/spec.schema.json."""
     schema = JobSpec.model_json_schema()
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+
+
+def load_spec(path: str, overrides: list[str] | None = None) -> JobSpec:
+    """Read and validate a spec file (plus ``key=value`` overrides); UserError on any mistake.
+
+    The one place a spec enters the controller: every command that takes a SPEC calls this.
+    """
+    from trainer.config import ConfigError, deep_merge, parse_overrides, read_yaml
+
+    try:
+        data = read_yaml(path)
+        if overrides:
+            if not isinstance(data, dict):
+                data = {} if data is None else data
+            if isinstance(data, dict):
+                data = deep_merge(data, parse_overrides(overrides))
+    except ConfigError as e:
+        raise UserError(e.problems) from None
+    return validate_spec(data)

@@ -9,16 +9,13 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import yaml
 
 from controller import kubeflow
 
+from .context import Context
 from .pki import PKI
-
-if TYPE_CHECKING:
-    from .components import Context
 
 #: Fake GPU nodes managed by kwok: scheduling and fit tests see 8 GPUs each.
 KWOK_NODES = ("kwok-node-0", "kwok-node-1")

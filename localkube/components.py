@@ -18,39 +18,10 @@ import sys
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 from . import bootstrap
-from .pki import PKI
-
-
-@dataclass
-class Context:
-    """What a component's command line and probe may use: paths, ports, certificates."""
-
-    repo: Path
-    state_dir: Path
-    bindir: Path
-    manifests: Path
-    ports: dict[str, int]
-    pki: PKI
-    kubectl: Callable[..., object]
-
-    @property
-    def server(self) -> str:
-        return f"https://127.0.0.1:{self.ports['apiserver']}"
-
-    def kubeconfig(self, user: str) -> str:
-        """The kubeconfig ``up`` wrote for ``user`` (``admin`` is the one users export)."""
-        if user == "admin":
-            return str(self.state_dir / "kubeconfig")
-        return str(self.state_dir / f"{user}.kubeconfig")
-
-    def admin_ssl(self) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cafile=str(self.pki.path("ca.crt")))
-        ctx.load_cert_chain(str(self.pki.path("admin.crt")), str(self.pki.path("admin.key")))
-        return ctx
+from .context import Context
 
 
 def http_get(url: str, ctx: ssl.SSLContext | None = None, timeout_s: float = 2.0) -> str:

@@ -28,12 +28,12 @@ from .components import (
     FINAL_PROBES,
     SEQUENCE,
     Component,
-    Context,
     Step,
     components,
     http_get,
     port_names,
 )
+from .context import Context
 from .procs import LocalkubeError, StateFile, proc_start_time, state_lock
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -9,10 +9,10 @@ import textwrap
 import pytest
 import yaml
 
-from controller.cli import load_spec, main
+from controller.cli.main import main
 from controller.errors import UserError
-from controller.render import render_pytorchjob
-from controller.spec import json_schema
+from controller.render.pytorchjob import render_pytorchjob
+from controller.spec import json_schema, load_spec
 from tests.controller.conftest import PYTHON, REPO, minimal
 
 QUICKSTART = str(REPO / "examples" / "quickstart.yaml")

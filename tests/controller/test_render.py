@@ -14,7 +14,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.render import encode_value, render_pytorchjob, to_yaml, trainer_args
+from controller.render.args import encode_value, trainer_args
+from controller.render.output import to_yaml
+from controller.render.pytorchjob import render_pytorchjob
 from controller.spec import JobSpec, validate_spec
 from tests.controller.conftest import EXAMPLES, REPO, minimal
 from trainer.config import build_config

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.render import render_pytorchjob
+from controller.render.pytorchjob import render_pytorchjob
+from controller.render.values import render_values
 from controller.spec import JobSpec, validate_spec
-from controller.values import render_values
 
 from .conftest import (
     CHART,
@@ -131,7 +131,7 @@ def _assert_one_truth(chart_doc: dict[str, Any], rendered: dict[str, Any]) -> No
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_helm_template_equals_controller_render_for_every_example(helm, example, tmp_path):
-    from controller.cli import load_spec
+    from controller.spec import load_spec
 
     values = spec_values(example)  # through the CLI, as users run it
     spec = load_spec(str(example), [])

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.render import render_pytorchjob
+from controller.render.pytorchjob import render_pytorchjob
 from controller.spec import validate_spec
 from localkube.handle import wait_until
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.doctor import PERMISSIONS
-from controller.render import render_pytorchjob
+from controller.jobs.doctor import PERMISSIONS
+from controller.render.pytorchjob import render_pytorchjob
 from controller.spec import validate_spec
 
 from .conftest import EXAMPLES, K8S, ROOT, tools

@@ -21,20 +21,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from controller.cluster import (
-    LABEL_JOB_NAME,
-    LABEL_REPLICA_INDEX,
-    LABEL_REPLICA_TYPE,
-    RESYNC,
-    Cluster,
-    LogStreamBroken,
-)
 from controller.errors import ClusterError, Forbidden, NotFound
-from controller.explain import (
-    container_status,
-    job_terminal,
-    pending_reason,
-)
+from controller.jobs.explain import container_status, job_terminal, pending_reason
+from controller.kube.client import Cluster
+from controller.kube.logstream import LogStreamBroken
+from controller.kube.watch import RESYNC
+from controller.kubeflow import CONTAINER, LABEL_JOB_NAME, LABEL_REPLICA_INDEX, LABEL_REPLICA_TYPE
 
 # While a pod stays pending with no reason on the pod itself, look at events this often.
 PENDING_EVENTS_EVERY_S = 5.0
@@ -189,7 +181,7 @@ class RankFollower:
         failures = 0
         while not run.stop.is_set():
             try:
-                stream = self.cluster.stream_log(run.pod, self.namespace)
+                stream = self.cluster.stream_log(run.pod, self.namespace, container=CONTAINER)
             except (LogStreamBroken, ClusterError) as e:
                 failures += 1
                 if failures == 20:  # about 30 s of trying: worth a word
@@ -267,7 +259,7 @@ class RankFollower:
             run.thread.join(timeout=5)
         try:
             text = self.cluster.read_log(
-                run.pod, self.namespace, previous=previous, timestamps=True
+                run.pod, self.namespace, container=CONTAINER, previous=previous, timestamps=True
             )
         except (NotFound, ClusterError):
             return  # the pod is gone: what the stream delivered is all there is

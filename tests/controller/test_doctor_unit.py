@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.doctor import fit_problem
+from controller.jobs.doctor import fit_problem
 
 
 def node(
@@ -130,7 +130,7 @@ def _by_name(checks):
 
 
 def test_operator_found_by_its_ready_pod():
-    from controller.doctor import run_checks
+    from controller.jobs.doctor import run_checks
 
     pod = {
         "metadata": {"name": "training-operator-x", "namespace": "kubeflow"},
@@ -141,19 +141,29 @@ def test_operator_found_by_its_ready_pod():
     assert "kubeflow/training-operator-x is Ready" in checks["training operator"].detail
 
 
-def test_operator_down_when_its_webhook_does_not_answer():
-    from controller.doctor import run_checks
-    from controller.errors import ClusterError, UserError
+def _api_error(status: int, message: str):
+    """What the API layer raises for an ApiException with this status and message."""
+    import json
 
-    down = ClusterError(
-        "submit: the training operator's admission webhook did not answer "
-        '(got 500 failed calling webhook "validator": connection refused)'
-    )
+    from kubernetes.client.exceptions import ApiException
+
+    from controller.kube.client import translate
+
+    e = ApiException(status=status, reason="x")
+    e.body = json.dumps({"kind": "Status", "message": message, "details": {}})
+    return translate(e, "submit", "PyTorchJob default/ddpjob-doctor-probe", "https://x")
+
+
+def test_operator_down_when_its_webhook_does_not_answer():
+    from controller.jobs.doctor import run_checks
+
+    down = _api_error(500, 'failed calling webhook "validator": connection refused')
     checks = _by_name(run_checks(FakeCluster(probe=down), "default"))
     assert checks["training operator"].status == "FAIL"
-    denied = UserError(
-        'submit: the cluster refused PyTorchJob (admission webhook "v" denied '
-        "the request: spec.pytorchReplicaSpecs[Master].replicas: must be 1)"
+    denied = _api_error(
+        403,
+        'admission webhook "v" denied the request: '
+        "spec.pytorchReplicaSpecs[Master].replicas: must be 1",
     )
     checks = _by_name(run_checks(FakeCluster(probe=denied), "default"))
     assert checks["training operator"].status == "ok"
@@ -162,7 +172,7 @@ def test_operator_down_when_its_webhook_does_not_answer():
 
 
 def test_missing_crd_stops_the_checks_and_says_what_to_install():
-    from controller.doctor import run_checks
+    from controller.jobs.doctor import run_checks
 
     checks = run_checks(FakeCluster(served=False), "default")
     assert [c.status for c in checks] == ["ok", "FAIL"]
@@ -170,7 +180,7 @@ def test_missing_crd_stops_the_checks_and_says_what_to_install():
 
 
 def test_rbac_lists_every_missing_verb_and_a_job_that_cannot_fit_fails():
-    from controller.doctor import run_checks
+    from controller.jobs.doctor import run_checks
 
     checks = _by_name(run_checks(FakeCluster(allowed=False), "ml", job(1, 16)))
     assert checks["RBAC"].status == "FAIL"

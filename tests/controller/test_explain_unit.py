@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.explain import (
+from controller.jobs.explain import (
     explain_failure,
     job_condition,
     job_terminal,

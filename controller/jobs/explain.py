@@ -1,4 +1,4 @@
-"""Read a PyTorchJob, its pods and events (plain API dicts) and say what is going on.
+"""Read a job, its pods and events (plain API dicts) and say what is going on.
 
 Pure functions, no API calls: the operator's conditions are generic ("1 Worker replica(s)
 failed"), so the reason a job died or waits is read here from the pods' container states,
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from controller.cluster import CONTAINER, LABEL_REPLICA_INDEX, LABEL_REPLICA_TYPE
+from controller.kubeflow import CONTAINER, LABEL_REPLICA_INDEX, LABEL_REPLICA_TYPE
 from controller.progress import parse_event
 
 TERMINAL = ("Succeeded", "Failed")
@@ -157,13 +157,6 @@ def replica_rows(pods: list[dict[str, Any]]) -> list[ReplicaRow]:
 def _waiting_reason(pod: dict[str, Any]) -> str:
     waiting = (container_status(pod).get("state") or {}).get("waiting") or {}
     return waiting.get("reason", "")
-
-
-def format_table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    )
 
 
 # ----------------------------------------------------------------------------------------

@@ -11,14 +11,19 @@ import textwrap
 import pytest
 
 from controller import errors
-from controller.cluster import Cluster, _resync
+from controller.cli.advice import error_lines
+from controller.kube.client import Cluster, translate
+from controller.kube.watch import resync as _resync
 
 PY = sys.executable
 
 
+SERVER = "https://127.0.0.1:6443"
+
+
 def bare_cluster() -> Cluster:
     c = Cluster.__new__(Cluster)
-    c.server = "https://127.0.0.1:6443"
+    c.server = SERVER
     return c
 
 
@@ -93,9 +98,33 @@ def api_error(status: int, message: str, details: dict | None = None):
     ],
 )
 def test_api_errors_translate(status, message, details, what, cls, words):
-    err = bare_cluster()._translate(api_error(status, message, details), "submit", what)
-    assert type(err) is cls
-    assert str(err).startswith("submit: ") and words in str(err)
+    """The API layer's one translation gives the error class (and data); the CLI's line adds the
+    fix: between them, the words a user reads."""
+    err = translate(api_error(status, message, details), "submit", what, SERVER)
+    assert type(err) is cls or (cls is errors.UserError and isinstance(err, errors.UserError))
+    assert getattr(err, "status", status) == status
+    line = "\n".join(error_lines(err))
+    assert line.startswith("error: submit: ") and words in line
+
+
+def test_api_layer_errors_carry_data_not_advice():
+    """Advice is the CLI's: the translated error says what happened and carries the status and
+    a reason code; the hint appears only in the CLI's rendering."""
+    err = translate(
+        api_error(409, 'pytorchjobs.kubeflow.org "q" already exists', {"name": "q"}),
+        "submit",
+        "PyTorchJob default/q",
+        SERVER,
+    )
+    assert (err.status, err.reason, err.kind, err.namespace, err.name) == (
+        409,
+        "AlreadyExists",
+        "PyTorchJob",
+        "default",
+        "q",
+    )
+    assert "--replace" not in str(err)
+    assert "--replace" in error_lines(err)[0]
 
 
 def test_connection_refused_says_what_to_do():
@@ -103,9 +132,10 @@ def test_connection_refused_says_what_to_do():
 
     cause = ConnectionRefusedError(111, "Connection refused")
     exc = urllib3.exceptions.MaxRetryError(None, "/version", reason=cause)
-    err = bare_cluster()._translate(exc, "status", "")
+    err = translate(exc, "status", "", SERVER)
     assert isinstance(err, errors.Unreachable)
-    assert "(got connection refused)" in str(err) and "make cluster-up" in str(err)
+    line = error_lines(err)[0]
+    assert "(got connection refused)" in line and "make cluster-up" in line
 
 
 def test_a_log_that_is_not_there_yet_is_not_found_not_bad_input(monkeypatch):
@@ -121,7 +151,7 @@ def test_a_log_that_is_not_there_yet_is_not_found_not_bad_input(monkeypatch):
     )
     c = bare_cluster()
     with pytest.raises(errors.NotFound, match="no log for pod ns/job-worker-0 yet"):
-        c.read_log("job-worker-0", "ns", previous=True)
+        c.read_log("job-worker-0", "ns", container="pytorch", previous=True)
 
 
 def test_resync_reports_vanished_objects_as_deleted():
@@ -179,9 +209,11 @@ def test_cluster_commands_import_without_kubernetes_and_torch():
         import sys
         for mod in ("kubernetes", "torch", "matplotlib"):
             sys.modules[mod] = None
-        import controller.cli_cluster, controller.cluster, controller.logs, controller.doctor
-        import controller.watch, controller.explain, controller.plot
-        from controller.cli import build_parser
+        import controller.cli.job_commands, controller.kube.client, controller.kube.watch
+        import controller.kube.logstream, controller.jobs.follow, controller.jobs.doctor
+        import controller.jobs.wait, controller.jobs.explain, controller.jobs.status
+        import controller.plot
+        from controller.cli.main import build_parser
         build_parser().parse_args(["submit", "x.yaml", "--wait", "--follow"])
         print("ok")
     """)
@@ -191,7 +223,7 @@ def test_cluster_commands_import_without_kubernetes_and_torch():
 
 
 def test_subcommand_debug_flag_keeps_the_global_one():
-    from controller.cli import build_parser
+    from controller.cli.main import build_parser
 
     assert build_parser().parse_args(["--debug", "status", "q"]).debug is True
     assert build_parser().parse_args(["status", "q", "--debug"]).debug is True

@@ -9,8 +9,9 @@ import threading
 import time
 from typing import Any
 
-from controller.cluster import RESYNC, LogStreamBroken
-from controller.logs import RankFollower
+from controller.jobs.follow import RankFollower
+from controller.kube.logstream import LogStreamBroken
+from controller.kube.watch import RESYNC
 
 
 def stamp(i: int) -> str:

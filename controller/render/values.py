@@ -1,6 +1,6 @@
 """Turn a JobSpec into values for the Helm chart (charts/ddpjob): ``render SPEC --values``.
 
-Pure, like ``controller.render``: spec in, plain dict out. Fed to the chart, these values give
+Pure, like the renderers beside it: spec in, plain dict out. Fed to the chart, these values give
 exactly the PyTorchJob ``render_pytorchjob(spec)`` gives (a test holds ``helm template`` equal to
 ``render`` for every example); only the chart's ``managed-by: Helm`` and ``helm.sh/chart`` labels
 differ.
@@ -10,7 +10,7 @@ spec and a values file without a dictionary. Where the chart could not reproduce
 exactly, the value is the renderer's own output instead of the spec's input:
 
 - ``args`` replaces ``trainer``: the trainer settings already encoded as the sorted
-  ``key=value`` strings the container receives (``render.trainer_args``). Go templates cannot
+  ``key=value`` strings the container receives (``render.args.trainer_args``). Go templates cannot
   re-create that quoting and float formatting, and the settings were validated here anyway.
 - ``env`` and ``secret_env`` are lists, not maps: Helm walks maps in sorted key order, and
   environment order matters (``$(VAR)`` references expand only from earlier entries).
@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.render import DEFAULT_COMMAND, trainer_args
+from controller.kubeflow import DEFAULT_COMMAND
+from controller.render.args import trainer_args
 from controller.spec import JobSpec
 
 

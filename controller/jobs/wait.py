@@ -1,7 +1,8 @@
 """Wait for a job to end (or vanish) by watching it: no polling loop.
 
 The watch resumes from the last resourceVersion after a dropped connection and re-lists on
-410 Gone (``Cluster.watch``), so an API server restart costs a reconnect, not the answer.
+410 Gone (``controller.kube.watch``), so an API server restart costs a reconnect, not the
+answer.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from controller.cluster import RESYNC, Cluster
 from controller.errors import DdpjobError, NotFound
-from controller.explain import job_condition, job_terminal
+from controller.jobs.explain import job_condition, job_terminal
+from controller.kube.client import Cluster
+from controller.kube.watch import RESYNC
 
 
 def job_count(etype: str, obj: dict[str, Any]) -> int | None:
@@ -21,9 +23,13 @@ def job_count(etype: str, obj: dict[str, Any]) -> int | None:
 
 
 class WaitTimeout(DdpjobError):
-    """The job did not end within ``--timeout``."""
+    """The job did not end (or vanish, for ``delete``) within ``--timeout``."""
 
     exit_code = 1
+
+    def __init__(self, message: str, *, name: str, namespace: str, deleting: bool = False):
+        super().__init__(message)
+        self.name, self.namespace, self.deleting = name, namespace, deleting
 
 
 def wait_for_job(
@@ -58,8 +64,9 @@ def wait_for_job(
         if job_terminal(job):
             return job
     raise WaitTimeout(
-        f"wait: job {namespace}/{name} has not ended after {timeout_s:g} s (got {last}). "
-        f"See `python -m controller status {name} -n {namespace}`"
+        f"wait: job {namespace}/{name} has not ended after {timeout_s:g} s (got {last})",
+        name=name,
+        namespace=namespace,
     )
 
 
@@ -75,6 +82,8 @@ def wait_deleted(
             return
     raise WaitTimeout(
         f"delete: job {namespace}/{name} still exists after {timeout_s:g} s "
-        "(its pods may be stuck terminating). See `kubectl get pods -l "
-        f"training.kubeflow.org/job-name={name} -n {namespace}`"
+        "(its pods may be stuck terminating)",
+        name=name,
+        namespace=namespace,
+        deleting=True,
     )

@@ -3,7 +3,7 @@ log after a broken stream prints every line exactly once."""
 
 from __future__ import annotations
 
-from controller.logs import LineCursor, split_timestamp
+from controller.jobs.follow import LineCursor, split_timestamp
 
 
 def test_split_timestamp_orders_any_fraction_width():

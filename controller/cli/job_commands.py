@@ -9,8 +9,10 @@ events, doctor, plot.
     python -m controller plot quickstart -o curves.png
     python -m controller delete quickstart --wait
 
-Nothing heavy is imported here at import time (argparse only): the kubernetes client, pydantic
-and matplotlib load inside the command that needs them, so ``--help`` stays fast.
+The work is done by ``controller.jobs`` (status, wait, follow, explain, doctor) on top of
+``controller.kube``; this module parses, prints and names the next command. Nothing heavy is
+imported here at import time (argparse only): the kubernetes client, pydantic and matplotlib
+load inside the command that needs them, so ``--help`` stays fast.
 Exit codes: 0 ok (Succeeded), 1 the job or the cluster failed, 2 bad input.
 """
 
@@ -20,10 +22,11 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from controller.cluster import Cluster
+from controller.cli.advice import CLI, kubectl_hints
+from controller.cli.spec_commands import add_spec_argument, load_spec
 
-DEFAULT_TAIL_LINES = 20  # log lines shown for a failed replica
+if TYPE_CHECKING:
+    from controller.kube.client import Cluster
 
 
 # --------------------------------------------------------------------------------------------
@@ -31,7 +34,7 @@ DEFAULT_TAIL_LINES = 20  # log lines shown for a failed replica
 
 
 def _cluster(args: argparse.Namespace) -> Cluster:
-    from controller.cluster import Cluster
+    from controller.kube.client import Cluster
 
     return Cluster(kubeconfig=args.kubeconfig, context=args.context)
 
@@ -44,74 +47,16 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _kubectl_hints(name: str, namespace: str) -> str:
-    from controller.cluster import CONTAINER, LABEL_JOB_NAME
-
-    return "\n".join(
-        [
-            f"  kubectl get pytorchjob {name} -n {namespace}",
-            f"  kubectl get pods -l {LABEL_JOB_NAME}={name} -n {namespace}",
-            f"  kubectl logs -f {name}-master-0 -c {CONTAINER} -n {namespace}",
-            f"  kubectl describe pytorchjob {name} -n {namespace}",
-            f"  python -m controller status {name} -n {namespace}",
-        ]
-    )
-
-
 def _outcome(cluster: Cluster, job: dict[str, Any], namespace: str) -> int:
-    """Print how the job ended; 0 Succeeded, 1 Failed (with the failing replica's story)."""
-    from controller.cluster import LABEL_JOB_NAME
-    from controller.errors import JobFailed
-    from controller.explain import age, job_terminal
+    """Print how the job ended: 0 Succeeded; Failed raises JobFailed with the story."""
+    from controller.jobs.status import outcome
 
-    name = job["metadata"]["name"]
-    state = job_terminal(job)
-    if state == "Succeeded":
-        started = job.get("status", {}).get("startTime") or job["metadata"].get("creationTimestamp")
-        took = age(started) if started else "?"
-        print(f"job {namespace}/{name} Succeeded (started {took} ago)")
-        return 0
-    pods = cluster.list_pods(namespace, f"{LABEL_JOB_NAME}={name}")
-    raise JobFailed(failure_report(cluster, job, pods, namespace))
-
-
-def failure_report(
-    cluster: Cluster, job: dict[str, Any], pods: list[dict[str, Any]], namespace: str
-) -> str:
-    """Which replica failed, its exit code and reason, and its last log lines."""
-    from controller.errors import ClusterError
-    from controller.explain import explain_failure, sort_events
-
-    failure = explain_failure(job, pods)
-    if failure.pod is not None:
-        try:
-            text = cluster.read_log(
-                failure.pod, namespace, tail_lines=DEFAULT_TAIL_LINES, previous=failure.previous
-            )
-            failure.last_lines = text.splitlines()[-DEFAULT_TAIL_LINES:]
-        except ClusterError as e:
-            failure.last_lines = [f"(log unavailable: {e})"]
-    text = failure.render(f"{namespace}/{job['metadata']['name']}")
-    # Replicas that died earlier with a retryable code were deleted and re-created by the
-    # operator, so no pod shows them; its ExitedWithCode events still do (often the cause).
-    try:
-        events = cluster.list_events(namespace)
-    except ClusterError:
-        return text
-    earlier = [
-        " ".join((e.get("message") or "").split())
-        for e in sort_events(events)
-        if e.get("reason") == "ExitedWithCode"
-        and e.get("involvedObject", {}).get("name") == job["metadata"]["name"]
-        and not (failure.pod and f".{failure.pod} " in (e.get("message") or ""))
-    ]
-    if earlier:
-        text += "\nbefore that, retried by the operator:\n" + "\n".join(f"  {m}" for m in earlier)
-    return text
+    print(outcome(cluster, job, namespace))
+    return 0
 
 
 def _announce(job: dict[str, Any]) -> None:
-    from controller.explain import condition_message, job_condition
+    from controller.jobs.explain import condition_message, job_condition
 
     cond = job_condition(job)
     msg = condition_message(job, cond)
@@ -123,7 +68,7 @@ def _announce(job: dict[str, Any]) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from controller.doctor import FAIL, run_checks
+    from controller.jobs.doctor import FAIL, run_checks
 
     cluster = _cluster(args)
     manifest, namespace = None, args.namespace
@@ -137,8 +82,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _manifest(args: argparse.Namespace) -> dict[str, Any]:
-    from controller.cli import load_spec
-    from controller.render import render_pytorchjob
+    from controller.render.pytorchjob import render_pytorchjob
 
     spec = load_spec(args.spec, args.set)
     manifest = render_pytorchjob(spec)
@@ -147,32 +91,10 @@ def _manifest(args: argparse.Namespace) -> dict[str, Any]:
     return manifest
 
 
-def preflight(cluster: Cluster, manifest: dict[str, Any], *, force: bool) -> None:
-    """Run doctor before submitting; refuse on a failed check (``--force`` lets a job that
-    does not fit the nodes through, to wait Pending)."""
-    from controller.doctor import FAIL, OK, run_checks
-    from controller.errors import ClusterError, UserError
-
-    checks = run_checks(cluster, manifest["metadata"]["namespace"], manifest)
-    failed = [c for c in checks if c.status == FAIL]
-    for c in checks:
-        if c.status != OK:
-            _say(f"preflight {c.line()}")
-    if force and failed and all(c.name == "job fits" for c in failed):
-        _say("preflight: --force: submitting a job that cannot schedule now; it will stay Pending")
-        return
-    if not failed:
-        _say(f"preflight: ok ({len(checks)} checks)")
-        return
-    first = failed[0]
-    err_cls = UserError if first.name == "job accepted" else ClusterError
-    detail = first.detail.split(": ", 1)[1] if first.detail.startswith("submit: ") else first.detail
-    raise err_cls(f"submit: preflight {first.name} failed: {detail}")
-
-
 def cmd_submit(args: argparse.Namespace) -> int:
     from controller.errors import NotFound
-    from controller.watch import wait_deleted, wait_for_job
+    from controller.jobs.doctor import preflight
+    from controller.jobs.wait import wait_deleted, wait_for_job
 
     manifest = _manifest(args)
     name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
@@ -185,10 +107,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         except NotFound:
             pass
     if not args.no_preflight:
-        preflight(cluster, manifest, force=args.force)
+        preflight(cluster, manifest, force=args.force, say=_say)
     cluster.create_job(manifest)
     print(f"submitted pytorchjob {namespace}/{name}")
-    print(_kubectl_hints(name, namespace))
+    print(kubectl_hints(name, namespace))
     sys.stdout.flush()
     if args.follow:
         return _follow_to_end(cluster, name, namespace, rank=0, timeout_s=args.timeout)
@@ -203,9 +125,9 @@ def _follow_to_end(
 ) -> int:
     import time
 
-    from controller.logs import RankFollower
+    from controller.jobs.follow import RankFollower
+    from controller.jobs.wait import WaitTimeout
     from controller.progress import Progress
-    from controller.watch import WaitTimeout
 
     with Progress(sys.stdout, label=name) as progress:
         follower = RankFollower(cluster, namespace, name, rank, progress.feed, _say)
@@ -213,14 +135,15 @@ def _follow_to_end(
         job = follower.follow(deadline)
     if job is None:
         raise WaitTimeout(
-            f"submit: job {namespace}/{name} has not ended after {timeout_s:g} s. "
-            f"See `python -m controller status {name} -n {namespace}`"
+            f"submit: job {namespace}/{name} has not ended after {timeout_s:g} s",
+            name=name,
+            namespace=namespace,
         )
     return _outcome(cluster, job, namespace)
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    from controller.watch import wait_for_job
+    from controller.jobs.wait import wait_for_job
 
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
@@ -228,67 +151,12 @@ def cmd_wait(args: argparse.Namespace) -> int:
     return _outcome(cluster, job, namespace)
 
 
-def job_status(cluster: Cluster, name: str, namespace: str) -> dict[str, Any]:
-    """Everything ``status`` shows, as one JSON-ready dict."""
-    from controller.cluster import LABEL_JOB_NAME, LABEL_JOB_ROLE
-    from controller.errors import ClusterError
-    from controller.explain import (
-        age,
-        condition_message,
-        job_condition,
-        latest_progress,
-        pending_reason,
-        replica_rows,
-    )
-
-    job = cluster.get_job(name, namespace)
-    pods = cluster.list_pods(namespace, f"{LABEL_JOB_NAME}={name}")
-    cond = job_condition(job)
-    out: dict[str, Any] = {
-        "name": name,
-        "namespace": namespace,
-        "condition": cond,
-        "message": condition_message(job, cond),
-        "age": age(job["metadata"].get("creationTimestamp")),
-        "replicas": [r.as_dict() for r in replica_rows(pods)],
-        "progress": None,
-        "pending": [],
-    }
-    waiting = [p for p in pods if p.get("status", {}).get("phase") == "Pending"]
-    have = {p["metadata"]["name"] for p in pods}
-    missing = [
-        f"{name}-{rtype.lower()}-{i}"
-        for rtype, rspec in job.get("spec", {}).get("pytorchReplicaSpecs", {}).items()
-        for i in range(int(rspec.get("replicas", 1)))
-        if f"{name}-{rtype.lower()}-{i}" not in have
-    ]
-    if cond in ("Succeeded", "Failed"):
-        missing = []
-    if waiting or missing:
-        events = cluster.list_events(namespace)
-        mine = [e for e in events if e.get("involvedObject", {}).get("name", "").startswith(name)]
-        for pod in waiting:
-            reason = pending_reason(pod, mine)
-            out["pending"].append({"pod": pod["metadata"]["name"], "reason": reason})
-        job_events = [e for e in mine if e.get("involvedObject", {}).get("name") == name]
-        for pod_name in missing:  # the operator could not create it: the job's events say why
-            about = [e for e in job_events if pod_name in (e.get("message") or "")]
-            reason = pending_reason(None, about or job_events) or "not created yet"
-            out["pending"].append({"pod": pod_name, "reason": f"no pod: {reason}"})
-    master = [p for p in pods if p["metadata"].get("labels", {}).get(LABEL_JOB_ROLE) == "master"]
-    if master and master[0].get("status", {}).get("phase") != "Pending":
-        try:
-            text = cluster.read_log(master[0]["metadata"]["name"], namespace, tail_lines=200)
-            out["progress"] = latest_progress(text.splitlines())
-        except ClusterError:
-            pass
-    return out
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     import json
 
-    from controller.explain import format_progress, format_table
+    from controller.cli.table import format_table
+    from controller.jobs.explain import format_progress
+    from controller.jobs.status import job_status
 
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
@@ -324,9 +192,14 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     import time
 
-    from controller.cluster import LABEL_JOB_NAME, LABEL_REPLICA_INDEX, LABEL_REPLICA_TYPE
     from controller.errors import NotFound
-    from controller.logs import RankFollower
+    from controller.jobs.follow import RankFollower
+    from controller.kubeflow import (
+        CONTAINER,
+        LABEL_JOB_NAME,
+        LABEL_REPLICA_INDEX,
+        LABEL_REPLICA_TYPE,
+    )
 
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
@@ -350,21 +223,25 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if not pods:
         raise NotFound(
             f"logs: job {namespace}/{args.name} has no pod for rank {args.rank} "
-            f"(got none with {selector}). See `python -m controller status {args.name}`"
+            f"(got none with {selector}). See `{CLI} status {args.name} -n {namespace}`"
         )
-    from controller.explain import pending_reason
+    from controller.jobs.explain import pending_reason
 
     pod = pods[-1]
     if pod.get("status", {}).get("phase") == "Pending":
         events = cluster.list_events(namespace)
         _say(f"logs: {pod['metadata']['name']} is pending: {pending_reason(pod, events)}")
         return 0
-    sys.stdout.write(cluster.read_log(pod["metadata"]["name"], namespace, tail_lines=args.tail))
+    text = cluster.read_log(
+        pod["metadata"]["name"], namespace, container=CONTAINER, tail_lines=args.tail
+    )
+    sys.stdout.write(text)
     return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from controller.explain import age, format_table, job_condition
+    from controller.cli.table import format_table
+    from controller.jobs.explain import age, job_condition
 
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
@@ -391,7 +268,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    from controller.watch import wait_deleted
+    from controller.jobs.wait import wait_deleted
 
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
@@ -404,7 +281,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_events(args: argparse.Namespace) -> int:
-    from controller.explain import age, format_table, sort_events
+    from controller.cli.table import format_table
+    from controller.jobs.explain import age, sort_events
 
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
@@ -438,8 +316,8 @@ def cmd_events(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from controller.cluster import LABEL_JOB_NAME, LABEL_JOB_ROLE
     from controller.errors import NotFound
+    from controller.kubeflow import CONTAINER, LABEL_JOB_NAME, LABEL_JOB_ROLE
     from controller.plot import plot_curves
 
     cluster = _cluster(args)
@@ -448,7 +326,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     pods = cluster.list_pods(namespace, f"{LABEL_JOB_NAME}={args.name},{LABEL_JOB_ROLE}=master")
     if not pods:
         raise NotFound(f"plot: job {namespace}/{args.name} has no master pod (got none)")
-    text = cluster.read_log(pods[0]["metadata"]["name"], namespace)
+    text = cluster.read_log(pods[0]["metadata"]["name"], namespace, container=CONTAINER)
     n = plot_curves(text.splitlines(), args.output, title=f"{namespace}/{args.name}")
     print(f"wrote {args.output} ({n} train events)")
     return 0
@@ -470,28 +348,15 @@ def _common(p: argparse.ArgumentParser, *, name: bool = True) -> None:
     )
 
 
-def _spec_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
-    p.add_argument(
-        "spec", metavar="SPEC", nargs=None if required else "?", help="job spec YAML file"
-    )
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a spec field, dotted (e.g. --set trainer.max_steps=50)",
-    )
-
-
 def add_commands(sub: Any) -> None:
-    """Register the cluster commands on the CLI's subparsers (``controller/cli.py``)."""
+    """Register the cluster commands on the CLI's subparsers."""
     p = sub.add_parser(
         "submit",
         help="create the PyTorchJob on the cluster (after a preflight)",
         description="Run the preflight checks (doctor), create the PyTorchJob, "
         "print the kubectl commands to inspect it. Exit 0 Succeeded, 1 Failed.",
     )
-    _spec_args(p)
+    add_spec_argument(p)
     _common(p, name=False)
     p.add_argument("--wait", action="store_true", help="wait until the job ends")
     p.add_argument(
@@ -551,7 +416,7 @@ def add_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_events)
 
     p = sub.add_parser("doctor", help="check the cluster (and a spec) before submitting")
-    _spec_args(p, required=False)
+    add_spec_argument(p, required=False)
     _common(p, name=False)
     p.set_defaults(func=cmd_doctor)
 

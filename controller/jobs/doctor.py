@@ -9,20 +9,17 @@ its pods fit some node (allocatable ``nvidia.com/gpu``, cpu, memory; nodeSelecto
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from controller.cluster import (
-    CRD_NAME,
-    JOB_GROUP,
-    JOB_KIND,
-    JOB_PLURAL,
-    JOB_VERSION,
-    OPERATOR_POD_SELECTOR,
-    Cluster,
-)
-from controller.errors import ClusterError, DdpjobError, NotFound, UserError
+from controller.errors import ClusterError, DdpjobError, NotFound, Refused, UserError
+from controller.kube.client import Cluster
+from controller.kubeflow import CONTAINER, OPERATOR_POD_SELECTOR, OPERATOR_VERSION, PYTORCHJOB
+
+CRD_NAME = PYTORCHJOB.crd
+JOB_GROUP, JOB_PLURAL = PYTORCHJOB.group, PYTORCHJOB.plural
 
 GPU = "nvidia.com/gpu"
 OK, WARN, FAIL = "ok", "warn", "FAIL"
@@ -59,11 +56,11 @@ class Check:
 
 def probe_job(namespace: str) -> dict[str, Any]:
     template = {
-        "spec": {"containers": [{"name": "pytorch", "image": "busybox", "command": ["true"]}]}
+        "spec": {"containers": [{"name": CONTAINER, "image": "busybox", "command": ["true"]}]}
     }
     return {
-        "apiVersion": f"{JOB_GROUP}/{JOB_VERSION}",
-        "kind": JOB_KIND,
+        "apiVersion": PYTORCHJOB.api_version,
+        "kind": PYTORCHJOB.kind,
         "metadata": {"name": PROBE_NAME, "namespace": namespace},
         "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 2, "template": template}}},
     }
@@ -87,13 +84,13 @@ def run_checks(
                 FAIL,
                 (
                     f"the API server does not serve {CRD_NAME}. "
-                    "Install the Kubeflow training operator "
+                    f"Install the Kubeflow training operator {OPERATOR_VERSION} "
                     "(`make cluster-up` locally; on a real cluster its standalone manifests)"
                 ),
             )
         )
         return checks
-    checks.append(Check("PyTorchJob CRD", OK, f"{CRD_NAME} served ({JOB_GROUP}/{JOB_VERSION})"))
+    checks.append(Check("PyTorchJob CRD", OK, f"{CRD_NAME} served ({PYTORCHJOB.api_version})"))
 
     rbac = _check_rbac(cluster, namespace)
     checks.extend(rbac)
@@ -160,13 +157,13 @@ def _check_operator(cluster: Cluster, namespace: str, can_create: bool) -> Check
     for ns in dict.fromkeys((namespace, "default")) if can_create else ():
         try:
             cluster.create_job(probe_job(ns), dry_run=True)
-        except UserError as e:
-            if "must be 1" in str(e) or "admission webhook" in str(e):
+        except Refused as e:
+            if e.reason == "AdmissionDenied" or "must be 1" in str(e):
                 return Check(name, OK, "its admission webhook answered a server-side dry run")
         except NotFound:
             continue
         except ClusterError as e:
-            if "webhook" in str(e):
+            if e.reason == "WebhookUnreachable":
                 return Check(
                     name,
                     FAIL,
@@ -202,7 +199,7 @@ def _check_manifest(cluster: Cluster, manifest: dict[str, Any], can_create: bool
     except UserError as e:
         return Check(name, FAIL, str(e))
     except ClusterError as e:
-        if "already exists" in str(e):
+        if e.reason == "AlreadyExists":
             return Check(name, OK, "server-side dry run passed (a job of this name exists)")
         return Check(name, FAIL, str(e))
     return Check(name, OK, "server-side dry run passed (CRD schema and operator webhook)")
@@ -332,3 +329,28 @@ def _check_fit(cluster: Cluster, manifest: dict[str, Any]) -> Check:
         )
     gpus = sum(_qty((n.get("status", {}).get("allocatable") or {}).get(GPU, 0)) for n in nodes)
     return Check(name, OK, f"all pods fit ({len(nodes)} nodes, {_fmt(gpus)} GPUs allocatable)")
+
+
+def preflight(
+    cluster: Cluster, manifest: dict[str, Any], *, force: bool, say: Callable[[str], None]
+) -> None:
+    """Run the checks before a submit; refuse on a failed one. With ``force`` a job that does
+    not fit the nodes goes through (it will wait Pending). ``say`` gets one line per check that
+    is not ok, and the verdict."""
+    checks = run_checks(cluster, manifest["metadata"]["namespace"], manifest)
+    failed = [c for c in checks if c.status == FAIL]
+    for c in checks:
+        if c.status != OK:
+            say(f"preflight {c.line()}")
+    if force and failed and all(c.name == "job fits" for c in failed):
+        say("preflight: --force: submitting a job that cannot schedule now; it will stay Pending")
+        return
+    if not failed:
+        say(f"preflight: ok ({len(checks)} checks)")
+        return
+    first = failed[0]
+    detail = first.detail.split(": ", 1)[1] if first.detail.startswith("submit: ") else first.detail
+    message = f"submit: preflight {first.name} failed: {detail}"
+    if first.name == "job accepted":
+        raise UserError(message)
+    raise ClusterError(message, reason="PreflightFailed")

@@ -1,0 +1,134 @@
+"""The commands on a spec, no cluster needed: validate, render, schema, run --local.
+
+    python -m controller validate examples/quickstart.yaml
+    python -m controller render examples/gpu.yaml | kubectl apply -f -
+    python -m controller render examples/gpu.yaml --values      # Helm chart values instead
+    python -m controller schema > controller/spec.schema.json
+    python -m controller run examples/quickstart.yaml --local
+
+Start-up stays cheap: pydantic is imported when a spec is read, torch and the kubernetes client
+never by validate/render/help.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from controller.cli.advice import CLI
+from controller.errors import UserError
+
+
+def load_spec(path: str, overrides: list[str] | None = None):
+    """The validated spec at ``path`` (``controller.spec.load_spec``, imported on use)."""
+    from controller.spec import load_spec as load
+
+    return load(path, overrides)
+
+
+# --------------------------------------------------------------------------------------------
+# Commands
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec, args.set)
+    print(
+        f"{args.spec}: ok ({spec.name}: {spec.nodes} node(s) x {spec.nproc_per_node} "
+        f"process(es), {spec.resources.gpus} GPU(s) per node)"
+    )
+    return 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec, args.set)
+    if args.values:
+        from controller.render.values import render_values
+
+        obj: Any = render_values(spec)
+    else:
+        from controller.render.pytorchjob import render_pytorchjob
+
+        obj = render_pytorchjob(spec)
+    from controller.render.output import dump
+
+    sys.stdout.write(dump(obj, args.output))
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    import json
+
+    from controller.spec import json_schema
+
+    sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if not args.local:
+        raise UserError(
+            f"run: only --local is supported here; to run on a cluster use `{CLI} submit SPEC`"
+        )
+    spec = load_spec(args.spec, args.set)
+    from controller.local import run_local
+
+    return run_local(spec, logs_dir=args.logs_dir, grace_s=args.grace_s)
+
+
+# --------------------------------------------------------------------------------------------
+# Parser
+
+
+def add_spec_argument(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """SPEC and --set, as every command that reads a spec takes them."""
+    p.add_argument(
+        "spec", metavar="SPEC", nargs=None if required else "?", help="job spec YAML file"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec field, dotted (e.g. --set trainer.max_steps=50); repeatable",
+    )
+
+
+def add_commands(sub: Any) -> None:
+    """Register validate, render, schema and run on the CLI's subparsers."""
+
+    def spec_command(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add_spec_argument(p)
+        return p
+
+    p = spec_command("validate", "check a spec; one line per problem")
+    p.set_defaults(func=cmd_validate)
+
+    p = spec_command("render", "print the PyTorchJob manifest (for kubectl apply -f -)")
+    p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    p.add_argument(
+        "--values", action="store_true", help="print Helm chart values (charts/ddpjob) instead"
+    )
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("schema", help="print the JSON Schema of the spec")
+    p.set_defaults(func=cmd_schema)
+
+    p = spec_command("run", "run the job on this machine, one process per node")
+    p.add_argument(
+        "--local", action="store_true", help="run here (required; clusters use `submit`)"
+    )
+    p.add_argument(
+        "--logs-dir",
+        metavar="DIR",
+        help="per-rank log files go here (default runs/<name>/logs)",
+    )
+    p.add_argument(
+        "--grace-s",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="on stop, seconds between SIGTERM and SIGKILL (default 30; checkpoints need time)",
+    )
+    p.set_defaults(func=cmd_run)

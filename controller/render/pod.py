@@ -1,0 +1,175 @@
+"""The pod of a training job, as both job APIs carry it: labels, the training container, its
+resources, env, volumes and the restricted security context.
+
+Pure: spec in, plain dict out. ``pytorchjob.py`` wraps this template in Master/Worker replicas;
+a TrainJob renderer uses the same pieces. No key ever carries null: optional fields are left
+out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.kubeflow import CONTAINER, DEFAULT_COMMAND, PORT, PORT_NAME, TRAINER_UID
+from controller.render.args import trainer_args
+from controller.spec import JobSpec
+
+# Standard labels (https://kubernetes.io/docs/concepts/overview/working-with-objects/common-labels/)
+LABEL_NAME = "app.kubernetes.io/name"  # the application: always ddpjob
+LABEL_INSTANCE = "app.kubernetes.io/instance"  # this job: the spec's name
+LABEL_COMPONENT = "app.kubernetes.io/component"  # the part of ddpjob: the trainer
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"  # ddpjob here, Helm in the chart
+LABEL_QUEUE = "kueue.x-k8s.io/queue-name"  # Kueue admits the job through this LocalQueue
+
+
+def job_labels(spec: JobSpec) -> dict[str, str]:
+    """Labels on the PyTorchJob: the standard ones, the Kueue queue, then the user's."""
+    # The queue label goes on the job only: on pods, Kueue's pod integration could admit them
+    # one by one.
+    queue = {LABEL_QUEUE: spec.queue} if spec.queue else {}
+    return {**_standard_labels(spec), **queue, **spec.labels}
+
+
+def pod_labels(spec: JobSpec) -> dict[str, str]:
+    """Labels on every pod: the standard ones and the user's (`kubectl get pods -l ...`)."""
+    return {**_standard_labels(spec), **spec.labels}
+
+
+def _standard_labels(spec: JobSpec) -> dict[str, str]:
+    return {
+        LABEL_NAME: "ddpjob",
+        LABEL_INSTANCE: spec.name,
+        LABEL_COMPONENT: "trainer",
+        LABEL_PART_OF: "ddpjob",
+        LABEL_MANAGED_BY: "ddpjob",
+    }
+
+
+def job_metadata(spec: JobSpec) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": spec.name,
+        "namespace": spec.namespace,
+        "labels": job_labels(spec),
+    }
+    if spec.annotations:
+        meta["annotations"] = dict(spec.annotations)
+    return meta
+
+
+def pod_template(spec: JobSpec) -> dict[str, Any]:
+    meta: dict[str, Any] = {"labels": pod_labels(spec)}
+    if spec.annotations:
+        meta["annotations"] = dict(spec.annotations)
+    return {"metadata": meta, "spec": pod_spec(spec)}
+
+
+def pod_spec(spec: JobSpec) -> dict[str, Any]:
+    pod: dict[str, Any] = {}
+    if spec.service_account:
+        pod["serviceAccountName"] = spec.service_account
+    if spec.priority_class:
+        pod["priorityClassName"] = spec.priority_class
+    if spec.gang and spec.gang.scheduler_name:
+        pod["schedulerName"] = spec.gang.scheduler_name
+    if spec.node_selector:
+        pod["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod["tolerations"] = [_toleration(t) for t in spec.tolerations]
+    if spec.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": n} for n in spec.image_pull_secrets]
+    pod["securityContext"] = {
+        "runAsNonRoot": True,
+        "runAsUser": TRAINER_UID,
+        "runAsGroup": TRAINER_UID,
+        "fsGroup": TRAINER_UID,  # PVCs are writable by the trainer's user
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    pod["containers"] = [container(spec)]
+    pod["volumes"] = volumes(spec)
+    return pod
+
+
+def _toleration(t: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if t.key is not None:
+        out["key"] = t.key
+    out["operator"] = t.operator
+    if t.value is not None:
+        out["value"] = t.value
+    if t.effect is not None:
+        out["effect"] = t.effect
+    if t.toleration_s is not None:
+        out["tolerationSeconds"] = t.toleration_s
+    return out
+
+
+def container(spec: JobSpec) -> dict[str, Any]:
+    """The one training container, named ``pytorch`` with the port the operator looks up."""
+    c: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": spec.image,
+        "command": list(spec.command or DEFAULT_COMMAND),
+    }
+    args = spec.args if spec.args is not None else trainer_args(spec.trainer)
+    if args:
+        c["args"] = list(args)
+    env = container_env(spec)
+    if env:
+        c["env"] = env
+    c["ports"] = [{"name": PORT_NAME, "containerPort": PORT}]
+    c["resources"] = resources(spec)
+    c["securityContext"] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+    }
+    c["volumeMounts"] = volume_mounts(spec)
+    return c
+
+
+def container_env(spec: JobSpec) -> list[dict[str, Any]]:
+    """The user's env in the spec's order, then Secret references (never their values)."""
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in spec.env.items()]
+    for name, ref in spec.secret_env.items():
+        env.append(
+            {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.key}}}
+        )
+    return env
+
+
+def resources(spec: JobSpec) -> dict[str, Any]:
+    r = spec.resources
+    limits: dict[str, Any] = {}
+    if r.gpus > 0:
+        limits["nvidia.com/gpu"] = r.gpus
+    limits["cpu"] = r.cpu
+    limits["memory"] = r.memory
+    return {"limits": limits, "requests": {"cpu": r.cpu, "memory": r.memory}}
+
+
+def volumes(spec: JobSpec) -> list[dict[str, Any]]:
+    vols: list[dict[str, Any]] = [
+        # NCCL and DataLoader workers share memory through /dev/shm; the runtime gives 64Mi.
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
+        # A writable scratch dir (torch.compile caches, tempfiles) for the non-root user.
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    for v in spec.volumes:
+        vols.append({"name": v.name, "persistentVolumeClaim": {"claimName": v.claim}})
+    return vols
+
+
+def volume_mounts(spec: JobSpec) -> list[dict[str, Any]]:
+    mounts: list[dict[str, Any]] = [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    for v in spec.volumes:
+        m: dict[str, Any] = {"name": v.name, "mountPath": v.mount_path}
+        if v.sub_path:
+            m["subPath"] = v.sub_path
+        if v.read_only:
+            m["readOnly"] = True
+        mounts.append(m)
+    return mounts

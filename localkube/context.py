@@ -1,0 +1,39 @@
+"""What every component's command line, probe and bootstrap step may use: paths, ports,
+certificates, kubectl."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .pki import PKI
+
+
+@dataclass
+class Context:
+    """What a component's command line and probe may use: paths, ports, certificates."""
+
+    repo: Path
+    state_dir: Path
+    bindir: Path
+    manifests: Path
+    ports: dict[str, int]
+    pki: PKI
+    kubectl: Callable[..., object]
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports['apiserver']}"
+
+    def kubeconfig(self, user: str) -> str:
+        """The kubeconfig ``up`` wrote for ``user`` (``admin`` is the one users export)."""
+        if user == "admin":
+            return str(self.state_dir / "kubeconfig")
+        return str(self.state_dir / f"{user}.kubeconfig")
+
+    def admin_ssl(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki.path("ca.crt")))
+        ctx.load_cert_chain(str(self.pki.path("admin.crt")), str(self.pki.path("admin.key")))
+        return ctx

@@ -1,0 +1,155 @@
+"""The import graph keeps the layout ARCHITECTURE.md describes (docs/architecture.md).
+
+Read from the sources (every ``import``, at module level or inside a function), so a lazy import
+counts as much as a top-level one: no cycle among our modules; nothing imports ``controller.cli``;
+only ``controller.kube`` imports the kubernetes client; ``controller.render`` is pure; the
+controller never imports torch; nothing outside tests/ imports tests/.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("controller", "trainer", "localkube", "bench", "examples")
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports (absolute names; relative imports resolved)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = _module_name(path)
+    if path.name != "__init__.py":
+        package = package.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join([*base, node.module] if node.module else base)
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" for a in node.names)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    files = [p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")]
+    files += list((REPO / "tests").rglob("*.py"))
+    modules = {_module_name(p): p for p in files}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        graph[name] = {m for m in _imports(path) if m in modules and m != name}
+    return graph
+
+
+GRAPH = _graph()
+
+
+def _importers(target: str) -> list[str]:
+    return sorted(
+        m
+        for m, deps in GRAPH.items()
+        if any(d == target or d.startswith(target + ".") for d in deps)
+    )
+
+
+def test_the_graph_was_read():
+    """Guards the tests below against an empty graph (a wrong root would make them vacuous)."""
+    assert "controller.cli.main" in GRAPH and "controller.kube.client" in GRAPH
+    assert "controller.kube.client" in GRAPH["controller.jobs.status"]
+
+
+def test_no_import_cycles():
+    """Tarjan's strongly connected components: any component of two or more is a cycle.
+
+    A package's ``__init__`` and its own modules are not counted as a cycle (Python loads the
+    package first, by design)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    counter = [0]
+
+    def edges(m: str) -> set[str]:
+        return {d for d in GRAPH[m] if not m.startswith(d + ".")}
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges(v):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for m in GRAPH:
+        if m not in index:
+            visit(m)
+    assert cycles == [], f"import cycles: {cycles}"
+
+
+def test_nothing_imports_the_cli():
+    outside = [
+        m for m in _importers("controller.cli") if not m.startswith(("controller.cli", "tests."))
+    ]
+    assert outside == ["controller.__main__"], outside
+
+
+def test_only_the_api_layer_imports_kubernetes():
+    users = []
+    for path in (REPO / "controller").rglob("*.py"):
+        if any(m == "kubernetes" or m.startswith("kubernetes.") for m in _imports(path)):
+            users.append(_module_name(path))
+    assert users and all(u.startswith("controller.kube.") for u in users), users
+
+
+@pytest.mark.parametrize("layer", ["controller.kube", "controller.jobs", "controller.cli"])
+def test_render_is_pure(layer):
+    renderers = [m for m in GRAPH if m.startswith("controller.render")]
+    assert renderers
+    for m in renderers:
+        assert not any(d == layer or d.startswith(layer + ".") for d in GRAPH[m]), (m, layer)
+
+
+def test_the_api_layer_gives_no_advice():
+    """Advice is the CLI's: the API layer imports nothing from cli/ or jobs/."""
+    for m in (m for m in GRAPH if m.startswith("controller.kube")):
+        assert not any(d.startswith(("controller.cli.", "controller.jobs.")) for d in GRAPH[m]), m
+
+
+def test_the_controller_never_imports_torch():
+    for path in (REPO / "controller").rglob("*.py"):
+        assert not any(m == "torch" or m.startswith("torch.") for m in _imports(path)), path
+
+
+def test_nothing_outside_tests_imports_tests():
+    outside = [m for m in _importers("tests") if not m.startswith("tests")]
+    assert outside == [], outside
