@@ -1,7 +1,7 @@
 """Rank 0's stdout, one line at a time, turned into a progress bar with an ETA.
 
 The trainer prints JSON events (``{"event": "train", "step": 120, "max_steps": 1000, ...}``)
-beside human lines (ARCHITECTURE.md, "The trainer's stdout contract"). Feed every line to
+beside human lines (docs/architecture.md, "The trainer's stdout contract"). Feed every line to
 :class:`Progress`; it works the same for ``run --local`` (a child's pipe), ``logs -f`` and
 ``submit --follow`` (a pod's log stream):
 

@@ -1,4 +1,4 @@
-"""The import graph keeps the layout ARCHITECTURE.md describes (docs/architecture.md).
+"""The import graph keeps the layout docs/architecture.md describes.
 
 Read from the sources (every ``import``, at module level or inside a function), so a lazy import
 counts as much as a top-level one: no cycle among our modules; nothing imports ``controller.cli``;
