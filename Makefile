@@ -12,7 +12,7 @@ SPEC ?= examples/quickstart.yaml
 NODE_PACKAGES := containerd runc containernetworking-plugins iptables conntrack socat \
 	podman buildah skopeo mmdebstrap busybox-static uidmap
 
-.PHONY: node-deps venv demo test test-fast lint fmt image push cluster-up cluster-down tools kind-up e2e bench schema
+.PHONY: node-deps venv demo test test-fast lint fmt image push cluster-up cluster-down tools kind-up e2e bench generate
 
 venv: $(STAMP)  ## create .venv and install ddpjob with every extra (torch included)
 
@@ -42,8 +42,8 @@ fmt: venv
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
-schema: venv  ## regenerate the checked-in JSON Schema of the job spec
-	$(PY) -m controller schema > controller/spec.schema.json
+generate: venv  ## write every generated file: JSON Schemas, chart CI values, k8s example, goldens
+	$(PY) -m controller.generate
 
 cluster-up: venv  ## build (once, cached) and start a real control plane on 127.0.0.1
 	$(PY) -m localkube up

@@ -758,7 +758,8 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
 
 
 def json_schema() -> dict[str, Any]:
-    """The JSON Schema of the spec (draft 2020-12), as checked in at controller/spec.schema.json."""
+    """The JSON Schema of the spec (draft 2020-12); ``make generate`` checks it in at
+    controller/spec.schema.json."""
     schema = JobSpec.model_json_schema()
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
 

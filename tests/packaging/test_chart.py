@@ -252,16 +252,6 @@ def test_ci_cases_exist_and_lint_clean(helm, tmp_path):
         assert doc["kind"] == "PyTorchJob", path.name
 
 
-def test_ci_cases_from_examples_are_current():
-    """ci/<example>-values.yaml is `render <example> --values`: regenerated on purpose."""
-    for example in EXAMPLES:
-        path = CHART / "ci" / f"{example.stem}-values.yaml"
-        assert path.exists(), path
-        assert yaml.safe_load(path.read_text()) == spec_values(example), (
-            f"{path} is stale: python -m controller render {example} --values > {path}"
-        )
-
-
 def test_values_yaml_points_editors_at_the_schema_and_comments_every_key():
     text = (CHART / "values.yaml").read_text()
     lines = text.splitlines()
