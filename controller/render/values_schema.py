@@ -86,10 +86,9 @@ def values_schema() -> dict[str, Any]:
             prop = _or_empty(prop, _EMPTY_MEANS[key])
         if key in ("env", "secret_env"):  # rule 4
             prop = _map_as_list(key, prop)
-        if key == "args":
+        if key == "args":  # rule 1: the trainer's settings arrive here
             prop["description"] = _ARGS_DESCRIPTION
-        if key in ("resources", "gang", "elastic"):  # rule 5, in the section
-            prop = _defaults_required(prop)
+        prop = _defaults_required(prop)  # rule 5, in a section (resources, gang, elastic)
         prop.pop("default", None)
         if key != "image":  # rule 6
             prop["default"] = defaults[key]
@@ -171,7 +170,7 @@ def _map_as_list(key: str, prop: dict[str, Any]) -> dict[str, Any]:
 
 def _defaults_required(prop: dict[str, Any]) -> dict[str, Any]:
     """Rule 5 in a section (or the section branch of ``section | null``): a field with a
-    value default is required too."""
+    value default is required too. Anything else (a list, a map) is left as it is."""
     for obj in [prop, *prop.get("anyOf", [])]:
         if obj.get("type") == "object" and "properties" in obj:
             defaulted = [k for k, p in obj["properties"].items() if _is_a_value(p.get("default"))]
