@@ -12,7 +12,13 @@ SPEC ?= examples/quickstart.yaml
 NODE_PACKAGES := containerd runc containernetworking-plugins iptables conntrack socat \
 	podman buildah skopeo mmdebstrap busybox-static uidmap
 
-.PHONY: node-deps venv demo test test-fast lint fmt image push cluster-up cluster-down tools kind-up e2e bench schema
+.PHONY: help node-deps venv demo test test-fast lint fmt generate image push cluster-up \
+	cluster-down tools kind-up e2e bench
+
+# First, so that a bare `make` lists the targets: each one's `## ...` comment is its description.
+help:  ## list the targets and what each does
+	@awk '/^[a-z][a-z0-9-]*:.*## / { name = $$0; sub(/:.*/, "", name); desc = $$0; \
+		sub(/^[^#]*## /, "", desc); printf "  %-13s %s\n", name, desc }' $(firstword $(MAKEFILE_LIST))
 
 venv: $(STAMP)  ## create .venv and install ddpjob with every extra (torch included)
 
@@ -34,16 +40,16 @@ test: venv tools  ## the whole suite: unit, multi-process DDP, local control pla
 test-fast: venv  ## everything that needs no control plane
 	$(PY) -m pytest -m "not cluster"
 
-lint: venv
+lint: venv  ## ruff: lint and check formatting
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-fmt: venv
+fmt: venv  ## ruff: fix what it can and format
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
-schema: venv  ## regenerate the checked-in JSON Schema of the job spec
-	$(PY) -m controller schema > controller/spec.schema.json
+generate: venv  ## write every generated file: JSON Schemas, chart CI values, k8s example, goldens
+	$(PY) -m controller.generate
 
 cluster-up: venv  ## build (once, cached) and start a real control plane on 127.0.0.1
 	$(PY) -m localkube up
@@ -69,7 +75,7 @@ tools: venv  ## build the pinned control-plane binaries into the cache, start no
 kind-up:  ## for machines with Docker: a kind cluster with the Kubeflow training operator
 	$(PY) -m localkube kind-up
 
-e2e: venv
+e2e: venv  ## the end-to-end and local-cluster tests only
 	$(PY) -m pytest tests/e2e tests/localkube
 
 bench: venv  ## benchmarks: ratios measured side by side in one run

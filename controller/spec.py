@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
@@ -36,10 +37,16 @@ from trainer.config import TrainConfig, format_errors
 DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+# A label name, or the name part of a label or annotation key: at most 63 characters.
+LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]")
+# A label or annotation key: an optional DNS subdomain prefix and `/`, then a label name.
+LABEL_KEY = re.compile(rf"({DNS1123_SUBDOMAIN.pattern}/)?{LABEL_NAME.pattern}")
 ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+# ASCII digits only: Kubernetes reads no others (Python's \d would take any Unicode digit).
 QUANTITY = re.compile(
-    r"(?P<num>\d+(\.\d*)?|\.\d+)(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][-+]?\d+)?"
+    r"(?P<num>[0-9]+(\.[0-9]*)?|\.[0-9]+)"
+    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][-+]?[0-9]+)?"
 )
 _SUFFIX_FACTOR = {
     None: Decimal(1),
@@ -95,8 +102,54 @@ def _label_key(key: str) -> str | None:
     return None
 
 
-# Quantities may be written as YAML numbers (`cpu: 4`); editors should accept that too.
-_QUANTITY_SCHEMA: dict[str, Any] = {"type": ["string", "number"]}
+# --------------------------------------------------------------------------------------------
+# The same rules in JSON Schema: editors read them from controller/spec.schema.json, and the
+# chart's values.schema.json inherits them (controller/render/values_schema.py). They are added
+# with json_schema_extra, which changes no validation: the validators below stay the rules, and
+# the schema describes them as far as JSON Schema can (not the rules across fields).
+
+
+def json_pattern(rx: re.Pattern[str]) -> str:
+    """``rx`` as a JSON Schema ``pattern``: anchored (a JSON Schema pattern searches; our
+    validators fullmatch), without Python's named groups, so that Go (helm), ECMAScript (editors)
+    and Python read it alike."""
+    return "^" + re.sub(r"\(\?P<\w+>", "(", rx.pattern) + "$"
+
+
+def _on(json_type: str, **rules: Any) -> Callable[[dict[str, Any]], None]:
+    """json_schema_extra adding ``rules`` to the ``json_type`` schema of a field, also inside
+    ``X | None`` (pydantic writes ``anyOf: [X, null]``; the rules belong to the X branch)."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        branches = [b for b in schema.get("anyOf", []) if b.get("type") == json_type]
+        (branches[0] if branches else schema).update(rules)
+
+    return extra
+
+
+def _any_of(*prefixes: str) -> str:
+    """A pattern for text starting with one of ``prefixes``. Escapes only what must be: the
+    ``\\-`` that re.escape writes is an error in ECMAScript's unicode mode (editors)."""
+    escaped = (re.sub(r"([\\^$.|?*+()\[\]{}])", r"\\\1", p) for p in prefixes)
+    return "^(" + "|".join(escaped) + ")"
+
+
+_DNS_LABEL = {"pattern": json_pattern(DNS1123_LABEL), "maxLength": 63}
+_OBJECT_NAME = {"pattern": json_pattern(DNS1123_SUBDOMAIN), "maxLength": 253}
+# Quantities may be written as YAML numbers (`cpu: 4`); editors should accept that too. A
+# pattern applies to strings only and exclusiveMinimum to numbers only.
+_QUANTITY_SCHEMA: dict[str, Any] = {
+    "type": ["string", "number"],
+    "pattern": json_pattern(QUANTITY),
+    "exclusiveMinimum": 0,
+}
+_ENV_NAMES = {
+    "pattern": json_pattern(ENV_NAME),
+    "not": {"anyOf": [{"enum": list(OPERATOR_ENV)}, {"pattern": _any_of(OPERATOR_ENV_PREFIX)}]},
+}
+# 253 (prefix) + "/" + 63 (name); the pattern bounds the name alone.
+_LABEL_KEYS = {"pattern": json_pattern(LABEL_KEY), "maxLength": 317}
+_LABEL_VALUES = {"type": "string", "pattern": "^(" + LABEL_NAME.pattern + ")?$"}
 
 
 class _Model(BaseModel):
@@ -133,8 +186,14 @@ class Resources(_Model):
 class SecretKeyRef(_Model):
     """One key of a Kubernetes Secret, exposed to the trainer as an environment variable."""
 
-    secret: str = Field(description="Name of the Secret in the job's namespace.")
-    key: str = Field(description="Key inside the Secret.")
+    secret: str = Field(
+        description="Name of the Secret in the job's namespace.",
+        json_schema_extra=_OBJECT_NAME,
+    )
+    key: str = Field(
+        description="Key inside the Secret.",
+        json_schema_extra={"pattern": json_pattern(SECRET_KEY), "maxLength": 253},
+    )
 
     @field_validator("secret")
     @classmethod
@@ -146,7 +205,7 @@ class SecretKeyRef(_Model):
     @field_validator("key")
     @classmethod
     def _key_form(cls, v: str) -> str:
-        if not re.fullmatch(r"[-._a-zA-Z0-9]+", v) or len(v) > 253:
+        if not SECRET_KEY.fullmatch(v) or len(v) > 253:
             raise ValueError("must be a Secret key: letters, digits, -, _ and .")
         return v
 
@@ -154,11 +213,25 @@ class SecretKeyRef(_Model):
 class Volume(_Model):
     """A PersistentVolumeClaim mounted into every pod (data sets, checkpoints)."""
 
-    name: str = Field(description="Volume name inside the pod (DNS-1123 label), e.g. `ckpt`.")
-    claim: str = Field(description="Name of an existing PersistentVolumeClaim in the namespace.")
-    mount_path: str = Field(description="Absolute path inside the container, e.g. `/ckpt`.")
+    name: str = Field(
+        description="Volume name inside the pod (DNS-1123 label), e.g. `ckpt`.",
+        json_schema_extra={**_DNS_LABEL, "not": {"enum": list(RESERVED_VOLUMES)}},
+    )
+    claim: str = Field(
+        description="Name of an existing PersistentVolumeClaim in the namespace.",
+        json_schema_extra=_OBJECT_NAME,
+    )
+    mount_path: str = Field(
+        description="Absolute path inside the container, e.g. `/ckpt`.",
+        json_schema_extra={"pattern": "^/", "not": {"pattern": _any_of(*RESERVED_MOUNTS) + "/*$"}},
+    )
     read_only: bool = Field(False, description="Mount read-only (data sets shared by many jobs).")
-    sub_path: str | None = Field(None, description="Mount only this sub-directory of the volume.")
+    sub_path: str | None = Field(
+        None,
+        description="Mount only this sub-directory of the volume.",
+        # Relative, and no `..` among its parts.
+        json_schema_extra=_on("string", **{"not": {"pattern": r"^/|(^|/)\.\.(/|$)"}}),
+    )
 
     @field_validator("name")
     @classmethod
@@ -259,13 +332,20 @@ class JobSpec(_Model):
         description=(
             "Job name: a DNS-1035 label (lowercase letters, digits, -; starts with a letter), "
             "short enough that `<name>-worker-<index>` fits in 63 characters."
-        )
+        ),
+        json_schema_extra={"pattern": json_pattern(DNS1035_LABEL), "maxLength": 63},
     )
-    namespace: str = Field("default", description="Kubernetes namespace to run in.")
-    image: str = Field(description="Container image with the trainer (and your code).")
+    namespace: str = Field(
+        "default", description="Kubernetes namespace to run in.", json_schema_extra=_DNS_LABEL
+    )
+    image: str = Field(
+        description="Container image with the trainer (and your code).",
+        json_schema_extra={"pattern": r"^\S+$"},
+    )
     command: list[str] | None = Field(
         None,
         description="Container command; default `python -m trainer`.",
+        json_schema_extra=_on("array", minItems=1),
     )
     args: list[str] | None = Field(
         None,
@@ -300,7 +380,10 @@ class JobSpec(_Model):
         default_factory=dict,
         description="Environment variables for the trainer, in this order (values are strings).",
         # Numbers and booleans are accepted and turned into strings (`OMP_NUM_THREADS: 4`).
-        json_schema_extra={"additionalProperties": {"type": ["string", "number", "boolean"]}},
+        json_schema_extra={
+            "propertyNames": _ENV_NAMES,
+            "additionalProperties": {"type": ["string", "number", "boolean"]},
+        },
     )
     secret_env: dict[str, SecretKeyRef] = Field(
         default_factory=dict,
@@ -308,30 +391,50 @@ class JobSpec(_Model):
             "Environment variables read from Secret keys. Only the reference is written into "
             "the manifest, never the value."
         ),
+        json_schema_extra={"propertyNames": _ENV_NAMES},
     )
     volumes: list[Volume] = Field(
         default_factory=list, description="PersistentVolumeClaims to mount (data, checkpoints)."
     )
     node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Node labels the pods must match."
+        default_factory=dict,
+        description="Node labels the pods must match.",
+        json_schema_extra={"propertyNames": _LABEL_KEYS, "additionalProperties": _LABEL_VALUES},
     )
     tolerations: list[Toleration] = Field(
         default_factory=list, description="Taints the pods tolerate."
     )
     priority_class: str | None = Field(
-        None, description="PriorityClass of the pods (and of the gang, with gang scheduling)."
+        None,
+        description="PriorityClass of the pods (and of the gang, with gang scheduling).",
+        json_schema_extra=_on("string", **_OBJECT_NAME),
     )
     service_account: str | None = Field(
-        None, description="ServiceAccount the pods run as; default: the namespace's default."
+        None,
+        description="ServiceAccount the pods run as; default: the namespace's default.",
+        json_schema_extra=_on("string", **_OBJECT_NAME),
     )
     image_pull_secrets: list[str] = Field(
-        default_factory=list, description="Secrets with registry credentials to pull the image."
+        default_factory=list,
+        description="Secrets with registry credentials to pull the image.",
+        json_schema_extra={"items": {"type": "string", **_OBJECT_NAME}},
     )
     labels: dict[str, str] = Field(
-        default_factory=dict, description="Extra labels on the PyTorchJob and its pods."
+        default_factory=dict,
+        description="Extra labels on the PyTorchJob and its pods.",
+        json_schema_extra={
+            # Not the keys ddpjob and the operator set (the validator's _unique_names).
+            "propertyNames": {
+                **_LABEL_KEYS,
+                "not": {"pattern": _any_of(*RESERVED_LABEL_PREFIXES)},
+            },
+            "additionalProperties": _LABEL_VALUES,
+        },
     )
     annotations: dict[str, str] = Field(
-        default_factory=dict, description="Extra annotations on the PyTorchJob and its pods."
+        default_factory=dict,
+        description="Extra annotations on the PyTorchJob and its pods.",
+        json_schema_extra={"propertyNames": _LABEL_KEYS},
     )
     queue: str | None = Field(
         None,
@@ -339,6 +442,7 @@ class JobSpec(_Model):
             "Kueue LocalQueue name: sets the `kueue.x-k8s.io/queue-name` label (and the gang's "
             "queue with gang scheduling)."
         ),
+        json_schema_extra=_on("string", **_OBJECT_NAME),
     )
     gang: Gang | None = Field(
         None, description="Gang scheduling: all pods start together or none do."
@@ -387,6 +491,9 @@ class JobSpec(_Model):
                 "must be a DNS-1035 label: lowercase letters, digits and -, starting with a "
                 "letter and ending with a letter or digit"
             )
+        # The operator's webhook checks this for a one-pod job too (no worker names to fit).
+        if len(v) > 63:
+            raise ValueError("must be at most 63 characters (a DNS-1035 label)")
         return v
 
     @field_validator("namespace")
@@ -651,7 +758,8 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
 
 
 def json_schema() -> dict[str, Any]:
-    """The JSON Schema of the spec (draft 2020-12), as checked in at controller/spec.schema.json."""
+    """The JSON Schema of the spec (draft 2020-12); ``make generate`` checks it in at
+    controller/spec.schema.json."""
     schema = JobSpec.model_json_schema()
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
 

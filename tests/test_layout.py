@@ -3,7 +3,8 @@
 Read from the sources (every ``import``, at module level or inside a function), so a lazy import
 counts as much as a top-level one: no cycle among our modules; nothing imports ``controller.cli``;
 only ``controller.kube`` imports the kubernetes client; ``controller.render`` is pure; the
-controller never imports torch; nothing outside tests/ imports tests/.
+controller never imports torch; nothing outside tests/ imports tests/; nothing but tests imports
+``controller.generate``.
 """
 
 from __future__ import annotations
@@ -152,4 +153,12 @@ def test_the_controller_never_imports_torch():
 
 def test_nothing_outside_tests_imports_tests():
     outside = [m for m in _importers("tests") if not m.startswith("tests")]
+    assert outside == [], outside
+
+
+def test_nothing_imports_the_generator():
+    """controller.generate (make generate) is a development tool that writes files: no command
+    and no other module may depend on it."""
+    assert "controller.generate" in GRAPH
+    outside = [m for m in _importers("controller.generate") if not m.startswith("tests.")]
     assert outside == [], outside

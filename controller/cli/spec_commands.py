@@ -3,7 +3,7 @@
     python -m controller validate examples/quickstart.yaml
     python -m controller render examples/gpu.yaml | kubectl apply -f -
     python -m controller render examples/gpu.yaml --values      # Helm chart values instead
-    python -m controller schema > controller/spec.schema.json
+    python -m controller schema        # the spec's JSON Schema (make generate checks it in)
     python -m controller run examples/quickstart.yaml --local
 
 Start-up stays cheap: pydantic is imported when a spec is read, torch and the kubernetes client

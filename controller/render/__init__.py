@@ -2,5 +2,5 @@
 
 ``pytorchjob.py`` (Kubeflow training operator v1), ``pod.py`` (the pod both APIs carry),
 ``args.py`` (trainer settings -> container args), ``values.py`` (Helm chart values),
-``output.py`` (YAML/JSON text).
+``values_schema.py`` (their JSON Schema, from the spec's), ``output.py`` (YAML/JSON text).
 """

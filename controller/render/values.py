@@ -16,6 +16,9 @@ exactly, the value is the renderer's own output instead of the spec's input:
   environment order matters (``$(VAR)`` references expand only from earlier entries).
 - Optional settings that are unset are written out as ``""`` (names) or ``null`` (numbers and
   sections), never left out, so a chart default can't leak into a rendered job.
+
+``values_schema.py`` reshapes the spec's JSON Schema by the same rules into the chart's
+values.schema.json: change both or neither.
 """
 
 from __future__ import annotations

@@ -67,7 +67,10 @@ def test_render_prints_the_manifest(fmt, capsys):
     got = json.loads(out) if fmt == "json" else yaml.safe_load(out)
     assert got == render_pytorchjob(load_spec(QUICKSTART))
     if fmt == "yaml":
-        assert out == (REPO / "tests/controller/golden/quickstart.yaml").read_text()
+        # The golden file is this output under its generated-file comment lines.
+        golden = (REPO / "tests/controller/golden/quickstart.yaml").read_text()
+        assert golden.endswith(out)
+        assert all(line.startswith("# ") for line in golden[: -len(out)].splitlines())
 
 
 def test_render_values_hands_the_spec_to_the_chart_values(capsys):
@@ -81,16 +84,12 @@ def test_run_needs_local(capsys):
     assert "only --local is supported" in capsys.readouterr().err
 
 
-def test_checked_in_schema_is_current():
-    checked_in = (REPO / "controller" / "spec.schema.json").read_text()
-    assert checked_in == json.dumps(json_schema(), indent=2) + "\n", (
-        "controller/spec.schema.json is stale: run `make schema`"
-    )
-
-
 def test_schema_command_prints_it(capsys):
+    """The schema `make generate` writes to controller/spec.schema.json (with its mark)."""
     assert main(["schema"]) == 0
-    assert json.loads(capsys.readouterr().out)["title"] == "ddpjob job spec"
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["title"] == "ddpjob job spec"
+    assert printed == json_schema()
 
 
 def test_examples_point_editors_at_the_schema():

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from controller import spec as spec_module
 from controller.errors import UserError
-from controller.spec import JobSpec, json_schema, parse_quantity, validate_spec
+from controller.spec import JobSpec, json_pattern, json_schema, parse_quantity, validate_spec
 from tests.controller.conftest import minimal
 
 VALID = [
@@ -45,6 +48,8 @@ INVALID = [
      "name: must be a DNS-1035 label: lowercase letters, digits and -, starting with a letter "
      "and ending with a letter or digit (got Demo)"),
     ("name starts with digit", minimal(name="1job"), "name: must be a DNS-1035 label"),
+    ("name too long for one pod", minimal(name="a" * 64),
+     "name: must be at most 63 characters (a DNS-1035 label)"),
     ("name too long for worker pods", minimal(name="a" * 55, nodes=2),
      f"name: '{'a' * 55}-worker-0' is 64 characters; pod and service names hold 63. "
      "Shorten name to at most 54 characters"),
@@ -165,6 +170,28 @@ def test_every_model_forbids_unknown_keys():
     models = [schema, *schema["$defs"].values()]
     objects = [m for m in models if m.get("type") == "object" and "properties" in m]
     assert objects and all(m.get("additionalProperties") is False for m in objects)
+
+
+@pytest.mark.parametrize(
+    "rx",
+    ["DNS1035_LABEL", "DNS1123_LABEL", "DNS1123_SUBDOMAIN", "LABEL_NAME", "LABEL_KEY",
+     "ENV_NAME", "SECRET_KEY", "QUANTITY"],
+)  # fmt: skip
+def test_schema_patterns_match_what_the_validators_match(rx):
+    """The spec's JSON Schema (and through it the chart's) carries each validator regex as a
+    pattern that JSON Schema searches: it must accept exactly the strings the regex fullmatches.
+    (No newlines among the samples: Python's `$` also matches before a final newline, Go's not.)
+    """
+    regex = getattr(spec_module, rx)
+    pattern = re.compile(json_pattern(regex))
+    samples = [
+        "", "a", "job", "a-b", "-a", "a-", "1a", "A", "Ab_c.d", "a.b", "a..b", ".a", "a b",
+        "example.com/x", "Example.com/x", "example.com/", "/x", "a/b/c", "x" * 63, "x" * 64,
+        "a" * 62 + "-", "500m", "1.5Gi", ".5", "1e3", "2E-3", "-1", "1.", "16Gi", "1Gb", "lots",
+        "\u0661", "OMP_NUM_THREADS", "_x", "x.y-z", "9abc",
+    ]  # fmt: skip
+    wrong = [s for s in samples if bool(pattern.search(s)) != bool(regex.fullmatch(s))]
+    assert not wrong, (rx, pattern.pattern, wrong)
 
 
 def test_worker_replicas_and_world_size():

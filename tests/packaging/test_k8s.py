@@ -120,10 +120,7 @@ def test_example_job_is_what_controller_render_gives(objects):
     (quickstart,) = [p for p in EXAMPLES if p.name == "quickstart.yaml"]
     data = yaml.safe_load(quickstart.read_text())
     expected = render_pytorchjob(validate_spec({**data, "namespace": NAMESPACE}))
-    assert job == expected, (
-        "k8s/pytorchjob.yaml is stale: python -m controller render examples/quickstart.yaml "
-        "--set namespace=ddpjob > k8s/pytorchjob.yaml"
-    )
+    assert job == expected, "k8s/pytorchjob.yaml is stale: run `make generate`"
 
 
 def test_operator_init_container_template_is_restricted():
