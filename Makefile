@@ -12,7 +12,8 @@ SPEC ?= examples/quickstart.yaml
 NODE_PACKAGES := containerd runc containernetworking-plugins iptables conntrack socat \
 	podman buildah skopeo mmdebstrap busybox-static uidmap
 
-.PHONY: node-deps venv demo test test-fast lint fmt image push cluster-up cluster-down tools kind-up e2e bench schema
+.PHONY: node-deps venv demo test test-fast lint fmt image push cluster-up cluster-down tools kind-up e2e bench schema \
+	gpu-wheels
 
 venv: $(STAMP)  ## create .venv and install ddpjob with every extra (torch included)
 
@@ -74,6 +75,22 @@ e2e: venv
 
 bench: venv  ## benchmarks: ratios measured side by side in one run
 	$(PY) bench/run.py
+
+# The wheels a lent GPU machine's image lacks (bench/gpu-wheels.txt), for its Python (CPython
+# 3.12, x86-64): the device tool's run carries .whl/ (git-ignored) and bench/gpu_env.sh installs
+# them there. See docs/gpu.md for the whole run.
+GPU_WHEELS := bench/gpu-wheels.txt
+GPU_WHEEL_TARGET := --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+	--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64
+
+gpu-wheels:  ## download into .whl/ the wheels a lent GPU machine lacks (docs/gpu.md)
+	rm -rf .whl && mkdir -p .whl/if-older
+	$(PYTHON) -m pip download -q $(GPU_WHEEL_TARGET) -d .whl \
+		$$(grep -v -e '^#' -e 'if-older' $(GPU_WHEELS) | cut -d' ' -f1)
+	$(PYTHON) -m pip download -q $(GPU_WHEEL_TARGET) -d .whl/if-older \
+		$$(grep -v '^#' $(GPU_WHEELS) | grep 'if-older' | cut -d' ' -f1)
+	@ls .whl/*.whl .whl/if-older/*.whl
 
 image:  ## build the CUDA trainer image (needs a Docker engine with BuildKit): make image IMAGE=... TAG=...
 	DOCKER_BUILDKIT=1 docker build \
