@@ -13,7 +13,7 @@ NODE_PACKAGES := containerd runc containernetworking-plugins iptables conntrack 
 	podman buildah skopeo mmdebstrap busybox-static uidmap
 
 .PHONY: node-deps venv demo test test-fast lint fmt image push cluster-up cluster-down tools kind-up e2e bench schema \
-	gpu-wheels
+	gpu-wheels gpu-dry-run
 
 venv: $(STAMP)  ## create .venv and install ddpjob with every extra (torch included)
 
@@ -91,6 +91,9 @@ gpu-wheels:  ## download into .whl/ the wheels a lent GPU machine lacks (docs/gp
 	$(PYTHON) -m pip download -q $(GPU_WHEEL_TARGET) -d .whl/if-older \
 		$$(grep -v '^#' $(GPU_WHEELS) | grep 'if-older' | cut -d' ' -f1)
 	@ls .whl/*.whl .whl/if-older/*.whl
+
+gpu-dry-run: venv  ## bench/gpu_check.py's harness on CPU: the real trainer runs, GPU checks skipped
+	$(PY) bench/gpu_check.py --cpu-dry-run --only fp32,bf16,fp16,resume --steps 8
 
 image:  ## build the CUDA trainer image (needs a Docker engine with BuildKit): make image IMAGE=... TAG=...
 	DOCKER_BUILDKIT=1 docker build \
