@@ -11,9 +11,9 @@ Runbook (docs/gpu.md has every step)::
     python bench/gpu_check.py --only fill --fill-size large               # another MFU size
     python bench/gpu_check.py --schema                                    # the report's schema
 
-Each scenario is the real trainer, ``torchrun --standalone --nproc-per-node 1 -m trainer
-key=value ...`` with ``backend=nccl``, read through its JSON-lines events, its checkpoint and
-NCCL's own log (NCCL_DEBUG=INFO). Scenarios, all on the lm task at ``--size`` unless noted:
+Each scenario is the real trainer, ``torchrun --nproc-per-node 1 -m trainer key=value ...``
+with ``backend=nccl``, read through its JSON-lines events, its checkpoint and NCCL's own log
+(NCCL_DEBUG=INFO). Scenarios, all on the lm task at ``--size`` unless noted:
 
     fp32     precision=fp32 tf32=false              tf32     precision=fp32 tf32=true
     bf16     precision=bf16 (writes a checkpoint)   fp16     precision=fp16, overflow forced
@@ -43,6 +43,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -283,9 +284,15 @@ def run_scenario(name: str, plan: Plan, timeout_s: float, log) -> Any:
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
+        "--nnodes",
+        "1",
         "--nproc-per-node",
         str(nproc),
+        # Loopback, not --standalone's host name: a lent machine's name may not resolve.
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
         "-m",
         "trainer",
         *(f"{k}={_yaml_scalar(v)}" for k, v in overrides.items()),
@@ -328,6 +335,12 @@ def run_scenario(name: str, plan: Plan, timeout_s: float, log) -> Any:
     return result
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _events(stdout: str) -> list[dict[str, Any]]:
     """The trainer's JSON-lines events among its stdout lines (human lines are skipped)."""
     events = []
@@ -348,14 +361,14 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: subprocess.Popen, grace_s: float = 30) -> None:
     """Stop a torchrun we started: SIGTERM first (it stops its workers, which checkpoint and
     exit 143), then SIGKILL what is left. torchrun starts each worker in a session of its own,
     so the workers are found by parent pid before torchrun goes."""
     workers = _children(proc.pid)
     proc.send_signal(signal.SIGTERM)
     try:
-        proc.wait(timeout=30)
+        proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         for pid in [*workers, proc.pid]:  # each one leads its own process group
             with contextlib.suppress(ProcessLookupError, PermissionError):

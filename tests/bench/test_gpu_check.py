@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,55 @@ def test_flops_are_counted_from_the_config_the_run_printed() -> None:
         defaults["n_layer"], defaults["n_embd"], defaults["block_size"], vocab
     )
     assert gc.lm_flops_of({"task": "vision", "task_args": {}}) is None
+
+
+def test_a_spent_budget_still_prints_the_report() -> None:
+    """Runs the budget cannot fit are reported as not run, and the report still comes out, so
+    one device call always returns one."""
+    p = _run(["--cpu-dry-run", "--only", "fp32,bf16", "--budget-s", "1"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    report = Report.model_validate_json(p.stdout)
+    assert {n: r.not_run for n, r in report.runs.items()} == {
+        "fp32": "time budget spent (--budget-s 1)",
+        "bf16": "time budget spent (--budget-s 1)",
+    }
+    assert report.checks.fp32.status == "skip" and "time budget" in report.checks.fp32.why
+
+
+_STUBBORN = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+worker = subprocess.Popen(
+    [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+     " time.sleep(120)"],
+    start_new_session=True,  # as torchrun starts its workers
+)
+print(worker.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state == "Z"  # killed, waiting for its new parent to reap it
+
+
+def test_stop_ends_a_launcher_and_the_workers_in_their_own_sessions() -> None:
+    """A timed-out run must leave no process behind (on a GPU machine, one holding the GPU),
+    even when the launcher ignores SIGTERM and its workers sit in sessions of their own."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STUBBORN], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    worker = int(proc.stdout.readline())
+    gc._stop(proc, grace_s=1)
+    assert proc.returncode is not None
+    deadline = time.monotonic() + 10
+    while not _gone(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _gone(worker)
 
 
 @pytest.mark.slow
