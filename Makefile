@@ -13,7 +13,7 @@ NODE_PACKAGES := containerd runc containernetworking-plugins iptables conntrack 
 	podman buildah skopeo mmdebstrap busybox-static uidmap
 
 .PHONY: help node-deps venv demo test test-fast lint fmt generate image push cluster-up \
-	cluster-down tools kind-up e2e bench
+	cluster-down tools kind-up e2e bench gpu-wheels gpu-dry-run
 
 # First, so that a bare `make` lists the targets: each one's `## ...` comment is its description.
 help:  ## list the targets and what each does
@@ -80,6 +80,25 @@ e2e: venv  ## the end-to-end and local-cluster tests only
 
 bench: venv  ## benchmarks: ratios measured side by side in one run
 	$(PY) bench/run.py
+
+# The wheels a lent GPU machine's image lacks (bench/gpu-wheels.txt), for its Python (CPython
+# 3.12, x86-64): the device tool's run carries .whl/ (git-ignored) and bench/gpu_env.sh installs
+# them there. See docs/gpu.md for the whole run.
+GPU_WHEELS := bench/gpu-wheels.txt
+GPU_WHEEL_TARGET := --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+	--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64
+
+gpu-wheels:  ## download into .whl/ the wheels a lent GPU machine lacks (docs/gpu.md)
+	rm -rf .whl && mkdir -p .whl/if-older
+	$(PYTHON) -m pip download -q $(GPU_WHEEL_TARGET) -d .whl \
+		$$(grep -v -e '^#' -e 'if-older' $(GPU_WHEELS) | cut -d' ' -f1)
+	$(PYTHON) -m pip download -q $(GPU_WHEEL_TARGET) -d .whl/if-older \
+		$$(grep -v '^#' $(GPU_WHEELS) | grep 'if-older' | cut -d' ' -f1)
+	@ls .whl/*.whl .whl/if-older/*.whl
+
+gpu-dry-run: venv  ## bench/gpu_check.py's harness on CPU: the real trainer runs, GPU checks skipped
+	$(PY) bench/gpu_check.py --cpu-dry-run --only fp32,bf16,fp16,resume --steps 8
 
 image:  ## build the CUDA trainer image (needs a Docker engine with BuildKit): make image IMAGE=... TAG=...
 	DOCKER_BUILDKIT=1 docker build \

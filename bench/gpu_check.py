@@ -1,0 +1,655 @@
+"""Run ddpjob's GPU path on a real GPU and print one JSON report.
+
+Runbook (docs/gpu.md has every step)::
+
+    make gpu-wheels                # here, once: .whl/ holds what the GPU machine's image lacks
+    # on the GPU machine, from the repo root (the device tool's run, carry [".whl"]):
+    . bench/gpu_env.sh && python3 bench/gpu_check.py --log $OUT/gpu_check.log \
+        | tee $OUT/gpu_report.json
+
+    python bench/gpu_check.py --cpu-dry-run --only fp32,bf16,fp16,resume   # the harness on CPU
+    python bench/gpu_check.py --only fill --fill-size large               # another MFU size
+    python bench/gpu_check.py --schema                                    # the report's schema
+
+Each scenario is the real trainer, ``torchrun --nproc-per-node 1 -m trainer key=value ...``
+with ``backend=nccl``, read through its JSON-lines events, its checkpoint and NCCL's own log
+(NCCL_DEBUG=INFO). Scenarios, all on the lm task at ``--size`` unless noted:
+
+    fp32     precision=fp32 tf32=false              tf32     precision=fp32 tf32=true
+    bf16     precision=bf16 (writes a checkpoint)   fp16     precision=fp16, overflow forced
+    compile  bf16 + compile=true                    resume   bf16's checkpoint, trained on
+    fill     bf16 + compile at --fill-size (MFU)    syncbn   vision, 2 GPUs, sync_batchnorm
+
+In this process: the GPU's name (-> its peak dense bf16 FLOP/s), an 8192^3 bf16 matmul timed
+(the reachable ceiling), and the lm model's forward+backward with SDPA limited to the flash
+kernel. stdout carries the report alone; progress goes to stderr; ``--log`` keeps every run's
+output. A time budget (--budget-s) leaves room to print the report inside one device call.
+
+Exit codes: 0 no check failed, 1 a check failed, 2 bad arguments, 3 no CUDA GPU here,
+4 a package the trainer needs is missing (install the wheels: bench/gpu_env.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib.metadata
+import inspect
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.gpu_figures import lm_flops_per_token, peak_bf16_tflops  # noqa: E402 (stdlib only)
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_GPU, EXIT_MISSING = 0, 1, 2, 3, 4
+
+# Model shapes for the lm task (its own knobs: task_args) and the per-GPU batch. `small` and
+# `medium` are GPT-2 small's and medium's shapes at a 1024 context; the shipped corpus has 53
+# windows of 1024, enough for these batches. `tiny` is the CPU dry run's.
+SIZES: dict[str, tuple[dict[str, int], int]] = {
+    "tiny": ({"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32}, 8),
+    "small": ({"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024}, 32),
+    "medium": ({"n_layer": 24, "n_head": 16, "n_embd": 1024, "block_size": 1024}, 32),
+    "large": ({"n_layer": 24, "n_head": 16, "n_embd": 2048, "block_size": 1024}, 16),
+}
+SCENARIOS = ("fp32", "tf32", "bf16", "fp16", "compile", "resume", "fill", "syncbn")
+NEEDS = {"resume": "bf16"}  # resume trains on from bf16's checkpoint
+OVERFLOW_AT_STEP = 3
+MIN_RUN_S = 45  # below this much budget left, a scenario is not started
+PACKAGES = ("torch", "pydantic", "pydantic-core", "typing-extensions", "PyYAML", "nvidia-ml-py")
+FLOPS_FORMULA = "6 * (12 * n_layer * n_embd^2 + n_embd * vocab) + 12 * n_layer * seq_len * n_embd"
+FLOPS_CONVENTION = (
+    "matrix products of forward + backward (backward = 2x forward), attention over the full "
+    "seq_len x seq_len scores as PaLM/nanoGPT count it (a causal kernel does about half of "
+    "those), nothing recomputed; peak = dense bf16 tensor-core rate per GPU"
+)
+
+
+class UsageError(Exception):
+    """A bad argument: one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse prints usage + message; we want one line
+        raise UsageError(message)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = _Parser(prog="python bench/gpu_check.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", help=f"comma-separated scenarios (default all): {','.join(SCENARIOS)}")
+    p.add_argument("--size", help=f"lm model size for the scenarios: {', '.join(SIZES)}")
+    p.add_argument("--fill-size", help="lm model size for the fill (MFU) scenario")
+    p.add_argument("--steps", type=int, default=40, help="optimizer steps per run (>= 8)")
+    p.add_argument("--peak-tflops", type=float, help="peak dense bf16 TFLOP/s (else the table)")
+    p.add_argument("--budget-s", type=float, default=540, help="stop starting runs after this")
+    p.add_argument("--log", help="write every run's command, stdout, stderr and NCCL log here")
+    p.add_argument("--cpu-dry-run", action="store_true", help="run the harness on CPU (gloo)")
+    p.add_argument("--schema", action="store_true", help="print the report's JSON Schema")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="trainer settings added to every scenario (last wins), e.g. ddp.bucket_cap_mb=100",
+    )
+    args = p.parse_args(argv)
+    for item in args.overrides:
+        if not re.fullmatch(r"[A-Za-z_][\w.]*=.*", item):
+            raise UsageError(f"{item}: expected a trainer key=value (got {item!r})")
+
+    only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else []
+    unknown = [s for s in only if s not in SCENARIOS]
+    if unknown:
+        raise UsageError(
+            f"--only: unknown scenario (got {unknown[0]}). Choose from {', '.join(SCENARIOS)}"
+        )
+    args.only = [s for s in SCENARIOS if s in only] if only else list(SCENARIOS)
+    for s in args.only:
+        if s in NEEDS and NEEDS[s] not in args.only:
+            raise UsageError(
+                f"--only: {s} needs {NEEDS[s]}, which writes the checkpoint it resumes (got "
+                f"{','.join(args.only)}). Add {NEEDS[s]}"
+            )
+    default_size = "tiny" if args.cpu_dry_run else "small"
+    args.size = args.size or default_size
+    args.fill_size = args.fill_size or ("tiny" if args.cpu_dry_run else "medium")
+    for flag, value in (("--size", args.size), ("--fill-size", args.fill_size)):
+        if value not in SIZES:
+            raise UsageError(f"{flag}: unknown size (got {value}). Choose from {', '.join(SIZES)}")
+    if args.steps < 8:
+        raise UsageError(f"--steps: must be >= 8 (got {args.steps})")
+    if args.peak_tflops is not None and not args.peak_tflops > 0:
+        raise UsageError(f"--peak-tflops: must be > 0 (got {args.peak_tflops})")
+    if not args.budget_s > 0:
+        raise UsageError(f"--budget-s: must be > 0 (got {args.budget_s})")
+    return args
+
+
+# ---------------------------------------------------------------------------------------------
+# The scenarios: trainer command lines
+
+
+def _yaml_scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class Plan:
+    """Turns a scenario name into the trainer's key=value overrides."""
+
+    def __init__(self, args: argparse.Namespace, work: Path):
+        self.args, self.work = args, work
+        self.device = "cpu" if args.cpu_dry_run else "cuda"
+        self.backend = "gloo" if args.cpu_dry_run else "nccl"
+        self.log_every = args.steps // 4
+        self.resume_extra = 2 * self.log_every
+
+    def run_dir(self, name: str) -> Path:
+        return self.work / name
+
+    def size_of(self, name: str) -> str:
+        return self.args.fill_size if name == "fill" else self.args.size
+
+    def common(self, name: str) -> dict[str, Any]:
+        return {
+            "max_steps": self.args.steps,
+            "log_every": self.log_every,
+            "lr": 6e-4,
+            "eval_batches": 1,
+            "progress": "never",
+            "resume": "never",
+            "device": self.device,
+            "backend": self.backend,
+            "seed": 0,
+            "checkpoint.dir": str(self.run_dir(name) / "ckpt"),
+            "checkpoint.every_steps": 0,
+            "checkpoint.keep": 1,
+        }
+
+    def lm(self, name: str) -> dict[str, Any]:
+        task_args, batch = SIZES[self.size_of(name)]
+        return {
+            "task": "lm",
+            **{f"task_args.{k}": v for k, v in task_args.items()},
+            "task_args.dropout": 0.0,  # dropout is memory traffic, and it would blur the checks
+            "batch_size": batch,
+            **self.common(name),
+        }
+
+    def overrides(self, name: str) -> tuple[dict[str, Any], int]:
+        """(key=value overrides, processes) for one scenario."""
+        if name == "syncbn":
+            o = self.common(name) | {"task": "vision", "batch_size": 64, "sync_batchnorm": True}
+            return self._with_user_overrides(o), 2
+        o = self.lm(name)
+        if name == "fp32":
+            o |= {"precision": "fp32", "tf32": False}
+        elif name == "tf32":
+            o |= {"precision": "fp32", "tf32": True}
+        elif name in ("bf16", "compile", "fill"):
+            o |= {"precision": "bf16", "compile": name != "bf16"}
+        elif name == "fp16":
+            o |= {
+                "precision": "fp16",
+                "task": "bench.gpu_probe_task:build",
+                "task_args.overflow_at_step": OVERFLOW_AT_STEP,
+                "log_every": 1,  # the loss scale of every step, around the overflow
+            }
+        elif name == "resume":
+            o |= {
+                "precision": "bf16",
+                "resume": "auto",
+                "checkpoint.dir": str(self.run_dir("bf16") / "ckpt"),
+                "max_steps": self.args.steps + self.resume_extra,
+            }
+        return self._with_user_overrides(o), 1
+
+    def _with_user_overrides(self, o: dict[str, Any]) -> dict[str, Any]:
+        # Strings: the trainer parses each value as YAML, as it does on its own command line.
+        return o | dict(item.split("=", 1) for item in self.args.overrides)
+
+    def validate(self) -> None:
+        """Every scenario's settings through the trainer's own config and task loading, so a
+        bad key= fails here in one line, not in each run on the GPU. Raises ConfigError."""
+        from trainer.config import load_config
+        from trainer.tasks import load_task
+
+        for name in self.args.only:
+            overrides, _ = self.overrides(name)
+            cfg = load_config(None, [f"{k}={_yaml_scalar(v)}" for k, v in overrides.items()])
+            load_task(cfg.task, cfg.task_args)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running one scenario
+
+
+def lm_flops_of(config: dict[str, Any]) -> int | None:
+    """Model FLOPs per token of an lm run, from the config its `start` event printed (so
+    trainer settings given on the command line count), or None for another task."""
+    from trainer.tasks.lm import LMTask
+
+    if config.get("task") not in ("lm", "bench.gpu_probe_task:build"):
+        return None
+    known = inspect.signature(LMTask).parameters
+    task = LMTask(**{k: v for k, v in config.get("task_args", {}).items() if k in known})
+    m = task.model_args  # the vocabulary is the corpus's characters: read it, as the run did
+    return lm_flops_per_token(m["n_layer"], m["n_embd"], m["block_size"], m["vocab_size"])
+
+
+def _child_env(run_dir: Path) -> dict[str, str]:
+    """This environment minus any launcher's variables, plus NCCL's log and a private cache."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        and not k.startswith(("PET_", "TORCHELASTIC_"))
+    }
+    return env | {
+        "PYTHONUNBUFFERED": "1",
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": "INIT",
+        "NCCL_DEBUG_FILE": str(run_dir / "nccl.%h.%p.log"),
+        # A fresh cache per run: compile time is real, and the graphs it holds are the evidence.
+        "TORCHINDUCTOR_CACHE_DIR": str(run_dir / "inductor"),
+        "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+    }
+
+
+def run_scenario(name: str, plan: Plan, timeout_s: float, log) -> Any:
+    """Run one scenario to its end (or its timeout) and collect what it left behind."""
+    from bench.gpu_report import RunResult
+
+    overrides, nproc = plan.overrides(name)
+    run_dir = plan.run_dir(name)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(nproc),
+        # Loopback, not --standalone's host name: a lent machine's name may not resolve.
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        "-m",
+        "trainer",
+        *(f"{k}={_yaml_scalar(v)}" for k, v in overrides.items()),
+    ]
+    result = RunResult(name=name, command=shlex.join(cmd))
+    started = time.monotonic()
+    with open(run_dir / "stdout", "w") as out, open(run_dir / "stderr", "w") as err:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=_child_env(run_dir), stdout=out, stderr=err, start_new_session=True
+        )
+        try:
+            result.exit_code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            result.stderr_tail = f"stopped after {timeout_s:.0f}s (the time budget)"
+    result.wall_s = time.monotonic() - started
+    stdout = (run_dir / "stdout").read_text(errors="replace")
+    stderr = (run_dir / "stderr").read_text(errors="replace")
+    result.events = _events(stdout)
+    if result.exit_code != 0 and not result.stderr_tail:
+        result.stderr_tail = "\n".join(stderr.strip().splitlines()[-15:])
+    nccl_text = "".join(p.read_text(errors="replace") for p in sorted(run_dir.glob("nccl.*.log")))
+    if nccl_text:
+        version = re.search(r"NCCL version ([\w.+-]+)", nccl_text)
+        result.nccl = {
+            "version": version.group(1) if version else None,
+            "init_complete": "Init COMPLETE" in nccl_text,
+        }
+    fx = run_dir / "inductor" / "fxgraph"
+    if (result.first("start") or {}).get("config", {}).get("compile"):
+        result.inductor_graphs = len(list(fx.glob("*/*"))) if fx.is_dir() else 0
+    with contextlib.suppress(Exception):  # a run that failed may have left no readable file
+        result.checkpoint = checkpoint_facts(Path(overrides["checkpoint.dir"]))
+    if log is not None:
+        log.write(
+            f"\n===== {name}: exit {result.exit_code}, {result.wall_s:.1f}s\n$ {result.command}\n"
+        )
+        log.write(f"--- stdout\n{stdout}--- stderr\n{stderr}--- nccl\n{nccl_text[-20000:]}\n")
+        log.flush()
+    return result
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _events(stdout: str) -> list[dict[str, Any]]:
+    """The trainer's JSON-lines events among its stdout lines (human lines are skipped)."""
+    events = []
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(json.JSONDecodeError):
+                events.append(json.loads(line))
+    return events
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (Linux /proc)."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(stat.parent.name))
+    return kids
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 30) -> None:
+    """Stop a torchrun we started: SIGTERM first (it stops its workers, which checkpoint and
+    exit 143), then SIGKILL what is left. torchrun starts each worker in a session of its own,
+    so the workers are found by parent pid before torchrun goes."""
+    workers = _children(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        for pid in [*workers, proc.pid]:  # each one leads its own process group
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        proc.wait()
+
+
+def checkpoint_facts(ckpt_dir: Path) -> dict[str, Any] | None:
+    """What the newest checkpoint says about the optimizer and the loss scaler."""
+    import torch
+
+    files = sorted(ckpt_dir.glob("step_*.pt"))
+    if not files:
+        return None
+    state = torch.load(files[-1], map_location="cpu", weights_only=True, mmap=True)
+    opt = state["optimizer"]
+    counts = sorted({int(s["step"]) for s in opt["state"].values() if "step" in s})
+    return {
+        "path": str(files[-1]),
+        "step": state["step"],
+        "optimizer_steps": counts[-1] if counts else None,
+        "optimizer_step_counts": counts,
+        "fused": [g.get("fused") for g in opt["param_groups"]],
+        "loss_scale": (state.get("scaler") or {}).get("scale"),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# This process: the machine, the peak, and two probes
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info(dry_run: bool) -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {
+        "device": "cpu" if dry_run else "cuda",
+        "device_name": platform.processor() or platform.machine(),
+        "device_count": torch.cuda.device_count() if not dry_run else 0,
+        "capability": None,
+        "memory_gib": None,
+        "driver": None,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": None,
+        "python": platform.python_version(),
+        "packages": {d: _version(d) for d in PACKAGES},
+    }
+    with contextlib.suppress(Exception):
+        info["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
+    if not dry_run:
+        props = torch.cuda.get_device_properties(0)
+        info |= {
+            "device_name": torch.cuda.get_device_name(0),
+            "capability": f"{props.major}.{props.minor}",
+            "memory_gib": round(props.total_memory / 2**30, 1),
+        }
+        with contextlib.suppress(Exception):
+            import pynvml
+
+            pynvml.nvmlInit()
+            driver = pynvml.nvmlSystemGetDriverVersion()
+            info["driver"] = driver.decode() if isinstance(driver, bytes) else driver
+    return info
+
+
+def measure_matmul_tflops(n: int = 8192, reps: int = 10) -> float:
+    """bf16 n x n x n matmul on random data, median of ``reps`` timed with CUDA events."""
+    import torch
+
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * n**3 / statistics.median(times) / 1e12
+
+
+def probe_flash(size: str, device: str) -> dict[str, Any]:
+    """The lm model's forward+backward in bf16 with SDPA allowed only its flash kernel."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from trainer.tasks.lm import LMTask
+
+    task_args, _ = SIZES[size]
+    task = LMTask(**task_args, dropout=0.0)
+    model = task.build_model().to(device)
+    x = torch.randint(0, len(task.vocab), (2, task_args["block_size"]), device=device)
+    evidence = {
+        "model_size": size,
+        "head_dim": task_args["n_embd"] // task_args["n_head"],
+        "seq_len": task_args["block_size"],
+        "dtype": "bfloat16",
+    }
+    try:
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+                loss, _ = task.loss(model, (x, x))
+            loss.backward()
+        ok, error = bool(torch.isfinite(loss).item()), None
+    except RuntimeError as e:
+        ok, error = False, str(e).strip().splitlines()[0][:300]
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return evidence | {"ok": ok, "error": error}
+
+
+def _say(text: str) -> None:
+    print(f"gpu_check: {text}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+
+def no_gpu() -> str | None:
+    """Why this machine cannot run the GPU check (no torch, no CUDA GPU), or None."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return (
+        f"no CUDA GPU: torch {torch.__version__} (CUDA {torch.version.cuda}) sees none. "
+        "Run it on a GPU machine (docs/gpu.md), or pass --cpu-dry-run to test the harness"
+    )
+
+
+def missing_package() -> str | None:
+    """Why the trainer cannot start here (a package it imports is missing), or None."""
+    for module, dist in (("torch", "torch"), ("pydantic", "pydantic"), ("yaml", "PyYAML")):
+        try:
+            __import__(module)
+        except ImportError as e:
+            hint = (
+                "run this with the Python that holds torch"
+                if module == "torch"
+                else "install the wheels first: . bench/gpu_env.sh (docs/gpu.md)"
+            )
+            return f"{dist} does not import here ({type(e).__name__}: {e}); {hint}"
+    return None
+
+
+def check(args: argparse.Namespace, work: Path, log) -> dict[str, Any]:
+    """Run the probes and the scenarios; return the report as a JSON-ready dict."""
+    from bench import gpu_report as rep
+
+    clock = time.monotonic()
+    started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    dry = args.cpu_dry_run
+    machine = machine_info(dry)
+    _say(f"{machine['device_name']} x{machine['device_count']}, torch {machine['torch']}")
+
+    found = None if dry else peak_bf16_tflops(machine["device_name"])
+    if args.peak_tflops:
+        peak, source = args.peak_tflops, "--peak-tflops"
+    elif found:
+        peak, source = found[0], f"datasheet table: {found[1]}"
+    else:
+        peak, source = None, f"not in the table: {machine['device_name']} (pass --peak-tflops)"
+    measured = None
+    if not dry:
+        with contextlib.suppress(Exception):
+            measured = round(measure_matmul_tflops(), 1)
+    probe = None
+    try:
+        probe = probe_flash(args.size, "cpu" if dry else "cuda")
+    except Exception as e:  # the probe is one check; it must not cost the report
+        probe = {"ok": False, "error": f"{type(e).__name__}: {e}"[:300]}
+
+    plan = Plan(args, work)
+    results: dict[str, rep.RunResult] = {}
+    for i, name in enumerate(args.only, 1):
+        left = args.budget_s - (time.monotonic() - clock)
+        if name == "syncbn" and (dry or machine["device_count"] < 2):
+            continue  # its check says why
+        if name in NEEDS and not results[NEEDS[name]].completed:
+            results[name] = rep.RunResult(name, not_run=f"{NEEDS[name]} did not complete")
+            continue
+        if left < MIN_RUN_S:
+            results[name] = rep.RunResult(
+                name, not_run=f"time budget spent (--budget-s {args.budget_s:g})"
+            )
+            continue
+        _say(f"[{i}/{len(args.only)}] {name} ...")
+        r = run_scenario(name, plan, left, log)
+        with contextlib.suppress(Exception):  # no count is a null in the report, not a crash
+            r.flops_per_token = lm_flops_of((r.first("start") or {}).get("config", {}))
+        r.warmup_steps = plan.log_every
+        results[name] = r
+        _say(f"[{i}/{len(args.only)}] {name}: exit {r.exit_code} in {r.wall_s:.0f}s")
+        # Checkpoints weigh GBs at these sizes: keep only bf16's, until resume has read it.
+        if not (name == "bf16" and "resume" in args.only):
+            shutil.rmtree(Path(plan.overrides(name)[0]["checkpoint.dir"]), ignore_errors=True)
+
+    checks = rep.evaluate(
+        results,
+        probe=probe,
+        device_count=machine["device_count"],
+        dry_run=dry,
+        overflow_at_step=OVERFLOW_AT_STEP,
+        resume_extra_steps=plan.resume_extra,
+    )
+    runs = {n: rep.summarize(r, peak) for n, r in results.items()}
+    failed = [n for n, c in checks.model_dump().items() if c["status"] == "fail"]
+    report = rep.Report(
+        report=rep.REPORT_NAME,
+        schema_version=1,
+        ok=not failed,
+        dry_run=dry,
+        command=shlex.join([sys.executable, *sys.argv]),
+        started_at=started_at,
+        elapsed_s=round(time.monotonic() - clock, 1),
+        machine=rep.Machine(**machine),
+        peak=rep.Peak(bf16_dense_tflops=peak, source=source, measured_bf16_matmul_tflops=measured),
+        mfu=rep.mfu_summary(runs, FLOPS_FORMULA, FLOPS_CONVENTION),
+        checks=checks,
+        runs=runs,
+    )
+    _say(f"failed: {', '.join(failed)}" if failed else "no check failed")
+    return report.model_dump(mode="json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        log = open(args.log, "w") if args.log else None  # noqa: SIM115 (closed below)
+    except UsageError as e:
+        _say(str(e))
+        return EXIT_USAGE
+    except OSError as e:
+        _say(f"--log: cannot write {e.filename} ({e.strerror})")
+        return EXIT_USAGE
+    try:
+        # A machine without a GPU says so before anything else, whatever else it lacks.
+        with contextlib.suppress(ImportError):
+            if not (args.cpu_dry_run or args.schema) and (why := no_gpu()):
+                _say(why)
+                return EXIT_NO_GPU
+        if why := missing_package():
+            _say(why)
+            return EXIT_MISSING
+        if args.schema:
+            from bench.gpu_report import Report
+
+            print(json.dumps(Report.model_json_schema(), indent=1))
+            return EXIT_OK
+        from trainer.config import ConfigError
+
+        work = Path(tempfile.mkdtemp(prefix="gpu_check-"))
+        try:
+            try:
+                Plan(args, work).validate()
+            except ConfigError as e:
+                _say(f"trainer settings: {'; '.join(e.problems)}")
+                return EXIT_USAGE
+            report = check(args, work, log)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    finally:
+        if log is not None:
+            log.close()
+    print(json.dumps(report, indent=1))
+    return EXIT_OK if report["ok"] else EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

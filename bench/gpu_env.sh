@@ -1,0 +1,67 @@
+# shellcheck shell=bash
+# Source it on a lent GPU machine, from the repo root, before bench/gpu_check.py:
+#
+#     . bench/gpu_env.sh && python3 bench/gpu_check.py ...
+#
+# It installs the wheels that `make gpu-wheels` put in .whl/ (the device tool's run carries
+# them: carry [".whl"]) into /tmp/site, and puts /tmp/site first on PYTHONPATH: only what the
+# machine's image lacks, nothing of the image replaced. typing-extensions (.whl/if-older/) goes
+# in only when the image's is older than the installed wheels require. On failure it says why
+# in one line and returns 4, gpu_check's exit code for a missing package.
+
+_gpu_env_unmet() {
+    # The requirements of the wheels in $1 that the Python path does not meet, by name.
+    "$GPU_ENV_PY" - "$1" <<'PY'
+import sys
+from importlib.metadata import PackageNotFoundError, distributions, version
+
+from packaging.requirements import Requirement
+
+unmet = set()
+for dist in distributions(path=[sys.argv[1]]):
+    for line in dist.requires or []:
+        req = Requirement(line)
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue  # an extra's or another platform's requirement
+        try:
+            met = req.specifier.contains(version(req.name), prereleases=True)
+        except PackageNotFoundError:
+            met = False
+        if not met:
+            unmet.add(f"{req.name}{req.specifier}")
+print(" ".join(sorted(unmet)))
+PY
+}
+
+_gpu_env() {
+    local site="${GPU_SITE:-/tmp/site}" pip unmet
+    GPU_ENV_PY="${PYTHON:-python3}"
+    pip=("$GPU_ENV_PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir
+        --upgrade --target "$site")
+    if ! compgen -G ".whl/*.whl" >/dev/null; then
+        echo "gpu_env: no wheels in .whl/ (got $(pwd)). Run 'make gpu-wheels' where the device" \
+            "tool is called, and carry .whl" >&2
+        return 4
+    fi
+    "${pip[@]}" .whl/*.whl || { echo "gpu_env: pip could not install .whl/*.whl" >&2; return 4; }
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+    unmet=$(_gpu_env_unmet "$site") || return 4
+    if [[ "$unmet" == *typing* ]] && compgen -G ".whl/if-older/*.whl" >/dev/null; then
+        echo "gpu_env: the image's typing-extensions is too old ($unmet): adding .whl/if-older" >&2
+        "${pip[@]}" .whl/if-older/*.whl || return 4
+        unmet=$(_gpu_env_unmet "$site") || return 4
+    fi
+    if [[ -n "$unmet" ]]; then
+        echo "gpu_env: still unmet after installing .whl: $unmet. Add their wheels to" \
+            "bench/gpu-wheels.txt and run 'make gpu-wheels' again" >&2
+        return 4
+    fi
+    echo "gpu_env: $site first on PYTHONPATH, with $(cd "$site" && echo *.dist-info | sed 's/\.dist-info//g')" >&2
+}
+
+_gpu_env
+_gpu_env_rc=$?
+unset -f _gpu_env _gpu_env_unmet
+unset GPU_ENV_PY
+# shellcheck disable=SC2152
+return $_gpu_env_rc 2>/dev/null || exit $_gpu_env_rc

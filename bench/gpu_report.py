@@ -1,0 +1,581 @@
+"""gpu_check's report: its schema (pydantic), and the verdicts read off the trainer's runs.
+
+Pure: what the runs printed (their JSON-lines events), what their checkpoints and NCCL logs
+held, in; a ``Report`` out. No torch, no subprocesses, so tests/bench can check every verdict
+on hand-made inputs as well as on a real CPU dry run.
+
+A check is ``pass``, ``fail`` or ``skip``, with one line of ``why`` and the readings it rests on
+in ``evidence``. The report is ``ok`` when no check failed; ``python bench/gpu_check.py`` then
+exits 0, otherwise 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bench.gpu_figures import MFU_GOAL, mfu
+
+REPORT_NAME = "ddpjob gpu_check"
+# The six readings metrics.GpuMonitor puts in every `train` event's `gpus` list (README).
+NVML_FIELDS = ("index", "util_pct", "mem_used_gib", "mem_total_gib", "temp_c", "power_w")
+# TF32 must buy at least this much over plain fp32 matmuls, or the switch did not take.
+# An H100's TF32 tensor cores are rated ~7x its fp32 cores; a model this matmul-bound gains >2x.
+TF32_MIN_SPEEDUP = 1.3
+# bf16, fp16, TF32 and compiled runs see the same data from the same weights as the fp32 run:
+# after the same steps their loss must agree with it to this relative tolerance.
+LOSS_AGREEMENT_RTOL = 0.10
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Check(_Model):
+    """One verdict."""
+
+    status: Literal["pass", "fail", "skip"] = Field(description="pass, fail, or skip (not run).")
+    why: str = Field(description="One line: what held, what did not, or why it did not run.")
+    evidence: dict[str, Any] = Field(
+        default_factory=dict, description="The readings the verdict rests on."
+    )
+
+
+class Checks(_Model):
+    """Every part of the GPU path the command exercises, one verdict each."""
+
+    nccl: Check = Field(description="The process group initialised with NCCL (NCCL's own log).")
+    fp32: Check = Field(description="fp32 with TF32 off trained: finite loss that fell.")
+    bf16: Check = Field(description="bf16 autocast trained: finite loss that fell.")
+    fp16_overflow: Check = Field(
+        description=(
+            "fp16 with GradScaler: a forced overflow at one step halved the loss scale and "
+            "skipped that optimizer update (AdamW's step count in the checkpoint)."
+        )
+    )
+    fused_adamw: Check = Field(description="The checkpointed AdamW param groups say fused=True.")
+    tf32: Check = Field(description="tf32=true beat tf32=false by the minimum speedup.")
+    compile: Check = Field(
+        description="compile=true trained, and Inductor compiled graphs (its cache dir)."
+    )
+    precision_agreement: Check = Field(
+        description="tf32, bf16, fp16 and compiled losses agree with fp32's after the same steps."
+    )
+    nvml: Check = Field(description="Every train event carried the NVML gpus readings.")
+    checkpoint_resume: Check = Field(
+        description="A checkpoint written on the GPU was resumed there and training went on."
+    )
+    flash_attention: Check = Field(
+        description="The lm model's attention runs with SDPA restricted to the flash kernel."
+    )
+    sync_batchnorm: Check = Field(
+        description="SyncBatchNorm across 2 GPUs (vision task); skipped with fewer GPUs."
+    )
+
+
+class Run(_Model):
+    """One ``python -m trainer`` run (under torchrun), summarised from its events."""
+
+    command: str = Field(description="The exact command line, to re-run by hand.")
+    exit_code: int | None = Field(description="Its exit code; null if it was stopped or not run.")
+    wall_s: float = Field(description="Wall time, start-up and checkpoint included.")
+    world_size: int | None = Field(description="From its `start` event.")
+    device: str | None = Field(description="From its `start` event, e.g. cuda:0.")
+    steps: int | None = Field(description="Step it ended at (`done` event).")
+    reason: str | None = Field(description="Why it ended (`done` event): completed, ...")
+    not_run: str | None = Field(description="Why it was not started (budget, a failed input).")
+    window_losses: list[float | None] = Field(description="Mean loss of each `train` window.")
+    tokens_per_s: float | None = Field(
+        description="Global tokens/s over the windows after warm-up (lm runs)."
+    )
+    step_time_s: float | None = Field(description="Mean step time over the same windows.")
+    flops_per_token: int | None = Field(description="Model FLOPs per token (lm runs).")
+    achieved_tflops: float | None = Field(description="flops_per_token x tokens_per_s / 1e12.")
+    mfu: float | None = Field(description="achieved over world_size x the peak dense bf16 rate.")
+    gpu_mem_used_gib: float | None = Field(description="Most GPU memory NVML saw in use.")
+    gpu_util_pct: float | None = Field(description="Mean NVML utilization over its windows.")
+    error: str | None = Field(description="Why it failed: the end of its stderr.")
+
+
+class Machine(_Model):
+    """Where it ran."""
+
+    device: str = Field(description="cuda, or cpu for a --cpu-dry-run.")
+    device_name: str = Field(description="torch.cuda.get_device_name(0), or the CPU.")
+    device_count: int = Field(description="GPUs visible to torch.")
+    capability: str | None = Field(description="CUDA compute capability, e.g. 9.0.")
+    memory_gib: float | None = Field(description="GPU 0's memory.")
+    driver: str | None = Field(description="NVIDIA driver (NVML).")
+    torch: str = Field(description="torch.__version__.")
+    cuda: str | None = Field(description="The CUDA torch was built with.")
+    nccl: str | None = Field(description="The NCCL torch was built with.")
+    python: str = Field(description="Python version.")
+    packages: dict[str, str | None] = Field(
+        description="Versions of the packages the trainer imports (null = missing)."
+    )
+
+
+class Peak(_Model):
+    """The FLOP/s that MFU divides by."""
+
+    bf16_dense_tflops: float | None = Field(description="Peak dense bf16 TFLOP/s per GPU.")
+    source: str = Field(description="Where the peak came from (the datasheet table's part).")
+    measured_bf16_matmul_tflops: float | None = Field(
+        description="An 8192^3 bf16 matmul timed on this GPU: the ceiling actually reachable."
+    )
+
+
+class Mfu(_Model):
+    """The lm task's model FLOPs utilization."""
+
+    flops_per_token: str = Field(description="The formula for model FLOPs per token.")
+    convention: str = Field(description="What the formula counts and what it leaves out.")
+    goal: float = Field(description="The MFU to reach at a size that fills the GPU.")
+    best: float | None = Field(description="Highest MFU among the runs.")
+    best_run: str | None = Field(description="The run that reached it.")
+    goal_met: bool = Field(description="best >= goal.")
+
+
+class Report(_Model):
+    """What ``python bench/gpu_check.py`` prints: one JSON object."""
+
+    report: Literal["ddpjob gpu_check"] = Field(description="What this object is.")
+    schema_version: Literal[1] = Field(description="Bumped when a field changes meaning.")
+    ok: bool = Field(description="No check failed (the exit code is 0 exactly then).")
+    dry_run: bool = Field(description="True for --cpu-dry-run: the GPU-only checks are skipped.")
+    command: str = Field(description="The gpu_check command line.")
+    started_at: str = Field(description="UTC start time, ISO 8601.")
+    elapsed_s: float = Field(description="Wall time of the whole check.")
+    machine: Machine
+    peak: Peak
+    mfu: Mfu
+    checks: Checks
+    runs: dict[str, Run] = Field(description="Each trainer run by scenario name.")
+
+
+# ---------------------------------------------------------------------------------------------
+# What a run left behind
+
+
+@dataclass
+class RunResult:
+    """A scenario's raw outcome, as gpu_check collected it."""
+
+    name: str
+    command: str = ""
+    exit_code: int | None = None
+    wall_s: float = 0.0
+    events: list[dict[str, Any]] = field(default_factory=list)
+    stderr_tail: str = ""
+    not_run: str | None = None  # why it did not run (--only, time budget, a missing input)
+    checkpoint: dict[str, Any] | None = None  # optimizer_steps, fused, loss_scale, step
+    nccl: dict[str, Any] | None = None  # version, init_complete
+    inductor_graphs: int | None = None  # FX graphs Inductor compiled into its cache dir
+    flops_per_token: int | None = None
+    warmup_steps: int = 0
+
+    def of(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("event") == name]
+
+    def first(self, name: str) -> dict[str, Any] | None:
+        found = self.of(name)
+        return found[0] if found else None
+
+    @property
+    def completed(self) -> bool:
+        done = self.first("done")
+        return self.exit_code == 0 and done is not None and done.get("reason") == "completed"
+
+    def window_losses(self) -> list[float | None]:
+        return [e.get("loss") for e in self.of("train")]
+
+
+@dataclass
+class Throughput:
+    tokens_per_s: float | None
+    step_time_s: float | None
+
+
+def throughput(result: RunResult) -> Throughput:
+    """Global tokens/s and step time over the ``train`` windows that start after warm-up.
+
+    Each event covers the steps since the previous one; the windows are weighted by their time
+    (total tokens over total seconds). If warm-up leaves no window, all windows count.
+    """
+    start = result.first("start")
+    prev = start["step"] if start else 0
+    first_step = prev
+    windows = []
+    for e in result.of("train"):
+        n = e["step"] - prev
+        if n > 0 and e.get("step_time_s"):
+            windows.append((prev, n, e["step_time_s"] * n, e.get("tokens_per_s")))
+        prev = e["step"]
+    after = [w for w in windows if w[0] >= first_step + result.warmup_steps] or windows
+    if not after:
+        return Throughput(None, None)
+    seconds = sum(w[2] for w in after)
+    steps = sum(w[1] for w in after)
+    if any(w[3] is None for w in after):
+        return Throughput(None, seconds / steps)
+    tokens = sum(w[3] * w[2] for w in after)
+    return Throughput(tokens / seconds, seconds / steps)
+
+
+def summarize(result: RunResult, peak_tflops: float | None) -> Run:
+    """The report's view of one run."""
+    start, done = result.first("start") or {}, result.first("done") or {}
+    tp = throughput(result)
+    world = start.get("world_size")
+    achieved = mfu_value = None
+    if result.flops_per_token and tp.tokens_per_s:
+        achieved = result.flops_per_token * tp.tokens_per_s / 1e12
+        if peak_tflops:
+            mfu_value = mfu(result.flops_per_token, tp.tokens_per_s, peak_tflops, world or 1)
+    readings = [g for e in result.of("train") for g in (e.get("gpus") or [])]
+    mem = [g["mem_used_gib"] for g in readings if g.get("mem_used_gib") is not None]
+    util = [g["util_pct"] for g in readings if g.get("util_pct") is not None]
+    return Run(
+        command=result.command,
+        exit_code=result.exit_code,
+        wall_s=round(result.wall_s, 1),
+        world_size=world,
+        device=start.get("device"),
+        steps=done.get("step"),
+        reason=done.get("reason"),
+        not_run=result.not_run,
+        window_losses=result.window_losses(),
+        tokens_per_s=tp.tokens_per_s,
+        step_time_s=tp.step_time_s,
+        flops_per_token=result.flops_per_token,
+        achieved_tflops=achieved,
+        mfu=mfu_value,
+        gpu_mem_used_gib=max(mem, default=None),
+        gpu_util_pct=sum(util) / len(util) if util else None,
+        error=None if result.completed or result.not_run else (result.stderr_tail or None),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Verdicts
+
+
+def _pass(why: str, **evidence: Any) -> Check:
+    return Check(status="pass", why=why, evidence=evidence)
+
+
+def _fail(why: str, **evidence: Any) -> Check:
+    return Check(status="fail", why=why, evidence=evidence)
+
+
+def _skip(why: str, **evidence: Any) -> Check:
+    return Check(status="skip", why=why, evidence=evidence)
+
+
+def _missing(runs: dict[str, RunResult], *names: str) -> Check | None:
+    """A skip when a scenario the check needs did not run, a fail when it did not complete."""
+    for name in names:
+        r = runs.get(name)
+        if r is None or r.not_run:
+            return _skip(f"{name} did not run: {r.not_run if r else 'not selected'}")
+    for name in names:
+        r = runs[name]
+        if not r.completed:
+            done = r.first("done") or {}
+            return _fail(
+                f"{name} did not complete (exit {r.exit_code}, reason {done.get('reason')})",
+                stderr_tail=r.stderr_tail[-600:],
+            )
+    return None
+
+
+def _finite(values: list[Any]) -> bool:
+    return bool(values) and all(isinstance(v, int | float) and math.isfinite(v) for v in values)
+
+
+def check_trained(runs: dict[str, RunResult], name: str, label: str) -> Check:
+    """The run completed, every window's loss is finite, and the last is below the first."""
+    if (problem := _missing(runs, name)) is not None:
+        return problem
+    r = runs[name]
+    losses = r.window_losses()
+    cfg = (r.first("start") or {}).get("config", {})
+    evidence = dict(
+        run=name,
+        precision=cfg.get("precision"),
+        tf32=cfg.get("tf32"),
+        compile=cfg.get("compile"),
+        steps=(r.first("done") or {}).get("step"),
+        first_loss=losses[0] if losses else None,
+        last_loss=losses[-1] if losses else None,
+    )
+    if not _finite(losses):
+        return _fail(f"{label}: a window's loss is not finite", losses=losses, **evidence)
+    if not losses[-1] < losses[0]:
+        return _fail(
+            f"{label}: loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})", **evidence
+        )
+    return _pass(f"{label}: loss {losses[0]:.4f} -> {losses[-1]:.4f}", **evidence)
+
+
+def check_fp16_overflow(runs: dict[str, RunResult], overflow_at_step: int) -> Check:
+    """The forced overflow halved the scale at its step and cost exactly the skipped updates."""
+    if (problem := _missing(runs, "fp16")) is not None:
+        return problem
+    r = runs["fp16"]
+    by_step = {e["step"]: e for e in r.of("train")}
+    scales = {s: e.get("loss_scale") for s, e in by_step.items()}
+    k = overflow_at_step
+    if k not in scales or k - 1 not in scales or None in (scales[k], scales[k - 1]):
+        return _fail(f"no loss_scale reported at steps {k - 1} and {k} (log_every must be 1)")
+    # A drop is a step whose scale is below the one before (GradScaler starts at 2**16).
+    prev, drops = 2.0**16, []
+    for s in sorted(scales):
+        if scales[s] is not None and scales[s] < prev:
+            drops.append(s)
+        prev = scales[s] if scales[s] is not None else prev
+    ckpt = r.checkpoint or {}
+    steps = (r.first("done") or {}).get("step")
+    evidence = dict(
+        overflow_at_step=k,
+        loss_scale_before=scales[k - 1],
+        loss_scale_at=scales[k],
+        grad_norm_at=by_step[k].get("grad_norm"),
+        scale_drops_at_steps=drops,
+        steps=steps,
+        optimizer_updates=ckpt.get("optimizer_steps"),
+        checkpoint_loss_scale=ckpt.get("loss_scale"),
+        losses_finite=_finite(r.window_losses()),
+    )
+    if scales[k] != scales[k - 1] / 2:
+        return _fail(f"loss scale did not halve at step {k}", **evidence)
+    if ckpt.get("optimizer_steps") is None:
+        return _fail("the fp16 run's checkpoint has no AdamW step count", **evidence)
+    if ckpt["optimizer_steps"] != steps - len(drops):
+        return _fail(
+            f"AdamW took {ckpt['optimizer_steps']} updates in {steps} steps with "
+            f"{len(drops)} overflow(s); expected {steps - len(drops)}",
+            **evidence,
+        )
+    if not evidence["losses_finite"]:
+        return _fail("a window's loss is not finite", **evidence)
+    return _pass(
+        f"step {k}: loss scale {scales[k - 1]:g} -> {scales[k]:g}, update skipped "
+        f"({ckpt['optimizer_steps']} AdamW updates in {steps} steps)",
+        **evidence,
+    )
+
+
+def check_fused_adamw(runs: dict[str, RunResult], dry_run: bool) -> Check:
+    if dry_run:
+        return _skip("CPU dry run: the trainer asks for fused AdamW on CUDA only")
+    if (problem := _missing(runs, "bf16")) is not None:
+        return problem
+    fused = (runs["bf16"].checkpoint or {}).get("fused")
+    if fused and all(f is True for f in fused):
+        return _pass("every AdamW param group in bf16's checkpoint has fused=True", fused=fused)
+    return _fail("AdamW is not fused in bf16's checkpoint", fused=fused)
+
+
+def check_nccl(runs: dict[str, RunResult], dry_run: bool) -> Check:
+    if dry_run:
+        return _skip("CPU dry run: the process group is gloo")
+    ran = {n: r for n, r in runs.items() if r.nccl is not None}
+    if not ran:
+        return _fail("no run left an NCCL log (NCCL_DEBUG=INFO)")
+    versions = sorted({r.nccl.get("version") or "?" for r in ran.values()})
+    bad = [n for n, r in ran.items() if not (r.nccl.get("init_complete") and r.completed)]
+    evidence = dict(version=versions, runs=sorted(ran), not_initialised=bad)
+    if bad:
+        return _fail(f"NCCL did not initialise in, or the run failed: {', '.join(bad)}", **evidence)
+    return _pass(f"NCCL {', '.join(versions)} initialised in {len(ran)} runs", **evidence)
+
+
+def check_tf32(runs: dict[str, RunResult], dry_run: bool) -> Check:
+    if dry_run:
+        return _skip("CPU dry run: TF32 is a tensor-core mode")
+    if (problem := _missing(runs, "fp32", "tf32")) is not None:
+        return problem
+    off, on = throughput(runs["fp32"]).tokens_per_s, throughput(runs["tf32"]).tokens_per_s
+    if not off or not on:
+        return _fail("no tokens_per_s from the fp32 or tf32 run")
+    ratio = on / off
+    evidence = dict(fp32_tokens_per_s=off, tf32_tokens_per_s=on, speedup=ratio)
+    if ratio < TF32_MIN_SPEEDUP:
+        return _fail(
+            f"tf32=true is only {ratio:.2f}x tf32=false (< {TF32_MIN_SPEEDUP})", **evidence
+        )
+    return _pass(f"tf32=true is {ratio:.2f}x tf32=false", **evidence)
+
+
+def check_compile(runs: dict[str, RunResult]) -> Check:
+    trained = check_trained(runs, "compile", "bf16 + torch.compile")
+    if trained.status != "pass":
+        return trained
+    r = runs["compile"]
+    evidence = dict(trained.evidence, inductor_graphs=r.inductor_graphs)
+    on = throughput(r).tokens_per_s
+    eager = runs.get("bf16")
+    off = throughput(eager).tokens_per_s if eager is not None and eager.completed else None
+    if on and off:
+        evidence |= dict(tokens_per_s=on, eager_tokens_per_s=off, speedup=on / off)
+    train = r.of("train")
+    if train:
+        evidence["first_window_step_time_s"] = train[0].get("step_time_s")  # holds the compile
+    if not r.inductor_graphs:
+        return _fail("compile=true ran, but Inductor wrote no compiled graph", **evidence)
+    speed = f", {on / off:.2f}x eager" if on and off else ""
+    return _pass(f"Inductor compiled {r.inductor_graphs} graphs{speed}", **evidence)
+
+
+def check_precision_agreement(runs: dict[str, RunResult]) -> Check:
+    if (problem := _missing(runs, "fp32")) is not None:
+        return problem
+    ref = runs["fp32"].window_losses()
+    if not _finite(ref):
+        return _fail("fp32's loss is not finite")
+    others = [n for n in ("tf32", "bf16", "fp16", "compile") if n in runs and runs[n].completed]
+    if not others:
+        return _skip("none of tf32, bf16, fp16, compile completed beside fp32")
+    losses = {"fp32": ref[-1]} | {n: runs[n].window_losses()[-1] for n in others}
+    rel = {
+        n: abs(losses[n] - ref[-1]) / ref[-1] if isinstance(losses[n], float) else math.inf
+        for n in others
+    }
+    evidence = dict(final_loss=losses, rel_diff=rel, rtol=LOSS_AGREEMENT_RTOL)
+    off = [n for n, d in rel.items() if not d <= LOSS_AGREEMENT_RTOL]
+    if off:
+        return _fail(
+            f"final loss differs from fp32's by > {LOSS_AGREEMENT_RTOL:.0%}: {off}", **evidence
+        )
+    return _pass(f"{', '.join(others)} within {max(rel.values()):.1%} of fp32's loss", **evidence)
+
+
+def check_nvml(runs: dict[str, RunResult], dry_run: bool) -> Check:
+    if dry_run:
+        return _skip("CPU dry run: no GPU for NVML to read")
+    ran = {n: r for n, r in runs.items() if r.of("train")}
+    if not ran:
+        return _skip("no run printed a train event")
+    lacking = []
+    for name, r in ran.items():
+        for e in r.of("train"):
+            gpus = e.get("gpus")
+            if not gpus or any(set(NVML_FIELDS) - set(g) for g in gpus):
+                lacking.append(f"{name}@{e['step']}")
+    last = next(iter(ran.values())).of("train")[-1].get("gpus")
+    evidence = dict(runs=sorted(ran), fields=list(NVML_FIELDS), last_reading=last)
+    if lacking:
+        return _fail(f"train events without full gpus readings: {lacking[:5]}", **evidence)
+    n = sum(len(r.of("train")) for r in ran.values())
+    return _pass(f"all {n} train events of {len(ran)} runs carry the 6 NVML fields", **evidence)
+
+
+def check_resume(runs: dict[str, RunResult], extra_steps: int) -> Check:
+    """bf16's final checkpoint is resumed, and its loss is where bf16 left it, not at the start."""
+    if (problem := _missing(runs, "bf16", "resume")) is not None:
+        return problem
+    first, second = runs["bf16"], runs["resume"]
+    saved = first.of("checkpoint")
+    resumed = second.first("resume") or {}
+    before, after = first.window_losses(), second.window_losses()
+    end = (first.first("done") or {}).get("step")
+    evidence = dict(
+        saved_step=saved[-1]["step"] if saved else None,
+        resumed_step=resumed.get("step"),
+        resumed_from=resumed.get("path"),
+        final_step=(second.first("done") or {}).get("step"),
+        bf16_first_loss=before[0] if before else None,
+        bf16_last_loss=before[-1] if before else None,
+        resumed_first_loss=after[0] if after else None,
+    )
+    if not saved or evidence["saved_step"] != end:
+        return _fail("bf16 wrote no checkpoint at its last step", **evidence)
+    if resumed.get("step") != end or not resumed.get("path"):
+        return _fail(f"the resume run did not resume from step {end}", **evidence)
+    if evidence["final_step"] != end + extra_steps:
+        return _fail(f"the resumed run did not reach step {end + extra_steps}", **evidence)
+    if not (_finite(before) and _finite(after)):
+        return _fail("a loss is not finite", **evidence)
+    if not abs(after[0] - before[-1]) < abs(after[0] - before[0]):
+        return _fail("the resumed loss is nearer bf16's first loss than its last", **evidence)
+    return _pass(
+        f"resumed at step {end} with loss {after[0]:.4f} (bf16 ended at {before[-1]:.4f}), "
+        f"trained on to {end + extra_steps}",
+        **evidence,
+    )
+
+
+def check_flash(probe: dict[str, Any] | None, dry_run: bool) -> Check:
+    if probe is None:
+        return _skip("the flash-attention probe did not run")
+    if dry_run:
+        return _skip("CPU dry run: the probe ran on the CPU's kernel", **probe)
+    if probe.get("ok"):
+        return _pass("forward+backward ran with SDPA limited to FLASH_ATTENTION", **probe)
+    return _fail(f"SDPA's flash kernel refused the lm model: {probe.get('error')}", **probe)
+
+
+def check_sync_batchnorm(runs: dict[str, RunResult], device_count: int, dry_run: bool) -> Check:
+    if dry_run:
+        return _skip("CPU dry run: SyncBatchNorm needs CUDA")
+    if device_count < 2:
+        return _skip(
+            f"needs 2 GPUs (this machine has {device_count}): NCCL allows one rank per GPU and "
+            "the trainer converts BatchNorm only when world_size > 1"
+        )
+    if (problem := _missing(runs, "syncbn")) is not None:
+        return problem
+    world = (runs["syncbn"].first("start") or {}).get("world_size")
+    return _pass(f"vision task with sync_batchnorm=true trained on {world} GPUs", world_size=world)
+
+
+def evaluate(
+    runs: dict[str, RunResult],
+    *,
+    probe: dict[str, Any] | None,
+    device_count: int,
+    dry_run: bool,
+    overflow_at_step: int,
+    resume_extra_steps: int,
+) -> Checks:
+    """Every verdict. A check that raises is a failed check, not a lost report."""
+
+    def guarded(fn, *args) -> Check:
+        try:
+            return fn(*args)
+        except Exception as e:  # a surprise in the readings must not cost the whole report
+            return _fail(f"the check itself failed: {type(e).__name__}: {e}")
+
+    return Checks(
+        nccl=guarded(check_nccl, runs, dry_run),
+        fp32=guarded(check_trained, runs, "fp32", "fp32, TF32 off"),
+        bf16=guarded(check_trained, runs, "bf16", "bf16 autocast"),
+        fp16_overflow=guarded(check_fp16_overflow, runs, overflow_at_step),
+        fused_adamw=guarded(check_fused_adamw, runs, dry_run),
+        tf32=guarded(check_tf32, runs, dry_run),
+        compile=guarded(check_compile, runs),
+        precision_agreement=guarded(check_precision_agreement, runs),
+        nvml=guarded(check_nvml, runs, dry_run),
+        checkpoint_resume=guarded(check_resume, runs, resume_extra_steps),
+        flash_attention=guarded(check_flash, probe, dry_run),
+        sync_batchnorm=guarded(check_sync_batchnorm, runs, device_count, dry_run),
+    )
+
+
+def mfu_summary(runs: dict[str, Run], formula: str, convention: str) -> Mfu:
+    """The best MFU among the runs, against the goal."""
+    scored = {n: r.mfu for n, r in runs.items() if r.mfu is not None}
+    best_run = max(scored, key=scored.get) if scored else None
+    best = scored[best_run] if best_run else None
+    return Mfu(
+        flops_per_token=formula,
+        convention=convention,
+        goal=MFU_GOAL,
+        best=best,
+        best_run=best_run,
+        goal_met=best is not None and best >= MFU_GOAL,
+    )

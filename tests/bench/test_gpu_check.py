@@ -1,0 +1,209 @@
+"""``python bench/gpu_check.py`` as a command: its exits, its trainer command lines, and a real
+run of its harness on CPU (``--cpu-dry-run``), where the GPU-only checks are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench import gpu_check as gc
+from bench.gpu_figures import lm_flops_per_token
+from bench.gpu_report import Report
+from trainer.config import load_config
+from trainer.tasks import load_task
+from trainer.tasks.lm import LMTask
+
+REPO = Path(__file__).resolve().parents[2]
+CHECK = [sys.executable, "bench/gpu_check.py"]
+
+
+def _run(args: list[str], timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        CHECK + args,
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_without_a_gpu_it_says_so_in_one_line_and_exits_3() -> None:
+    p = _run([], CUDA_VISIBLE_DEVICES="")  # no GPU, whatever machine runs the test
+    assert p.returncode == gc.EXIT_NO_GPU == 3
+    assert p.stdout == ""
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith("gpu_check: no CUDA GPU") and "--cpu-dry-run" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--only", "fp32,nope"], "--only: unknown scenario (got nope)"),
+        (["--only", "resume"], "--only: resume needs bf16"),
+        (["--size", "huge"], "--size: unknown size (got huge)"),
+        (["--steps", "3"], "--steps: must be >= 8 (got 3)"),
+        (["--steps", "many"], "invalid int value"),
+        (["--peak-tflops", "-1"], "--peak-tflops: must be > 0"),
+        (["--budget-s", "0"], "--budget-s: must be > 0"),
+        (["--log", "/no/such/dir/gpu.log"], "--log: cannot write /no/such/dir/gpu.log"),
+        (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+        (["nokey"], "nokey: expected a trainer key=value"),
+        # Trainer settings go through the trainer's own config before any run starts.
+        (["--cpu-dry-run", "ddp.bucket_cap_mb=-1"], "trainer settings: ddp.bucket_cap_mb"),
+        (["--cpu-dry-run", "task_args.bogus=1"], "unexpected keyword argument 'bogus'"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(args: list[str], message: str) -> None:
+    p = _run(args)
+    assert p.returncode == gc.EXIT_USAGE == 2
+    assert p.stdout == "" and "Traceback" not in p.stderr
+    (line,) = p.stderr.strip().splitlines()
+    assert line.startswith("gpu_check: ") and message in line
+
+
+def test_schema_is_the_report_models_json_schema() -> None:
+    p = _run(["--schema"], CUDA_VISIBLE_DEVICES="")  # needs no GPU
+    assert p.returncode == 0, p.stderr
+    schema = json.loads(p.stdout)
+    assert schema == Report.model_json_schema()
+    assert {"checks", "runs", "mfu", "peak", "machine", "ok"} <= set(schema["properties"])
+
+
+@pytest.mark.parametrize("size", list(gc.SIZES))
+def test_every_scenario_is_a_valid_trainer_command(size: str, tmp_path: Path) -> None:
+    """What the GPU session will run goes through the trainer's own config and task loading
+    here: a bad key, a task argument the task does not take, or a batch larger than one rank's
+    share of the data would otherwise first show up on the GPU."""
+    plan = gc.Plan(gc.parse_args(["--size", size, "--fill-size", size]), tmp_path)
+    seen = {}
+    for name in gc.SCENARIOS:
+        overrides, nproc = plan.overrides(name)
+        cfg = load_config(None, [f"{k}={gc._yaml_scalar(v)}" for k, v in overrides.items()])
+        task = load_task(cfg.task, cfg.task_args)
+        train, _ = task.build_datasets()
+        assert len(train) // nproc >= cfg.batch_size, (name, len(train), cfg.batch_size)
+        assert (cfg.device, cfg.backend) == ("cuda", "nccl")
+        seen[name] = cfg
+    assert (seen["fp32"].precision, seen["fp32"].tf32) == ("fp32", False)
+    assert (seen["tf32"].precision, seen["tf32"].tf32) == ("fp32", True)
+    assert [seen[n].compile for n in ("bf16", "compile", "fill")] == [False, True, True]
+    assert seen["fp16"].precision == "fp16" and seen["fp16"].log_every == 1
+    assert seen["fp16"].task_args["overflow_at_step"] == gc.OVERFLOW_AT_STEP
+    assert seen["resume"].checkpoint.dir == seen["bf16"].checkpoint.dir
+    assert seen["resume"].max_steps > seen["bf16"].max_steps
+    assert seen["syncbn"].sync_batchnorm and seen["syncbn"].task == "vision"
+
+
+def test_trainer_settings_on_the_command_line_reach_every_scenario(tmp_path: Path) -> None:
+    plan = gc.Plan(gc.parse_args(["ddp.bucket_cap_mb=500", "batch_size=4"]), tmp_path)
+    for name in gc.SCENARIOS:
+        overrides, _ = plan.overrides(name)
+        assert overrides["ddp.bucket_cap_mb"] == "500" and overrides["batch_size"] == "4"
+
+
+def test_flops_are_counted_from_the_config_the_run_printed() -> None:
+    """Sizes given as trainer settings count, and so does the corpus's vocabulary."""
+    vocab = len(LMTask().vocab)
+    config = {"task": "lm", "task_args": {"n_layer": 3, "n_embd": 48, "block_size": 20}}
+    assert gc.lm_flops_of(config) == lm_flops_per_token(3, 48, 20, vocab)
+    probe = {"task": "bench.gpu_probe_task:build", "task_args": {"overflow_at_step": 3}}
+    defaults = LMTask().model_args
+    assert gc.lm_flops_of(probe) == lm_flops_per_token(
+        defaults["n_layer"], defaults["n_embd"], defaults["block_size"], vocab
+    )
+    assert gc.lm_flops_of({"task": "vision", "task_args": {}}) is None
+
+
+def test_a_spent_budget_still_prints_the_report() -> None:
+    """Runs the budget cannot fit are reported as not run, and the report still comes out, so
+    one device call always returns one."""
+    p = _run(["--cpu-dry-run", "--only", "fp32,bf16", "--budget-s", "1"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    report = Report.model_validate_json(p.stdout)
+    assert {n: r.not_run for n, r in report.runs.items()} == {
+        "fp32": "time budget spent (--budget-s 1)",
+        "bf16": "time budget spent (--budget-s 1)",
+    }
+    assert report.checks.fp32.status == "skip" and "time budget" in report.checks.fp32.why
+
+
+_STUBBORN = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+worker = subprocess.Popen(
+    [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+     " time.sleep(120)"],
+    start_new_session=True,  # as torchrun starts its workers
+)
+print(worker.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state == "Z"  # killed, waiting for its new parent to reap it
+
+
+def test_stop_ends_a_launcher_and_the_workers_in_their_own_sessions() -> None:
+    """A timed-out run must leave no process behind (on a GPU machine, one holding the GPU),
+    even when the launcher ignores SIGTERM and its workers sit in sessions of their own."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STUBBORN], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    worker = int(proc.stdout.readline())
+    gc._stop(proc, grace_s=1)
+    assert proc.returncode is not None
+    deadline = time.monotonic() + 10
+    while not _gone(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _gone(worker)
+
+
+@pytest.mark.slow
+def test_cpu_dry_run_runs_the_real_trainer_and_reports(tmp_path: Path) -> None:
+    """The harness end to end on CPU: four real trainer runs (torchrun, gloo), a forced fp16
+    overflow, a resume, and a report that validates against the schema."""
+    log = tmp_path / "gpu_check.log"
+    args = ["--cpu-dry-run", "--only", "fp32,bf16,fp16,resume", "--steps", "8"]
+    p = _run([*args, "--peak-tflops", "0.5", "--log", str(log)], timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "Traceback" not in p.stderr
+    report = Report.model_validate_json(p.stdout)  # stdout is the report and nothing else
+    assert report.ok and report.dry_run and report.machine.device == "cpu"
+
+    status = {name: check.status for name, check in report.checks}
+    for name in ("fp32", "bf16", "fp16_overflow", "precision_agreement", "checkpoint_resume"):
+        assert status[name] == "pass", report.checks.model_dump()[name]
+    gpu_only = ("nccl", "fused_adamw", "tf32", "nvml", "flash_attention", "sync_batchnorm")
+    assert all(status[name] == "skip" for name in gpu_only)
+    assert status["compile"] == "skip"  # not selected
+
+    overflow = report.checks.fp16_overflow.evidence
+    assert (overflow["loss_scale_before"], overflow["loss_scale_at"]) == (65536.0, 32768.0)
+    assert overflow["optimizer_updates"] == 8 - len(overflow["scale_drops_at_steps"]) == 7
+    resume = report.checks.checkpoint_resume.evidence
+    assert resume["resumed_step"] == 8 and resume["final_step"] == 12
+    assert report.checks.flash_attention.evidence["ok"] is True  # the probe ran (on CPU)
+
+    fpt = lm_flops_per_token(1, 32, 32, len(LMTask().vocab))  # the dry run's tiny size
+    for name, run in report.runs.items():
+        assert run.exit_code == 0 and run.steps == (12 if name == "resume" else 8)
+        assert run.flops_per_token == fpt and run.tokens_per_s > 0
+        assert run.mfu == pytest.approx(fpt * run.tokens_per_s / 0.5e12)
+    assert report.mfu.best == max(r.mfu for r in report.runs.values())
+    text = log.read_text()
+    assert all(f"===== {name}: exit 0" in text for name in report.runs)
+    assert "task=bench.gpu_probe_task:build" in text

@@ -1,0 +1,201 @@
+"""gpu_check's report: the throughput it reads off train events, its verdicts, its schema.
+
+The verdicts are fed hand-made events here, each case one way a GPU run could go wrong; the
+real trainer's events feed them in test_gpu_check.py's CPU dry run.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from bench import gpu_report as rep
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _train(step: int, loss: float, step_time_s: float, tokens_per_s: float | None, **kw) -> dict:
+    e = {"event": "train", "step": step, "loss": loss, "step_time_s": step_time_s, **kw}
+    if tokens_per_s is not None:
+        e["tokens_per_s"] = tokens_per_s
+    return e
+
+
+def _run(name: str, events: list[dict], **kw) -> rep.RunResult:
+    start = {"event": "start", "step": 0, "world_size": 1, "device": "cuda:0", "config": {}}
+    done_step = events[-1]["step"] if events else 0
+    done = {"event": "done", "step": done_step, "reason": "completed"}
+    return rep.RunResult(name=name, exit_code=0, events=[start, *events, done], **kw)
+
+
+def test_throughput_weights_windows_by_time_and_drops_warm_up() -> None:
+    # Windows of 10 steps: the first (compile, warm-up) is slow and must not count.
+    r = _run(
+        "bf16",
+        [
+            _train(10, 4.0, 2.0, 1_000.0),
+            _train(20, 3.0, 0.1, 20_000.0),  # 1 s, 20,000 tokens
+            _train(30, 2.5, 0.3, 10_000.0),  # 3 s, 30,000 tokens
+        ],
+        warmup_steps=10,
+    )
+    tp = rep.throughput(r)
+    assert tp.tokens_per_s == pytest.approx(50_000 / 4)  # total tokens over total seconds
+    assert tp.step_time_s == pytest.approx(4 / 20)
+
+
+def test_throughput_of_a_resumed_run_counts_from_its_start_step() -> None:
+    start = {"event": "start", "step": 40, "world_size": 1, "device": "cuda:0", "config": {}}
+    r = rep.RunResult(
+        name="resume",
+        exit_code=0,
+        events=[start, _train(45, 2.0, 1.0, 100.0), _train(50, 2.0, 0.5, 300.0)],
+        warmup_steps=5,
+    )
+    # The first window (41-45) is warm-up; only 46-50 counts.
+    assert rep.throughput(r).tokens_per_s == pytest.approx(300.0)
+
+
+def test_summarize_computes_mfu_from_the_runs_own_numbers() -> None:
+    r = _run("fill", [_train(10, 3.0, 1.0, 1.0), _train(20, 2.0, 1.0, 494_500.0)], warmup_steps=10)
+    r.flops_per_token = 1_000_000_000
+    run = rep.summarize(r, peak_tflops=989.0)
+    assert run.tokens_per_s == pytest.approx(494_500.0)
+    assert run.achieved_tflops == pytest.approx(494.5)
+    assert run.mfu == pytest.approx(0.5)
+    assert rep.summarize(r, peak_tflops=None).mfu is None
+
+
+def _fp16(scales: dict[int, float], optimizer_steps: int, grad_norm_at_3=None) -> rep.RunResult:
+    events = [
+        _train(s, 3.0, 0.1, 1.0, loss_scale=v, grad_norm=grad_norm_at_3 if s == 3 else 1.0)
+        for s, v in sorted(scales.items())
+    ]
+    return _run("fp16", events, checkpoint={"optimizer_steps": optimizer_steps})
+
+
+HALVED = {1: 65536.0, 2: 65536.0, 3: 32768.0, 4: 32768.0, 5: 32768.0}
+
+
+def test_fp16_overflow_passes_when_the_scale_halves_and_the_update_is_skipped() -> None:
+    c = rep.check_fp16_overflow({"fp16": _fp16(HALVED, optimizer_steps=4)}, overflow_at_step=3)
+    assert c.status == "pass", c.why
+    assert c.evidence["scale_drops_at_steps"] == [3]
+
+
+@pytest.mark.parametrize(
+    ("scales", "optimizer_steps", "why"),
+    [
+        ({s: 65536.0 for s in range(1, 6)}, 5, "did not halve"),  # no overflow happened
+        (HALVED, 5, "expected 4"),  # the scale fell but AdamW still stepped
+        ({1: 65536.0, 2: 65536.0, 4: 32768.0, 5: 32768.0}, 4, "no loss_scale"),  # step 3 unseen
+    ],
+)
+def test_fp16_overflow_fails(scales, optimizer_steps, why) -> None:
+    c = rep.check_fp16_overflow({"fp16": _fp16(scales, optimizer_steps)}, overflow_at_step=3)
+    assert c.status == "fail" and why in c.why
+
+
+def test_fp16_overflow_counts_a_natural_overflow_too() -> None:
+    """An early overflow of its own (step 1) is one more skipped update, not a failure."""
+    scales = {1: 32768.0, 2: 32768.0, 3: 16384.0, 4: 16384.0, 5: 16384.0}
+    c = rep.check_fp16_overflow({"fp16": _fp16(scales, optimizer_steps=3)}, overflow_at_step=3)
+    assert c.status == "pass", c.why
+    assert c.evidence["scale_drops_at_steps"] == [1, 3]
+
+
+def _resume_pair(resumed_loss: float, resumed_step: int = 20) -> dict[str, rep.RunResult]:
+    bf16 = _run(
+        "bf16",
+        [_train(10, 4.0, 0.1, 1.0), _train(20, 2.0, 0.1, 1.0)],
+    )
+    bf16.events.insert(-1, {"event": "checkpoint", "step": 20, "path": "/c/step_00000020.pt"})
+    resume = _run("resume", [_train(25, resumed_loss, 0.1, 1.0), _train(30, 1.9, 0.1, 1.0)])
+    resume.events[0]["step"] = 20
+    resume.events.insert(1, {"event": "resume", "step": resumed_step, "path": "/c/x.pt"})
+    return {"bf16": bf16, "resume": resume}
+
+
+def test_resume_passes_when_training_goes_on_from_the_checkpoint() -> None:
+    c = rep.check_resume(_resume_pair(resumed_loss=2.05), extra_steps=10)
+    assert c.status == "pass", c.why
+
+
+@pytest.mark.parametrize(
+    ("resumed_loss", "resumed_step", "why"),
+    [
+        (3.9, 20, "nearer bf16's first loss"),  # weights not loaded: back at the start
+        (2.05, 10, "did not resume from step 20"),
+    ],
+)
+def test_resume_fails(resumed_loss, resumed_step, why) -> None:
+    c = rep.check_resume(_resume_pair(resumed_loss, resumed_step), extra_steps=10)
+    assert c.status == "fail" and why in c.why
+
+
+def test_a_scenario_that_did_not_run_is_a_skip_and_one_that_crashed_a_fail() -> None:
+    runs = {"bf16": rep.RunResult("bf16", not_run="time budget spent (--budget-s 540)")}
+    c = rep.check_trained(runs, "bf16", "bf16")
+    assert c.status == "skip" and "time budget" in c.why
+    crashed = rep.RunResult("bf16", exit_code=1, stderr_tail="CUDA error: out of memory")
+    c = rep.check_trained({"bf16": crashed}, "bf16", "bf16")
+    assert c.status == "fail" and "out of memory" in c.evidence["stderr_tail"]
+
+
+def test_nvml_fails_on_a_train_event_without_the_readings() -> None:
+    gpu = {f: 1.0 for f in rep.NVML_FIELDS}
+    ok = _run("bf16", [_train(10, 3.0, 0.1, 1.0, gpus=[gpu])])
+    assert rep.check_nvml({"bf16": ok}, dry_run=False).status == "pass"
+    partial = dict(gpu)
+    del partial["power_w"]
+    bad = _run("tf32", [_train(10, 3.0, 0.1, 1.0, gpus=[partial])])
+    c = rep.check_nvml({"bf16": ok, "tf32": bad}, dry_run=False)
+    assert c.status == "fail" and "tf32@10" in c.why
+
+
+def test_tf32_must_be_faster_than_plain_fp32() -> None:
+    def pair(tf32_tokens_per_s: float) -> dict[str, rep.RunResult]:
+        return {
+            "fp32": _run("fp32", [_train(10, 3.0, 0.1, 1_000.0)]),
+            "tf32": _run("tf32", [_train(10, 3.0, 0.1, tf32_tokens_per_s)]),
+        }
+
+    assert rep.check_tf32(pair(3_000.0), dry_run=False).status == "pass"
+    assert rep.check_tf32(pair(1_050.0), dry_run=False).status == "fail"  # the switch did nothing
+    assert rep.check_tf32(pair(1_050.0), dry_run=True).status == "skip"
+
+
+def test_a_check_that_raises_fails_instead_of_losing_the_report() -> None:
+    broken = _run("fp16", [])
+    broken.events.insert(1, {"event": "train"})  # a train event without its step
+    checks = rep.evaluate(
+        {"fp16": broken},
+        probe=None,
+        device_count=1,
+        dry_run=False,
+        overflow_at_step=3,
+        resume_extra_steps=10,
+    )
+    assert checks.fp16_overflow.status == "fail"
+    assert "the check itself failed" in checks.fp16_overflow.why
+
+
+def _fields(model: type) -> set[str]:
+    """Every field name of a pydantic model and of the models it holds."""
+    names = set()
+    for name, info in model.model_fields.items():
+        names.add(name)
+        for sub in (info.annotation, *getattr(info.annotation, "__args__", ())):
+            if isinstance(sub, type) and hasattr(sub, "model_fields"):
+                names |= _fields(sub)
+    return names
+
+
+def test_docs_describe_every_field_of_the_report() -> None:
+    """docs/gpu.md's field reference names each field in backticks; a new field must be added
+    there too."""
+    documented = set(re.findall(r"`([a-z_0-9]+)`", (REPO / "docs" / "gpu.md").read_text()))
+    fields = _fields(rep.Report) | _fields(rep.Run) | set(rep.Checks.model_fields)
+    assert fields - documented == set()
