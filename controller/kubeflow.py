@@ -54,8 +54,50 @@ RETRYABLE_EXIT_CODES = (130, 137, 138, 143)
 #: The upstream manifests label the operator's pod with this (manifests/base/deployment.yaml).
 OPERATOR_POD_SELECTOR = "control-plane=kubeflow-training-operator"
 
-#: Every job API ddpjob renders and watches.
-JOB_APIS = (PYTORCHJOB,)
+# ------------------------------------------------------------------------------------------
+# Kubeflow Trainer v2 (TrainJob), v2.3 with JobSet v0.12
+
+TRAINJOB = JobAPI("trainer.kubeflow.org", "v1alpha1", "TrainJob", "trainjobs")
+#: The cluster-scoped runtimes a TrainJob's runtimeRef names (kind ClusterTrainingRuntime).
+CLUSTER_TRAINING_RUNTIME = JobAPI(
+    "trainer.kubeflow.org", "v1alpha1", "ClusterTrainingRuntime", "clustertrainingruntimes"
+)
+#: The Trainer release whose API the renderer writes (the minor is pinned: v1alpha1 changes).
+TRAINER_VERSION = "v2.3.0"
+#: Upstream's runtime for PyTorch (manifests/base/runtimes/torch_distributed.yaml).
+DEFAULT_RUNTIME = "torch-distributed"
+#: The runtime's replicated job and its training container: both named ``node``.
+TRAINJOB_REPLICATED_JOB = "node"
+TRAINJOB_CONTAINER = "node"
+#: The torch plugin's rendezvous port (PET_MASTER_PORT; pkg/constants ContainerTrainerPort).
+TRAINJOB_PORT = 29500
+#: The torch plugin injects these into the trainer container; the webhook refuses them in
+#: spec.trainer.env. No MASTER_ADDR, RANK or WORLD_SIZE, and no torchrun is started.
+TRAINJOB_RESERVED_ENV = (
+    "PET_NNODES",
+    "PET_NPROC_PER_NODE",
+    "PET_NODE_RANK",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+)
+#: Labels JobSet and the Job controller put on every pod of a TrainJob. Rank 0 is the pod with
+#: completion index 0 of replicated job ``node`` (the only Job: replicas 1).
+LABEL_JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"  # = the TrainJob's name
+LABEL_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
+LABEL_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
+LABEL_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+#: The Warning event reason the TrainJob controller records when it cannot build the JobSet
+#: (runtime missing, JobSet refused); the TrainJob's conditions say nothing then.
+EVENT_RESOURCES_FAILED = "TrainJobResourcesCreationFailed"
+#: The ``manager`` of the runtimePatches entry ddpjob writes: a domain-prefixed path, with
+#: no domain claimed (`ddpjob` is a valid DNS subdomain on its own).
+RUNTIME_PATCH_MANAGER = "ddpjob/spec"
+#: The upstream manifests label the Trainer controller's pod with this.
+TRAINER_POD_SELECTOR = "app.kubernetes.io/name=trainer"
+
+#: Every job API ddpjob renders and watches, by the spec's ``api:`` value.
+JOB_APIS = (PYTORCHJOB, TRAINJOB)
+API_BY_NAME = {"pytorchjob": PYTORCHJOB, "trainjob": TRAINJOB}
 
 # ------------------------------------------------------------------------------------------
 # The trainer image (ours, but every renderer and the chart must agree on it)

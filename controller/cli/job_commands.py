@@ -82,10 +82,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _manifest(args: argparse.Namespace) -> dict[str, Any]:
-    from controller.render.pytorchjob import render_pytorchjob
+    from controller.render.job import render_job
 
     spec = load_spec(args.spec, args.set)
-    manifest = render_pytorchjob(spec)
+    manifest = render_job(spec)
     if args.namespace:
         manifest["metadata"]["namespace"] = args.namespace
     return manifest

@@ -1,6 +1,7 @@
 """render_pytorchjob: the PyTorchJob shape the Kubeflow operator expects, for any valid spec.
 
-Golden files pin each example's manifest byte for byte. Regenerate them on purpose with
+Golden files pin each example's manifest (PyTorchJob or TrainJob, by its ``api:``) byte for
+byte. Regenerate them on purpose with
 ``UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/controller/test_render.py`` and review the diff.
 """
 
@@ -15,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controller.render.args import encode_value, trainer_args
+from controller.render.job import render_job
 from controller.render.output import to_yaml
 from controller.render.pytorchjob import render_pytorchjob
 from controller.spec import JobSpec, validate_spec
@@ -39,7 +41,7 @@ def templates(job):
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_example_renders_its_golden_manifest(example):
     spec = validate_spec(yaml.safe_load(example.read_text()))
-    got = to_yaml(render_pytorchjob(spec))
+    got = to_yaml(render_job(spec))
     golden = GOLDEN / f"{example.stem}.yaml"
     if os.environ.get("UPDATE_GOLDEN") == "1":
         golden.write_text(got)
