@@ -67,6 +67,8 @@ TRAINJOB_CRD = TRAINJOB.crd
 CLUSTER_TRAINING_RUNTIME = JobAPI(
     "trainer.kubeflow.org", "v1alpha1", "ClusterTrainingRuntime", "clustertrainingruntimes"
 )
+#: The namespaced runtime (``runtimeRef.kind: TrainingRuntime``).
+TRAINING_RUNTIME = JobAPI("trainer.kubeflow.org", "v1alpha1", "TrainingRuntime", "trainingruntimes")
 JOBSET = JobAPI("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets")
 #: The versions the local cluster builds (and the TrainJob API ddpjob renders for).
 TRAINER_VERSION = "v2.3.0"
