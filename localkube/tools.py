@@ -21,10 +21,10 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from . import trainer_v2
+from .gocmd import _go_env, _run_go
 
 #: Pinned component versions. They must match localkube/go/go.mod.
 VERSIONS = {
@@ -104,34 +104,6 @@ def is_built() -> bool:
     if not trainer_v2.is_built(root):
         return False
     return all((root / "manifests" / f).exists() for f in MODULE_FILES.values())
-
-
-def _go_env() -> dict[str, str]:
-    """Return the environment for go commands: module mode, no VCS stamping, local toolchain."""
-    env = dict(os.environ)
-    env.setdefault("GOFLAGS", "-mod=mod")
-    env.setdefault("GOTOOLCHAIN", "local")
-    env["CGO_ENABLED"] = env.get("CGO_ENABLED", "0")
-    return env
-
-
-def _run_go(args: list[str], log, cwd: Path = GO_DIR) -> float:
-    """Run one go command in the wrapper module (or ``cwd``); return its wall time in seconds."""
-    if shutil.which("go") is None:
-        raise RuntimeError(
-            "localkube.tools: the go command is missing (got no `go` on PATH). "
-            "Install Go >= 1.24 (https://go.dev/dl/) or point DDPJOB_TOOLS_DIR at built tools."
-        )
-    start = time.monotonic()
-    print(f"[cluster] go {' '.join(args)}", file=log, flush=True)
-    proc = subprocess.run(["go", *args], cwd=cwd, env=_go_env(), capture_output=True, text=True)
-    elapsed = time.monotonic() - start
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"localkube.tools: go {args[0]} failed (got exit {proc.returncode}):\n"
-            f"{proc.stderr[-4000:]}\nHint: check network access to the Go module proxy."
-        )
-    return elapsed
 
 
 def _ldflags() -> str:

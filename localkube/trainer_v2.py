@@ -41,7 +41,7 @@ from controller import kubeflow
 from . import bootstrap
 
 if TYPE_CHECKING:
-    from .components import Context
+    from .context import Context
 
 #: The image of the ``node`` container in the torch-distributed runtime. A TrainJob's
 #: ``spec.trainer.image`` overrides it. Plug-in point for ``localkube.images.trainer_image()``.
@@ -168,7 +168,7 @@ def _check_pins() -> None:
 
 def _module(module: str) -> dict:
     """``go mod download -json`` of a module go-trainer requires: its Dir and Origin."""
-    from .tools import _go_env
+    from .gocmd import _go_env
 
     out = subprocess.run(
         ["go", "mod", "download", "-json", module],
@@ -189,7 +189,7 @@ def _module(module: str) -> dict:
 def build(root: Path, log) -> dict[str, float]:
     """Build the missing binaries (one ``go build`` for both) and render the missing manifests
     into the tools folder ``root``; return build seconds. Needs ``root/bin/kubectl`` built."""
-    from .tools import _run_go
+    from .gocmd import _run_go
 
     times: dict[str, float] = {}
     bindir, mandir = root / "bin", root / "manifests"
