@@ -314,3 +314,41 @@ def test_with_no_pod_left_the_report_gives_the_controllers_events():
         "events:",
         "  job/tj-node-0: BackoffLimitExceeded: Job has reached the specified backoff limit",
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI wiring
+
+
+@pytest.mark.parametrize("command", ["wait", "status", "logs", "delete", "events", "plot"])
+def test_every_command_that_takes_a_name_takes_api(command):
+    from controller.cli.main import build_parser
+
+    args = build_parser().parse_args([command, "tj", "--api", "trainjob"])
+    assert (args.name, args.api) == ("tj", "trainjob")
+    assert build_parser().parse_args([command, "tj"]).api is None  # look in both
+
+
+def test_list_takes_api_and_submit_reads_it_from_the_spec(capsys):
+    from controller.cli.main import build_parser
+
+    assert build_parser().parse_args(["list", "--api", "pytorchjob"]).api == "pytorchjob"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["submit", "spec.yaml", "--api", "trainjob"])
+    assert "--api" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["status", "tj", "--api", "tfjob"])
+
+
+def test_render_prints_a_trainjob_for_api_trainjob(capsys):
+    import yaml
+
+    from controller.cli.main import main
+    from tests.controller.conftest import REPO
+
+    quickstart = str(REPO / "examples" / "quickstart.yaml")
+    assert main(["render", quickstart, "--set", "api=trainjob"]) == 0
+    job = yaml.safe_load(capsys.readouterr().out)
+    assert (job["kind"], job["spec"]["trainer"]["numNodes"]) == ("TrainJob", 2)
+    assert main(["render", quickstart, "--set", "api=trainjob", "--set", "backoff_limit=2"]) == 2
+    assert capsys.readouterr().err.startswith("error: backoff_limit: a TrainJob cannot carry it")
