@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from controller.render.job import render_job
 from controller.render.output import to_yaml
 from controller.render.pytorchjob import render_pytorchjob
 from controller.render.values import render_values
@@ -58,7 +59,7 @@ def generated_files(repo: Path = REPO) -> dict[str, str]:
             render_values(spec), f"python -m controller render {rel} --values"
         )
         files[f"tests/controller/golden/{path.stem}.yaml"] = _yaml(
-            render_pytorchjob(spec), f"python -m controller render {rel}"
+            render_job(spec), f"python -m controller render {rel}"
         )
     example, override = K8S_EXAMPLE
     files["k8s/pytorchjob.yaml"] = _yaml(

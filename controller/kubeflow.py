@@ -2,6 +2,8 @@
 
 One place for what the operator's source decides and ddpjob only follows. The renderer, the
 API layer, the job logic, doctor and the local cluster (``localkube``) all read it from here.
+Two launchers: the training operator v1 (PyTorchJob) and Kubeflow Trainer v2 (TrainJob, which
+runs each job as a JobSet).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class JobAPI:
-    """A custom resource ddpjob submits: where the API server serves it."""
+    """A custom resource ddpjob submits or reads: where the API server serves it."""
 
     group: str
     version: str
@@ -54,8 +56,75 @@ RETRYABLE_EXIT_CODES = (130, 137, 138, 143)
 #: The upstream manifests label the operator's pod with this (manifests/base/deployment.yaml).
 OPERATOR_POD_SELECTOR = "control-plane=kubeflow-training-operator"
 
-#: Every job API ddpjob renders and watches.
-JOB_APIS = (PYTORCHJOB,)
+# ------------------------------------------------------------------------------------------
+# Kubeflow Trainer v2 (TrainJob), v2.3, and the JobSet it creates for every TrainJob.
+# Read from github.com/kubeflow/trainer/v2@v2.3.0: pkg/constants/constants.go and
+# pkg/runtime/framework/plugins/torch/torch.go.
+
+TRAINJOB = JobAPI("trainer.kubeflow.org", "v1alpha1", "TrainJob", "trainjobs")
+TRAINJOB_CRD = TRAINJOB.crd
+#: The cluster-scoped runtime a TrainJob's ``spec.runtimeRef`` names (its default kind).
+CLUSTER_TRAINING_RUNTIME = JobAPI(
+    "trainer.kubeflow.org", "v1alpha1", "ClusterTrainingRuntime", "clustertrainingruntimes"
+)
+#: The namespaced runtime (``runtimeRef.kind: TrainingRuntime``).
+TRAINING_RUNTIME = JobAPI("trainer.kubeflow.org", "v1alpha1", "TrainingRuntime", "trainingruntimes")
+JOBSET = JobAPI("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets")
+#: The versions the local cluster builds (and the TrainJob API ddpjob renders for).
+TRAINER_VERSION = "v2.3.0"
+JOBSET_VERSION = "v0.12.0"
+
+#: Upstream's runtime for torchrun-style jobs (manifests/base/runtimes/torch_distributed.yaml).
+DEFAULT_RUNTIME = "torch-distributed"
+#: The torch plugin puts its env on the container of this name in the replicated job of this
+#: name (constants.Node); a TrainJob's ``spec.trainer`` (image, command, env) lands there too.
+TRAINJOB_CONTAINER = "node"
+TRAINJOB_REPLICATED_JOB = "node"
+
+#: Labels on every pod of a TrainJob: the JobSet (= TrainJob name), its replicated job, and the
+#: Indexed Job's completion index (= PET_NODE_RANK; also an annotation, which the env reads).
+LABEL_JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+LABEL_REPLICATED_JOB_NAME = "jobset.sigs.k8s.io/replicatedjob-name"
+LABEL_JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+
+#: The only env the torch plugin injects; it starts no torchrun and sets no MASTER_ADDR, RANK or
+#: WORLD_SIZE. The webhook refuses these names in ``spec.trainer.env``.
+ENV_NNODES = "PET_NNODES"  # trainer.numNodes
+ENV_NPROC_PER_NODE = "PET_NPROC_PER_NODE"  # numProcPerNode, else "auto" with GPUs, else CPUs
+ENV_NODE_RANK = "PET_NODE_RANK"  # fieldRef to the job-completion-index annotation
+ENV_MASTER_ADDR = "PET_MASTER_ADDR"  # <trainjob>-node-0-0.<trainjob>
+ENV_MASTER_PORT = "PET_MASTER_PORT"
+TRAINJOB_RESERVED_ENV = (
+    ENV_NNODES,
+    ENV_NPROC_PER_NODE,
+    ENV_NODE_RANK,
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+)
+#: PET_MASTER_PORT's value and the container port the plugin adds (constants.ContainerTrainerPort).
+TRAINJOB_MASTER_PORT = 29500
+
+
+def trainjob_master_addr(trainjob: str) -> str:
+    """Rank 0's DNS name: pod hostname ``<jobset>-<replicated job>-<job index>-<pod index>``
+    under the JobSet's headless Service ``<jobset>`` (set by JobSet's mutating webhook)."""
+    return f"{trainjob}-{TRAINJOB_REPLICATED_JOB}-0-0.{trainjob}"
+
+
+#: The pod label JobSet adds beside the completion index: which of the replicated job's Jobs.
+LABEL_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
+#: The Warning event reason the TrainJob controller records when it cannot build the JobSet
+#: (runtime missing, JobSet refused); the TrainJob's conditions say nothing then.
+EVENT_RESOURCES_FAILED = "TrainJobResourcesCreationFailed"
+#: The ``manager`` of the runtimePatches entry ddpjob writes: a domain-prefixed path, with
+#: no domain claimed (`ddpjob` is a valid DNS subdomain on its own).
+RUNTIME_PATCH_MANAGER = "ddpjob/spec"
+#: The upstream manifests label the Trainer controller's pod with this.
+TRAINER_POD_SELECTOR = "app.kubernetes.io/name=trainer"
+
+#: Every job API ddpjob renders and watches, by the spec's ``api:`` value.
+JOB_APIS = (PYTORCHJOB, TRAINJOB)
+API_BY_NAME = {"pytorchjob": PYTORCHJOB, "trainjob": TRAINJOB}
 
 # ------------------------------------------------------------------------------------------
 # The trainer image (ours, but every renderer and the chart must agree on it)

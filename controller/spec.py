@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from controller.errors import UserError
+from controller.kubeflow import DEFAULT_RUNTIME, TRAINJOB_REPLICATED_JOB
 from trainer.config import TrainConfig, format_errors
 
 # --------------------------------------------------------------------------------------------
@@ -63,10 +64,52 @@ OPERATOR_ENV_PREFIX = "PET_"
 # Volumes and mount paths the renderer adds itself (see controller.render).
 RESERVED_VOLUMES = ("dshm", "tmp")
 RESERVED_MOUNTS = ("/dev/shm", "/tmp")
-# Label keys the renderer sets; a user label with one of these keys would fight it.
-RESERVED_LABEL_PREFIXES = ("app.kubernetes.io/", "kueue.x-k8s.io/", "training.kubeflow.org/")
-# The longest replica type the operator puts in pod and service names: `<name>-worker-<index>`.
+# Label keys the renderer, the operators, JobSet or the Job controller set; a user label with
+# one of these keys would fight them.
+RESERVED_LABEL_PREFIXES = (
+    "app.kubernetes.io/",
+    "kueue.x-k8s.io/",
+    "training.kubeflow.org/",
+    "trainer.kubeflow.org/",
+    "jobset.sigs.k8s.io/",
+    "batch.kubernetes.io/",
+)
+# Pod, service and host names hold 63 characters: `<name>-worker-<index>` (PyTorchJob) and
+# `<name>-node-0-<index>-<5 random>` (TrainJob: JobSet's webhook checks exactly this).
 _POD_NAME_MAX = 63
+
+# What a TrainJob (Trainer v2.3) cannot carry, and why. Setting one of these with
+# `api: trainjob` is an error that says so; left unset, their PyTorchJob defaults mean nothing
+# for a TrainJob (docs/spec-and-cli.md has the full mapping). runtimePatches, the only way a
+# TrainJob changes its runtime's pods, reach labels, annotations, serviceAccountName, volumes,
+# container volumeMounts/securityContext, imagePullSecrets, securityContext, nodeSelector,
+# affinity, tolerations, schedulingGates and terminationGracePeriodSeconds: nothing else.
+PYTORCHJOB_ONLY = {
+    "elastic": "Trainer v2.3's torch runtime runs a fixed numNodes; it has no elastic policy",
+    "gang": (
+        "a TrainJob is gang-scheduled by its runtime's podGroupPolicy; runtimePatches cannot "
+        "set schedulerName"
+    ),
+    "priority_class": (
+        "runtimePatches cannot set priorityClassName; set it in the runtime, or with Kueue "
+        "use the kueue.x-k8s.io/priority-class label"
+    ),
+    "restart_policy": (
+        "a TrainJob's pods restart as its runtime's Job says (torch-distributed: OnFailure, in "
+        "place; 137, 138 and 143 recover); runtimePatches cannot set restartPolicy"
+    ),
+    "backoff_limit": (
+        "retries are the runtime Job's backoffLimit (torch-distributed: Kubernetes' default "
+        "6); runtimePatches cannot set it"
+    ),
+    "ttl_after_finished_s": (
+        "a TrainJob has no TTL and runtimePatches cannot set the JobSet's ttlSecondsAfterFinished"
+    ),
+    "clean_pod_policy": (
+        "when a TrainJob ends JobSet deletes its active Jobs and their pods; there is no "
+        "policy to choose"
+    ),
+}
 
 
 def parse_quantity(text: str) -> Decimal:
@@ -324,7 +367,8 @@ class Elastic(_Model):
 
 
 class JobSpec(_Model):
-    """A distributed training job: rendered into one Kubeflow PyTorchJob, or run locally."""
+    """A distributed training job: rendered into one Kubeflow PyTorchJob or TrainJob, or run
+    locally."""
 
     model_config = ConfigDict(extra="forbid", title="ddpjob job spec")
 
@@ -341,6 +385,23 @@ class JobSpec(_Model):
     image: str = Field(
         description="Container image with the trainer (and your code).",
         json_schema_extra={"pattern": r"^\S+$"},
+    )
+    api: Literal["pytorchjob", "trainjob"] = Field(
+        "pytorchjob",
+        description=(
+            "The Kubeflow job API: `pytorchjob` (training operator v1, kubeflow.org/v1 "
+            "PyTorchJob) or `trainjob` (Kubeflow Trainer v2.3, trainer.kubeflow.org/v1alpha1 "
+            "TrainJob). `--set api=trainjob` switches a spec."
+        ),
+    )
+    runtime: str = Field(
+        DEFAULT_RUNTIME,
+        description=(
+            "TrainJob only: the ClusterTrainingRuntime to run on (`runtimeRef`). It must have "
+            "the torch ML policy and replicated job `node` with container `node`, as upstream's "
+            "torch-distributed does."
+        ),
+        json_schema_extra=_OBJECT_NAME,
     )
     command: list[str] | None = Field(
         None,
@@ -406,7 +467,9 @@ class JobSpec(_Model):
     )
     priority_class: str | None = Field(
         None,
-        description="PriorityClass of the pods (and of the gang, with gang scheduling).",
+        description=(
+            "PyTorchJob only: PriorityClass of the pods (and of the gang, with gang scheduling)."
+        ),
         json_schema_extra=_on("string", **_OBJECT_NAME),
     )
     service_account: str | None = Field(
@@ -421,7 +484,7 @@ class JobSpec(_Model):
     )
     labels: dict[str, str] = Field(
         default_factory=dict,
-        description="Extra labels on the PyTorchJob and its pods.",
+        description="Extra labels on the job and its pods.",
         json_schema_extra={
             # Not the keys ddpjob and the operator set (the validator's _unique_names).
             "propertyNames": {
@@ -433,7 +496,7 @@ class JobSpec(_Model):
     )
     annotations: dict[str, str] = Field(
         default_factory=dict,
-        description="Extra annotations on the PyTorchJob and its pods.",
+        description="Extra annotations on the job and its pods.",
         json_schema_extra={"propertyNames": _LABEL_KEYS},
     )
     queue: str | None = Field(
@@ -445,36 +508,46 @@ class JobSpec(_Model):
         json_schema_extra=_on("string", **_OBJECT_NAME),
     )
     gang: Gang | None = Field(
-        None, description="Gang scheduling: all pods start together or none do."
+        None, description="PyTorchJob only: gang scheduling, all pods start together or none do."
     )
     elastic: Elastic | None = Field(
         None,
         description=(
-            "Elastic training: Worker pods only, torchrun rendezvous (c10d) between "
-            "min_nodes and max_nodes."
+            "PyTorchJob only: elastic training, Worker pods only, torchrun rendezvous (c10d) "
+            "between min_nodes and max_nodes."
         ),
     )
     restart_policy: Literal["ExitCode", "OnFailure", "Never", "Always"] = Field(
         "ExitCode",
         description=(
-            "When the operator restarts a pod. ExitCode: retry exit codes 130, 137 (killed), "
-            "138 (the trainer lost a peer) and 143 (preempted); fail on the others."
+            "PyTorchJob only: when the operator restarts a pod. ExitCode: retry exit codes 130, "
+            "137 (killed), 138 (the trainer lost a peer) and 143 (preempted); fail on the "
+            "others. A TrainJob's pods restart as its runtime's Job says."
         ),
     )
     backoff_limit: int = Field(
-        3, ge=0, description="Pod restarts allowed before the job is marked Failed."
+        3,
+        ge=0,
+        description=(
+            "PyTorchJob only: pod restarts allowed before the job is marked Failed (a "
+            "TrainJob's is its runtime Job's backoffLimit)."
+        ),
     )
     active_deadline_s: int | None = Field(
         None, gt=0, description="Fail the job after this many seconds of running."
     )
     ttl_after_finished_s: int | None = Field(
-        None, ge=0, description="Delete the finished job (and its pods) after this many seconds."
+        None,
+        ge=0,
+        description=(
+            "PyTorchJob only: delete the finished job (and its pods) after this many seconds."
+        ),
     )
     clean_pod_policy: Literal["None", "Running", "All"] = Field(
         "Running",
         description=(
-            "Pods deleted when the job finishes: Running frees stragglers' GPUs and keeps "
-            "finished pods' logs; All deletes every pod; None keeps all."
+            "PyTorchJob only: pods deleted when the job finishes: Running frees stragglers' GPUs "
+            "and keeps finished pods' logs; All deletes every pod; None keeps all."
         ),
     )
     suspend: bool = Field(
@@ -561,7 +634,7 @@ class JobSpec(_Model):
                 raise ValueError(f"{key}: {problem}")
         return v
 
-    @field_validator("priority_class", "service_account", "queue")
+    @field_validator("priority_class", "service_account", "queue", "runtime")
     @classmethod
     def _object_name(cls, v: str | None) -> str | None:
         if v is not None and (len(v) > 253 or not DNS1123_SUBDOMAIN.fullmatch(v)):
@@ -586,6 +659,7 @@ class JobSpec(_Model):
             *self._resources_fit(),
             *self._unique_names(),
             *self._args_or_trainer(),
+            *self._api_fits(),
         ]
         if problems:
             # One ValueError carries every problem; spec_errors() splits it back into lines.
@@ -593,10 +667,15 @@ class JobSpec(_Model):
         return self
 
     def _name_fits(self) -> list[str]:
-        workers = self.elastic.max_nodes if self.elastic else self.nodes - 1
-        if workers < 1:
-            return []
-        longest = f"{self.name}-worker-{workers - 1}"
+        if self.api == "trainjob":
+            # JobSet's webhook: the longest pod name, with the Job controller's 5-character
+            # suffix, is a DNS-1035 label.
+            longest = f"{self.name}-{TRAINJOB_REPLICATED_JOB}-0-{self.nodes - 1}-abcde"
+        else:
+            workers = self.elastic.max_nodes if self.elastic else self.nodes - 1
+            if workers < 1:
+                return []
+            longest = f"{self.name}-worker-{workers - 1}"
         if len(longest) <= _POD_NAME_MAX:
             return []
         room = _POD_NAME_MAX - len(longest) + len(self.name)
@@ -667,6 +746,22 @@ class JobSpec(_Model):
             return ["args: set either args or trainer, not both (trainer settings become the args)"]
         return []
 
+    def _api_fits(self) -> list[str]:
+        """Fields the spec sets that the chosen API cannot carry: each named, with why."""
+        if self.api == "pytorchjob":
+            if "runtime" in self.model_fields_set:
+                return [
+                    f"runtime: only a TrainJob runs on a runtime (got api pytorchjob, runtime "
+                    f"{self.runtime}). Set api: trainjob, or remove runtime"
+                ]
+            return []
+        return [
+            f"{field}: a TrainJob cannot carry it: {why} (got {_shown(getattr(self, field))}). "
+            "Remove it, or use api: pytorchjob"
+            for field, why in PYTORCHJOB_ONLY.items()
+            if field in self.model_fields_set
+        ]
+
     # -- derived values the renderer and the local runner share --------------------------------
 
     @property
@@ -678,6 +773,13 @@ class JobSpec(_Model):
     def world_size(self) -> int:
         """Processes in the job: nodes x nproc_per_node."""
         return self.nodes * self.nproc_per_node
+
+
+def _shown(value: Any) -> str:
+    """A field's value as the error line shows it: a section as its YAML-ish dict."""
+    if isinstance(value, BaseModel):
+        return str(value.model_dump(exclude_none=True))
+    return str(value)
 
 
 def _env_string(value: Any) -> Any:

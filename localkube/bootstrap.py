@@ -57,6 +57,8 @@ USERS = {
     "scheduler": ("system:kube-scheduler", ()),
     "kwok": ("ddpjob:kwok", ()),
     "training-operator": ("ddpjob:training-operator", ()),
+    "kubeflow-trainer": ("ddpjob:kubeflow-trainer", ()),  # Trainer v2 (trainer_v2.py)
+    "jobset": ("ddpjob:jobset", ()),
 }
 
 

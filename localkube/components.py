@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from . import bootstrap
+from . import bootstrap, trainer_v2
 from .context import Context
 
 
@@ -330,6 +330,30 @@ TRAINING_OPERATOR = Component(
     ports=("operator-probe", "operator-webhook", "operator-metrics"),
 )
 
+# ------------------------------------------------------------------------------------ Trainer v2
+
+# Kubeflow Trainer v2 and JobSet, upstream's commands with their config files, certificates and
+# objects from trainer_v2.py. Trainer is waited for at once: the torch-distributed runtime is
+# admitted by its webhook, so the step after it needs it ready.
+
+JOBSET_CONTROLLER = Component(
+    "jobset-controller-manager",
+    trainer_v2.jobset_argv,
+    lambda ctx: http_get(f"http://127.0.0.1:{ctx.ports['jobset-probe']}/readyz") == "ok",
+    prepare=trainer_v2.jobset_prepare,
+    ports=trainer_v2.JOBSET_PORTS,
+)
+
+TRAINER_CONTROLLER = Component(
+    "trainer-controller-manager",
+    trainer_v2.trainer_argv,
+    lambda ctx: http_get(f"http://127.0.0.1:{ctx.ports['trainer-probe']}/readyz") == "ok",
+    wait="now",
+    env=trainer_v2.trainer_env,
+    prepare=trainer_v2.trainer_prepare,
+    ports=trainer_v2.TRAINER_PORTS,
+)
+
 # ------------------------------------------------------------------------------------ pod agent
 
 
@@ -366,6 +390,10 @@ SEQUENCE: tuple[Component | Step, ...] = (
     Step("bootstrap-objects", bootstrap.apply),
     KWOK,
     TRAINING_OPERATOR,
+    Step("trainer-v2-objects", trainer_v2.apply_objects),
+    JOBSET_CONTROLLER,
+    TRAINER_CONTROLLER,
+    Step("torch-distributed-runtime", trainer_v2.install_runtime),
     POD_AGENT,
 )
 

@@ -388,6 +388,13 @@ def _harness_hash() -> str:
     started from other code is restarted by the next ``up``."""
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for name in ("agent.py", "bootstrap.py", "components.py", "control_plane.py", "pki.py"):
+    for name in (
+        "agent.py",
+        "bootstrap.py",
+        "components.py",
+        "control_plane.py",
+        "pki.py",
+        "trainer_v2.py",
+    ):
         digest.update((here / name).read_bytes())
     return digest.hexdigest()[:10]

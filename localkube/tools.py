@@ -5,8 +5,11 @@ kube-controller-manager, kube-scheduler, etcd, kwok, the training operator and k
 dependency graph and one link (a busybox-style multi-call binary ``kube``). helm is built from the
 same module graph, so the packages it shares with Kubernetes come from the Go build cache.
 
-The tools folder is versioned by the pinned versions plus a hash of the wrapper's sources, so a
-second ``build()`` builds nothing and a change to the wrapper builds into a fresh folder.
+Kubeflow Trainer v2 and JobSet need k8s.io v0.36: a second module (``localkube/go-trainer``,
+see ``trainer_v2.py``) builds their two commands into the same folder.
+
+The tools folder is versioned by the pinned versions plus a hash of both modules' sources, so a
+second ``build()`` builds nothing and a change to either builds into a fresh folder.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from . import trainer_v2
+from .gocmd import _go_env, _run_go
 
 #: Pinned component versions. They must match localkube/go/go.mod.
 VERSIONS = {
@@ -28,6 +33,7 @@ VERSIONS = {
     "training-operator": "v1.9.2",
     "kwok": "v0.7.0",
     "helm": "v3.18.6",
+    **trainer_v2.VERSIONS,  # built from localkube/go-trainer
 }
 
 GO_DIR = Path(__file__).resolve().parent / "go"
@@ -69,6 +75,7 @@ def _source_hash() -> str:
         digest.update(str(path.relative_to(GO_DIR)).encode())
         digest.update(path.read_bytes())
     digest.update(json.dumps(VERSIONS, sort_keys=True).encode())
+    digest.update(trainer_v2.source_digest())
     return digest.hexdigest()[:10]
 
 
@@ -94,35 +101,9 @@ def is_built() -> bool:
     names = [*KUBE_COMPONENTS, "kube", "helm"]
     if not all((root / "bin" / n).exists() for n in names):
         return False
+    if not trainer_v2.is_built(root):
+        return False
     return all((root / "manifests" / f).exists() for f in MODULE_FILES.values())
-
-
-def _go_env() -> dict[str, str]:
-    """Return the environment for go commands: module mode, no VCS stamping, local toolchain."""
-    env = dict(os.environ)
-    env.setdefault("GOFLAGS", "-mod=mod")
-    env.setdefault("GOTOOLCHAIN", "local")
-    env["CGO_ENABLED"] = env.get("CGO_ENABLED", "0")
-    return env
-
-
-def _run_go(args: list[str], log) -> float:
-    """Run one go command in the wrapper module; return its wall time in seconds."""
-    if shutil.which("go") is None:
-        raise RuntimeError(
-            "localkube.tools: the go command is missing (got no `go` on PATH). "
-            "Install Go >= 1.24 (https://go.dev/dl/) or point DDPJOB_TOOLS_DIR at built tools."
-        )
-    start = time.monotonic()
-    print(f"[cluster] go {' '.join(args)}", file=log, flush=True)
-    proc = subprocess.run(["go", *args], cwd=GO_DIR, env=_go_env(), capture_output=True, text=True)
-    elapsed = time.monotonic() - start
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"localkube.tools: go {args[0]} failed (got exit {proc.returncode}):\n"
-            f"{proc.stderr[-4000:]}\nHint: check network access to the Go module proxy."
-        )
-    return elapsed
 
 
 def _ldflags() -> str:
@@ -208,6 +189,7 @@ def _build_locked(root: Path, log) -> dict[str, float]:
         times["helm"] = _run_go([*common, "-o", str(tmp), "helm.sh/helm/v3/cmd/helm"], log)
         tmp.rename(helm)
     _copy_module_files(root / "manifests")
+    times.update(trainer_v2.build(root, log))  # after kubectl: it renders their manifests
     record = root / "build-times.json"
     old = json.loads(record.read_text()) if record.exists() else {}
     old.update({k: round(v, 1) for k, v in times.items()})

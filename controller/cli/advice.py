@@ -6,13 +6,20 @@ name the fix live here, in one place, with one spelling of the CLI (:data:`CLI`)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from controller.errors import ClusterError, Conflict, DdpjobError, Forbidden, NotFound, Unreachable
 from controller.kubeflow import (
-    CONTAINER,
+    JOBSET_VERSION,
     LABEL_JOB_NAME,
     OPERATOR_VERSION,
     PYTORCHJOB,
+    TRAINER_VERSION,
+    TRAINJOB,
 )
+
+if TYPE_CHECKING:
+    from controller.jobs.apis import JobKind
 
 #: How every hint spells the CLI (`ddpjob`, the console script, is the same program).
 CLI = "python -m controller"
@@ -28,6 +35,14 @@ OPERATOR_INSTALL = (
     f'?ref={OPERATOR_VERSION}"`'
 )
 
+TRAINER_INSTALL = (
+    f"Install Kubeflow Trainer {TRAINER_VERSION} (it brings JobSet {JOBSET_VERSION}) and its "
+    "runtimes: `kubectl apply --server-side -k "
+    f'"github.com/kubeflow/trainer.git/manifests/overlays/manager?ref={TRAINER_VERSION}"`, then '
+    "`kubectl apply --server-side -k "
+    f'"github.com/kubeflow/trainer.git/manifests/overlays/runtimes?ref={TRAINER_VERSION}"`'
+)
+
 
 def hint(err: DdpjobError) -> str:
     """The sentence that names the fix for ``err``; "" when the message says it all."""
@@ -35,7 +50,8 @@ def hint(err: DdpjobError) -> str:
 
     if isinstance(err, WaitTimeout):
         if err.deleting:
-            return f"See `kubectl get pods -l {LABEL_JOB_NAME}={err.name} -n {err.namespace}`"
+            selector = err.pods_selector or f"{LABEL_JOB_NAME}={err.name}"
+            return f"See `kubectl get pods -l {selector} -n {err.namespace}`"
         return see_status(err.name, err.namespace)
     if not isinstance(err, ClusterError):
         return ""
@@ -58,6 +74,8 @@ def hint(err: DdpjobError) -> str:
     if isinstance(err, NotFound):
         if reason == "APINotServed" and err.kind == PYTORCHJOB.kind:
             return OPERATOR_INSTALL
+        if reason == "APINotServed" and err.kind == TRAINJOB.kind:
+            return TRAINER_INSTALL
         if reason == "NamespaceNotFound":
             return (
                 f"Create it (`kubectl create namespace {err.namespace}`) or pick another with "
@@ -86,14 +104,19 @@ def error_lines(err: DdpjobError) -> list[str]:
     return [f"error: {first}", *rest]
 
 
-def kubectl_hints(name: str, namespace: str) -> str:
-    """The commands to inspect a submitted PyTorchJob, one per line."""
+def kubectl_hints(name: str, namespace: str, kind: JobKind | None = None) -> str:
+    """The commands to inspect a submitted job (a PyTorchJob unless ``kind`` says), one per
+    line."""
+    from controller.jobs.apis import PYTORCHJOB_KIND
+
+    kind = kind or PYTORCHJOB_KIND
     return "\n".join(
         [
-            f"  kubectl get pytorchjob {name} -n {namespace}",
-            f"  kubectl get pods -l {LABEL_JOB_NAME}={name} -n {namespace}",
-            f"  kubectl logs -f {name}-master-0 -c {CONTAINER} -n {namespace}",
-            f"  kubectl describe pytorchjob {name} -n {namespace}",
+            f"  kubectl get {kind.name} {name} -n {namespace}",
+            f"  kubectl get pods -l {kind.pods_selector(name)} -n {namespace}",
+            f"  kubectl logs -f -l {kind.rank_selector(name, 0)} -c {kind.container} "
+            f"-n {namespace}",
+            f"  kubectl describe {kind.name} {name} -n {namespace}",
             f"  {CLI} status {name} -n {namespace}",
         ]
     )

@@ -26,6 +26,8 @@ from controller.cli.advice import CLI, kubectl_hints
 from controller.cli.spec_commands import add_spec_argument, load_spec
 
 if TYPE_CHECKING:
+    from controller.jobs.apis import JobKind
+    from controller.jobs.status import PodHistory
     from controller.kube.client import Cluster
 
 
@@ -47,12 +49,21 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _outcome(cluster: Cluster, job: dict[str, Any], namespace: str) -> int:
+def _outcome(
+    cluster: Cluster, job: dict[str, Any], namespace: str, seen: PodHistory | None = None
+) -> int:
     """Print how the job ended: 0 Succeeded; Failed raises JobFailed with the story."""
     from controller.jobs.status import outcome
 
-    print(outcome(cluster, job, namespace))
+    print(outcome(cluster, job, namespace, seen))
     return 0
+
+
+def _find(args: argparse.Namespace, cluster: Cluster, namespace: str) -> tuple[JobKind, dict]:
+    """The job NAME names, in whichever API has it (``--api`` narrows the lookup)."""
+    from controller.jobs.find import find_job
+
+    return find_job(cluster, args.name, namespace, args.api, where=args.command)
 
 
 def _announce(job: dict[str, Any]) -> None:
@@ -82,10 +93,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _manifest(args: argparse.Namespace) -> dict[str, Any]:
-    from controller.render.pytorchjob import render_pytorchjob
+    from controller.render.job import render_job
 
     spec = load_spec(args.spec, args.set)
-    manifest = render_pytorchjob(spec)
+    manifest = render_job(spec)
     if args.namespace:
         manifest["metadata"]["namespace"] = args.namespace
     return manifest
@@ -93,35 +104,53 @@ def _manifest(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from controller.errors import NotFound
+    from controller.jobs.apis import kind_of
     from controller.jobs.doctor import preflight
+    from controller.jobs.status import PodHistory
     from controller.jobs.wait import wait_deleted, wait_for_job
 
     manifest = _manifest(args)
+    kind = kind_of(manifest)
     name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
     cluster = _cluster(args)
     if args.replace:
         try:
-            cluster.delete_job(name, namespace)
-            _say(f"submit: --replace: deleting job {namespace}/{name} and its pods")
-            wait_deleted(cluster, name, namespace, timeout_s=120)
+            cluster.delete_job(name, namespace, api=kind.api)
+            _say(f"submit: --replace: deleting {kind.name} {namespace}/{name} and its pods")
+            wait_deleted(cluster, name, namespace, kind=kind, timeout_s=120)
         except NotFound:
             pass
     if not args.no_preflight:
         preflight(cluster, manifest, force=args.force, say=_say)
     cluster.create_job(manifest)
-    print(f"submitted pytorchjob {namespace}/{name}")
-    print(kubectl_hints(name, namespace))
+    print(f"submitted {kind.name} {namespace}/{name}")
+    print(kubectl_hints(name, namespace, kind))
     sys.stdout.flush()
     if args.follow:
-        return _follow_to_end(cluster, name, namespace, rank=0, timeout_s=args.timeout)
+        return _follow_to_end(cluster, kind, name, namespace, rank=0, timeout_s=args.timeout)
     if args.wait:
-        job = wait_for_job(cluster, name, namespace, timeout_s=args.timeout, on_change=_announce)
-        return _outcome(cluster, job, namespace)
+        seen = PodHistory()
+        job = wait_for_job(
+            cluster,
+            name,
+            namespace,
+            kind=kind,
+            timeout_s=args.timeout,
+            on_change=_announce,
+            history=seen,
+        )
+        return _outcome(cluster, job, namespace, seen)
     return 0
 
 
 def _follow_to_end(
-    cluster: Cluster, name: str, namespace: str, *, rank: int, timeout_s: float | None
+    cluster: Cluster,
+    kind: JobKind,
+    name: str,
+    namespace: str,
+    *,
+    rank: int,
+    timeout_s: float | None,
 ) -> int:
     import time
 
@@ -130,7 +159,7 @@ def _follow_to_end(
     from controller.progress import Progress
 
     with Progress(sys.stdout, label=name) as progress:
-        follower = RankFollower(cluster, namespace, name, rank, progress.feed, _say)
+        follower = RankFollower(cluster, namespace, name, rank, progress.feed, _say, kind)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         job = follower.follow(deadline)
     if job is None:
@@ -143,12 +172,23 @@ def _follow_to_end(
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
+    from controller.jobs.status import PodHistory
     from controller.jobs.wait import wait_for_job
 
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
-    job = wait_for_job(cluster, args.name, namespace, timeout_s=args.timeout, on_change=_announce)
-    return _outcome(cluster, job, namespace)
+    kind, _ = _find(args, cluster, namespace)
+    seen = PodHistory()
+    job = wait_for_job(
+        cluster,
+        args.name,
+        namespace,
+        kind=kind,
+        timeout_s=args.timeout,
+        on_change=_announce,
+        history=seen,
+    )
+    return _outcome(cluster, job, namespace, seen)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -160,12 +200,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
-    st = job_status(cluster, args.name, namespace)
+    st = job_status(cluster, args.name, namespace, args.api)
     if args.output == "json":
         print(json.dumps(st, indent=2))
         return 0
     msg = f" ({st['message']})" if st["message"] else ""
-    print(f"job {namespace}/{st['name']}: {st['condition']}{msg}, age {st['age']}")
+    print(f"{st['kind']} {namespace}/{st['name']}: {st['condition']}{msg}, age {st['age']}")
     if st["replicas"]:
         rows = [["REPLICA", "POD", "PHASE", "NODE", "RESTARTS", "EXIT", "REASON"]]
         for r in st["replicas"]:
@@ -194,16 +234,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
     from controller.errors import NotFound
     from controller.jobs.follow import RankFollower
-    from controller.kubeflow import (
-        CONTAINER,
-        LABEL_JOB_NAME,
-        LABEL_REPLICA_INDEX,
-        LABEL_REPLICA_TYPE,
-    )
 
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
-    cluster.get_job(args.name, namespace)  # NotFound early, in plain words
+    kind, _ = _find(args, cluster, namespace)  # NotFound early, in plain words
     if args.follow:
         out = sys.stdout
 
@@ -211,14 +245,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
             out.write(line + "\n")
             out.flush()
 
-        follower = RankFollower(cluster, namespace, args.name, args.rank, emit, _say)
+        follower = RankFollower(cluster, namespace, args.name, args.rank, emit, _say, kind)
         deadline = None if args.timeout is None else time.monotonic() + args.timeout
         job = follower.follow(deadline)
         return 0 if job is not None else 1
-    rtype, index = ("master", 0) if args.rank == 0 else ("worker", args.rank - 1)
-    selector = (
-        f"{LABEL_JOB_NAME}={args.name},{LABEL_REPLICA_TYPE}={rtype},{LABEL_REPLICA_INDEX}={index}"
-    )
+    selector = kind.rank_selector(args.name, args.rank)
     pods = cluster.list_pods(namespace, selector)
     if not pods:
         raise NotFound(
@@ -233,7 +264,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         _say(f"logs: {pod['metadata']['name']} is pending: {pending_reason(pod, events)}")
         return 0
     text = cluster.read_log(
-        pod["metadata"]["name"], namespace, container=CONTAINER, tail_lines=args.tail
+        pod["metadata"]["name"], namespace, container=kind.container, tail_lines=args.tail
     )
     sys.stdout.write(text)
     return 0
@@ -241,25 +272,36 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from controller.cli.table import format_table
-    from controller.jobs.explain import age, job_condition
+    from controller.errors import NotFound
+    from controller.jobs.apis import KINDS
+    from controller.jobs.explain import age
 
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
-    jobs = cluster.list_jobs(namespace, args.selector)
-    if not jobs:
-        print(
-            f"no PyTorchJobs in {namespace}" + (f" with {args.selector}" if args.selector else "")
-        )
+    kinds = [KINDS[args.api]] if args.api else list(KINDS.values())
+    found, served = [], []
+    for kind in kinds:
+        try:
+            jobs = cluster.list_jobs(namespace, args.selector, api=kind.api)
+        except NotFound as e:
+            if e.reason == "APINotServed" and len(kinds) > 1:
+                continue  # the cluster serves the other API only: list what it has
+            raise
+        served.append(kind)
+        found.extend((kind, job) for job in jobs)
+    if not found:
+        what = " or ".join(f"{k.api.kind}s" for k in served)
+        print(f"no {what} in {namespace}" + (f" with {args.selector}" if args.selector else ""))
         return 0
-    rows = [["NAME", "STATUS", "NODES", "AGE"]]
-    for job in sorted(jobs, key=lambda j: j["metadata"]["name"]):
-        specs = job.get("spec", {}).get("pytorchReplicaSpecs", {})
-        nodes = sum(int(s.get("replicas", 1)) for s in specs.values())
+    rows = [["NAME", "KIND", "STATUS", "NODES", "AGE"]]
+    for kind, job in sorted(found, key=lambda kj: (kj[1]["metadata"]["name"], kj[0].name)):
+        nodes = kind.nodes(job)
         rows.append(
             [
                 job["metadata"]["name"],
-                job_condition(job),
-                str(nodes),
+                kind.api.kind,
+                kind.condition(job),
+                "?" if nodes is None else str(nodes),
                 age(job["metadata"].get("creationTimestamp")),
             ]
         )
@@ -272,11 +314,12 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
-    cluster.delete_job(args.name, namespace)
-    print(f"deleting pytorchjob {namespace}/{args.name}")
+    kind, _ = _find(args, cluster, namespace)
+    cluster.delete_job(args.name, namespace, api=kind.api)
+    print(f"deleting {kind.name} {namespace}/{args.name}")
     if args.wait:
-        wait_deleted(cluster, args.name, namespace, timeout_s=args.timeout)
-        print(f"deleted pytorchjob {namespace}/{args.name} and its pods")
+        wait_deleted(cluster, args.name, namespace, kind=kind, timeout_s=args.timeout)
+        print(f"deleted {kind.name} {namespace}/{args.name} and its pods")
     return 0
 
 
@@ -286,7 +329,7 @@ def cmd_events(args: argparse.Namespace) -> int:
 
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
-    cluster.get_job(args.name, namespace)
+    _find(args, cluster, namespace)
     events = [
         e
         for e in cluster.list_events(namespace)
@@ -317,16 +360,15 @@ def cmd_events(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from controller.errors import NotFound
-    from controller.kubeflow import CONTAINER, LABEL_JOB_NAME, LABEL_JOB_ROLE
     from controller.plot import plot_curves
 
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
-    cluster.get_job(args.name, namespace)
-    pods = cluster.list_pods(namespace, f"{LABEL_JOB_NAME}={args.name},{LABEL_JOB_ROLE}=master")
+    kind, _ = _find(args, cluster, namespace)
+    pods = cluster.list_pods(namespace, kind.rank_selector(args.name, 0))
     if not pods:
-        raise NotFound(f"plot: job {namespace}/{args.name} has no master pod (got none)")
-    text = cluster.read_log(pods[0]["metadata"]["name"], namespace, container=CONTAINER)
+        raise NotFound(f"plot: job {namespace}/{args.name} has no rank-0 pod (got none)")
+    text = cluster.read_log(pods[-1]["metadata"]["name"], namespace, container=kind.container)
     n = plot_curves(text.splitlines(), args.output, title=f"{namespace}/{args.name}")
     print(f"wrote {args.output} ({n} train events)")
     return 0
@@ -339,6 +381,12 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def _common(p: argparse.ArgumentParser, *, name: bool = True) -> None:
     if name:
         p.add_argument("name", metavar="NAME", help="job name (the spec's `name:`)")
+    if name or p.prog.endswith(" list"):
+        p.add_argument(
+            "--api",
+            choices=("pytorchjob", "trainjob"),
+            help="the job's API (default: look in both; needed when a name is in both)",
+        )
     p.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig context's)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
     p.add_argument("--context", help="kubeconfig context (default: the current one)")
@@ -352,8 +400,8 @@ def add_commands(sub: Any) -> None:
     """Register the cluster commands on the CLI's subparsers."""
     p = sub.add_parser(
         "submit",
-        help="create the PyTorchJob on the cluster (after a preflight)",
-        description="Run the preflight checks (doctor), create the PyTorchJob, "
+        help="create the job (PyTorchJob or TrainJob) on the cluster (after a preflight)",
+        description="Run the preflight checks (doctor), create the PyTorchJob or TrainJob, "
         "print the kubectl commands to inspect it. Exit 0 Succeeded, 1 Failed.",
     )
     add_spec_argument(p)
@@ -392,13 +440,13 @@ def add_commands(sub: Any) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="node rank: 0 = master, i = worker i-1 (default 0)",
+        help="node rank: 0 = master (TrainJob: node 0), i = worker i-1 (node i) (default 0)",
     )
     p.add_argument("--tail", type=int, metavar="N", help="without -f: only the last N lines")
     p.add_argument("--timeout", type=float, metavar="S", help="with -f: give up (exit 1)")
     p.set_defaults(func=cmd_logs)
 
-    p = sub.add_parser("list", help="PyTorchJobs with their status")
+    p = sub.add_parser("list", help="PyTorchJobs and TrainJobs with their status")
     _common(p, name=False)
     p.add_argument("-l", "--selector", help="label selector, e.g. app.kubernetes.io/name=ddpjob")
     p.set_defaults(func=cmd_list)

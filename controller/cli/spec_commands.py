@@ -3,6 +3,7 @@
     python -m controller validate examples/quickstart.yaml
     python -m controller render examples/gpu.yaml | kubectl apply -f -
     python -m controller render examples/gpu.yaml --values      # Helm chart values instead
+    python -m controller render examples/gpu.yaml --set api=trainjob   # a TrainJob instead
     python -m controller schema        # the spec's JSON Schema (make generate checks it in)
     python -m controller run examples/quickstart.yaml --local
 
@@ -47,9 +48,9 @@ def cmd_render(args: argparse.Namespace) -> int:
 
         obj: Any = render_values(spec)
     else:
-        from controller.render.pytorchjob import render_pytorchjob
+        from controller.render.job import render_job
 
-        obj = render_pytorchjob(spec)
+        obj = render_job(spec)
     from controller.render.output import dump
 
     sys.stdout.write(dump(obj, args.output))
@@ -105,7 +106,9 @@ def add_commands(sub: Any) -> None:
     p = spec_command("validate", "check a spec; one line per problem")
     p.set_defaults(func=cmd_validate)
 
-    p = spec_command("render", "print the PyTorchJob manifest (for kubectl apply -f -)")
+    p = spec_command(
+        "render", "print the job manifest, PyTorchJob or TrainJob (for kubectl apply -f -)"
+    )
     p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
     p.add_argument(
         "--values", action="store_true", help="print Helm chart values (charts/ddpjob) instead"

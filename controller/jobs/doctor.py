@@ -1,10 +1,13 @@
 """``doctor``: can this cluster run our jobs? Also the preflight of ``submit``.
 
 Each check says what it saw; a failed check names the fix. Checks, in order: the API server
-answers; it serves kubeflow.org/v1 pytorchjobs (the CRD); the training operator runs; RBAC lets
-the current user do every verb the CLI uses (SelfSubjectAccessReview); and, with a job, the
-server accepts the manifest (server-side dry run, which also runs the operator's webhook) and
-its pods fit some node (allocatable ``nvidia.com/gpu``, cpu, memory; nodeSelector and taints).
+answers; which job APIs it serves (kubeflow.org/v1 pytorchjobs, trainer.kubeflow.org/v1alpha1
+trainjobs: the CRDs); for each served API, RBAC lets the current user do every verb the CLI uses
+(SelfSubjectAccessReview) and its controller runs (the training operator; the Trainer controller,
+with JobSet); and, with a job, its API is served, its runtime exists (TrainJob), the server
+accepts the manifest (server-side dry run, which also runs the operator's or Trainer's webhook)
+and its pods fit some node (allocatable ``nvidia.com/gpu``, cpu, memory; nodeSelector and
+taints).
 """
 
 from __future__ import annotations
@@ -14,23 +17,24 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from controller.errors import ClusterError, DdpjobError, NotFound, Refused, UserError
+from controller.errors import ClusterError, DdpjobError, Forbidden, NotFound, Refused, UserError
+from controller.jobs.apis import KINDS, PYTORCHJOB_KIND, TRAINJOB_KIND, JobKind, kind_of
 from controller.kube.client import Cluster
-from controller.kubeflow import CONTAINER, OPERATOR_POD_SELECTOR, OPERATOR_VERSION, PYTORCHJOB
-
-CRD_NAME = PYTORCHJOB.crd
-JOB_GROUP, JOB_PLURAL = PYTORCHJOB.group, PYTORCHJOB.plural
+from controller.kubeflow import (
+    CLUSTER_TRAINING_RUNTIME,
+    CONTAINER,
+    DEFAULT_RUNTIME,
+    JOBSET,
+    JOBSET_VERSION,
+    TRAINJOB_CONTAINER,
+    TRAINJOB_REPLICATED_JOB,
+)
 
 GPU = "nvidia.com/gpu"
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
-# Every API call the CLI makes: (verb, resource, group, subresource, what needs it).
-PERMISSIONS = [
-    ("create", JOB_PLURAL, JOB_GROUP, None, "submit"),
-    ("get", JOB_PLURAL, JOB_GROUP, None, "status, wait"),
-    ("list", JOB_PLURAL, JOB_GROUP, None, "list, wait"),
-    ("watch", JOB_PLURAL, JOB_GROUP, None, "wait, logs -f"),
-    ("delete", JOB_PLURAL, JOB_GROUP, None, "delete, submit --replace"),
+# Every API call the CLI makes on pods and events: (verb, resource, group, subresource, why).
+POD_PERMISSIONS = [
     ("list", "pods", "", None, "status, logs"),
     ("watch", "pods", "", None, "logs -f"),
     ("get", "pods", "", "log", "logs, status progress"),
@@ -39,9 +43,37 @@ PERMISSIONS = [
 # Cluster-scoped and only needed for the GPU fit check: missing means a warning.
 OPTIONAL_PERMISSIONS = [("list", "nodes", "", None, "GPU fit check")]
 
-# A PyTorchJob the operator's validating webhook must refuse (Master replicas must be 1):
-# a dry-run create of it proves the webhook, i.e. the operator process, answers.
+# A job each API's validating webhook must refuse: a dry-run create of it proves the webhook,
+# i.e. the controller process, answers. PyTorchJob: Master replicas must be 1. TrainJob: its
+# runtime must exist.
 PROBE_NAME = "ddpjob-doctor-probe"
+PROBE_RUNTIME = "ddpjob-doctor-probe-no-such-runtime"
+
+#: What to install when an API is not served (the CLI spells the commands out in its advice).
+INSTALL = {
+    "pytorchjob": "Install the Kubeflow training operator {version} (`make cluster-up` locally; "
+    "on a real cluster its standalone manifests)",
+    "trainjob": "Install Kubeflow Trainer {version} with JobSet and its runtimes (`make "
+    "cluster-up` locally; on a real cluster the manifests/overlays/manager and runtimes "
+    "overlays of kubeflow/trainer at {version})",
+}
+
+
+def permissions(kind: JobKind) -> list[tuple[str, str, str, str | None, str]]:
+    """Every verb the CLI uses on ``kind``'s jobs, then on pods and events."""
+    api = kind.api
+    return [
+        ("create", api.plural, api.group, None, "submit"),
+        ("get", api.plural, api.group, None, "status, wait"),
+        ("list", api.plural, api.group, None, "list, wait"),
+        ("watch", api.plural, api.group, None, "wait, logs -f"),
+        ("delete", api.plural, api.group, None, "delete, submit --replace"),
+        *POD_PERMISSIONS,
+    ]
+
+
+#: The PyTorchJob's, as before TrainJobs existed.
+PERMISSIONS = permissions(PYTORCHJOB_KIND)
 
 
 @dataclass
@@ -54,14 +86,16 @@ class Check:
         return f"[{self.status:>4}] {self.name}: {self.detail}"
 
 
-def probe_job(namespace: str) -> dict[str, Any]:
+def probe_job(namespace: str, kind: JobKind = PYTORCHJOB_KIND) -> dict[str, Any]:
+    meta = {"name": PROBE_NAME, "namespace": namespace}
+    head = {"apiVersion": kind.api.api_version, "kind": kind.api.kind, "metadata": meta}
+    if kind is TRAINJOB_KIND:
+        return {**head, "spec": {"runtimeRef": {"name": PROBE_RUNTIME}}}
     template = {
         "spec": {"containers": [{"name": CONTAINER, "image": "busybox", "command": ["true"]}]}
     }
     return {
-        "apiVersion": PYTORCHJOB.api_version,
-        "kind": PYTORCHJOB.kind,
-        "metadata": {"name": PROBE_NAME, "namespace": namespace},
+        **head,
         "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 2, "template": template}}},
     }
 
@@ -69,7 +103,8 @@ def probe_job(namespace: str) -> dict[str, Any]:
 def run_checks(
     cluster: Cluster, namespace: str, manifest: dict[str, Any] | None = None
 ) -> list[Check]:
-    """All checks, stopping early when the API server or the CRD is missing."""
+    """All checks, stopping early when the API server or the job's API is missing. Without a
+    job every API is checked; with one, its API only (after saying which APIs are served)."""
     checks: list[Check] = []
     try:
         version = cluster.version().get("gitVersion", "?")
@@ -77,34 +112,51 @@ def run_checks(
         return [Check("cluster reachable", FAIL, str(e))]
     checks.append(Check("cluster reachable", OK, f"{cluster.server} (Kubernetes {version})"))
 
-    if not cluster.job_api_served():
-        checks.append(
-            Check(
-                "PyTorchJob CRD",
-                FAIL,
-                (
-                    f"the API server does not serve {CRD_NAME}. "
-                    f"Install the Kubeflow training operator {OPERATOR_VERSION} "
-                    "(`make cluster-up` locally; on a real cluster its standalone manifests)"
-                ),
-            )
-        )
+    wanted = kind_of(manifest) if manifest is not None else None
+    served = {name: cluster.job_api_served(kind.api) for name, kind in KINDS.items()}
+    for name, kind in KINDS.items():
+        checks.append(_check_served(kind, served[name], wanted, any(served.values())))
+    if (wanted is not None and not served[wanted.name]) or not any(served.values()):
         return checks
-    checks.append(Check("PyTorchJob CRD", OK, f"{CRD_NAME} served ({PYTORCHJOB.api_version})"))
 
-    rbac = _check_rbac(cluster, namespace)
-    checks.extend(rbac)
-    can_create = not any(c.status == FAIL and "create pytorchjobs" in c.detail for c in rbac)
-    checks.append(_check_operator(cluster, namespace, can_create))
-    if manifest is not None:
-        checks.append(_check_manifest(cluster, manifest, can_create))
-        checks.append(_check_fit(cluster, manifest))
-    return checks
+    for name, kind in KINDS.items():
+        if not served[name] or (wanted is not None and kind is not wanted):
+            continue
+        rbac = _check_rbac(cluster, namespace, kind, label=len(KINDS) > 1)
+        checks.extend(rbac)
+        can_create = not any(
+            c.status == FAIL and f"create {kind.api.plural}" in c.detail for c in rbac
+        )
+        checks.append(_check_controller(cluster, namespace, kind, can_create))
+        if kind is TRAINJOB_KIND:
+            checks.append(_check_jobset(cluster))
+        if manifest is not None:
+            if kind is TRAINJOB_KIND:
+                checks.append(_check_runtime(cluster, manifest))
+            checks.append(_check_manifest(cluster, manifest, can_create))
+            checks.append(_check_fit(cluster, manifest))
+    return _dedupe_optional_rbac(checks)
 
 
-def _check_rbac(cluster: Cluster, namespace: str) -> list[Check]:
+def _check_served(kind: JobKind, served: bool, wanted: JobKind | None, any_served: bool) -> Check:
+    name = f"{kind.api.kind} CRD"
+    if served:
+        return Check(name, OK, f"{kind.api.crd} served ({kind.api.api_version})")
+    install = INSTALL[kind.name].format(version=kind.version)
+    detail = f"the API server does not serve {kind.api.crd}. {install}"
+    if kind is wanted or not any_served:
+        return Check(name, FAIL, detail)
+    return Check(
+        name,
+        WARN,
+        f"not served: specs with api: {kind.name} cannot run here (only needed for those). "
+        f"{install}",
+    )
+
+
+def _check_rbac(cluster: Cluster, namespace: str, kind: JobKind, *, label: bool) -> list[Check]:
     missing, optional_missing = [], []
-    for perms, bucket in ((PERMISSIONS, missing), (OPTIONAL_PERMISSIONS, optional_missing)):
+    for perms, bucket in ((permissions(kind), missing), (OPTIONAL_PERMISSIONS, optional_missing)):
         for verb, resource, group, sub, used_by in perms:
             allowed, _ = cluster.can_i(
                 verb,
@@ -116,11 +168,12 @@ def _check_rbac(cluster: Cluster, namespace: str) -> list[Check]:
             if not allowed:
                 res = f"{resource}/{sub}" if sub else resource
                 bucket.append(f"{verb} {res} (for {used_by})")
+    name = f"RBAC ({kind.api.kind})" if label else "RBAC"
     out = []
     if missing:
         out.append(
             Check(
-                "RBAC",
+                name,
                 FAIL,
                 (
                     f"in namespace {namespace} the current user may not: {'; '.join(missing)}. "
@@ -129,7 +182,7 @@ def _check_rbac(cluster: Cluster, namespace: str) -> list[Check]:
             )
         )
     else:
-        out.append(Check("RBAC", OK, f"every verb the CLI uses is allowed in {namespace}"))
+        out.append(Check(name, OK, f"every verb the CLI uses is allowed in {namespace}"))
     if optional_missing:
         out.append(
             Check(
@@ -141,11 +194,23 @@ def _check_rbac(cluster: Cluster, namespace: str) -> list[Check]:
     return out
 
 
-def _check_operator(cluster: Cluster, namespace: str, can_create: bool) -> Check:
-    name = "training operator"
+def _dedupe_optional_rbac(checks: list[Check]) -> list[Check]:
+    """One "RBAC (nodes)" line, however many APIs were checked."""
+    seen: set[str] = set()
+    out = []
+    for c in checks:
+        if c.name == "RBAC (nodes)" and c.name in seen:
+            continue
+        seen.add(c.name)
+        out.append(c)
+    return out
+
+
+def _check_controller(cluster: Cluster, namespace: str, kind: JobKind, can_create: bool) -> Check:
+    name = kind.controller_name
     # 1. A deployment from the upstream manifests: its pod, Ready.
     try:
-        pods = cluster.list_pods_all_namespaces(OPERATOR_POD_SELECTOR)
+        pods = cluster.list_pods_all_namespaces(kind.controller_selector)
     except ClusterError:
         pods = []
     ready = [p for p in pods if _pod_ready(p)]
@@ -156,9 +221,9 @@ def _check_operator(cluster: Cluster, namespace: str, can_create: bool) -> Check
     # In `default` too when the job's namespace does not exist (the manifest check says so).
     for ns in dict.fromkeys((namespace, "default")) if can_create else ():
         try:
-            cluster.create_job(probe_job(ns), dry_run=True)
+            cluster.create_job(probe_job(ns, kind), dry_run=True)
         except Refused as e:
-            if e.reason == "AdmissionDenied" or "must be 1" in str(e):
+            if e.reason == "AdmissionDenied" or "must be" in str(e):
                 return Check(name, OK, "its admission webhook answered a server-side dry run")
         except NotFound:
             continue
@@ -167,7 +232,7 @@ def _check_operator(cluster: Cluster, namespace: str, can_create: bool) -> Check
                 return Check(
                     name,
                     FAIL,
-                    f"its admission webhook does not answer (the operator is down?): {e}",
+                    f"its admission webhook does not answer (the controller is down?): {e}",
                 )
         break
     if pods:
@@ -177,9 +242,67 @@ def _check_operator(cluster: Cluster, namespace: str, can_create: bool) -> Check
         name,
         WARN,
         (
-            "no operator pod is visible and no admission webhook answered; cannot confirm it runs. "
-            "A submitted job that gets no status within a minute means it does not"
+            "no controller pod is visible and no admission webhook answered; cannot confirm it "
+            "runs. A submitted job that gets no status within a minute means it does not"
         ),
+    )
+
+
+def _check_jobset(cluster: Cluster) -> Check:
+    name = "JobSet CRD"
+    if cluster.job_api_served(JOBSET):
+        return Check(name, OK, f"{JOBSET.crd} served (TrainJobs run as JobSets)")
+    return Check(
+        name,
+        FAIL,
+        f"the API server does not serve {JOBSET.crd}: the Trainer controller cannot create "
+        f"any TrainJob's pods. Install JobSet {JOBSET_VERSION} with its webhook",
+    )
+
+
+def _check_runtime(cluster: Cluster, manifest: dict[str, Any]) -> Check:
+    name = "runtime"
+    runtime = manifest["spec"].get("runtimeRef", {}).get("name", DEFAULT_RUNTIME)
+    try:
+        obj = cluster.get_cluster_object(CLUSTER_TRAINING_RUNTIME, runtime)
+    except Forbidden:
+        return Check(name, WARN, f"not checked: may not get clustertrainingruntimes/{runtime}")
+    except NotFound:
+        return Check(
+            name,
+            FAIL,
+            f"ClusterTrainingRuntime {runtime} does not exist (the Trainer's webhook refuses a "
+            "TrainJob naming it). See `kubectl get clustertrainingruntimes`; install upstream's "
+            "runtimes or set runtime: to one that exists",
+        )
+    jobs = obj.get("spec", {}).get("template", {}).get("spec", {}).get("replicatedJobs") or []
+    containers = {
+        c.get("name")
+        for j in jobs
+        if j.get("name") == TRAINJOB_REPLICATED_JOB
+        for c in j.get("template", {})
+        .get("spec", {})
+        .get("template", {})
+        .get("spec", {})
+        .get("containers", [])
+    }
+    if obj.get("spec", {}).get("mlPolicy", {}).get("torch") is None:
+        return Check(
+            name,
+            FAIL,
+            f"ClusterTrainingRuntime {runtime} has no torch mlPolicy: its pods would get no "
+            "PET_* rendezvous env",
+        )
+    if TRAINJOB_CONTAINER not in containers:
+        return Check(
+            name,
+            FAIL,
+            f"ClusterTrainingRuntime {runtime} has no replicated job `node` with container "
+            f"`node` (got {sorted(c for c in containers if c) or 'none'}); ddpjob's runtime "
+            "patch and the torch plugin need both",
+        )
+    return Check(
+        name, OK, f"ClusterTrainingRuntime {runtime} exists (torch, job and container node)"
     )
 
 
@@ -193,7 +316,7 @@ def _pod_ready(pod: dict[str, Any]) -> bool:
 def _check_manifest(cluster: Cluster, manifest: dict[str, Any], can_create: bool) -> Check:
     name = "job accepted"
     if not can_create:
-        return Check(name, WARN, "not checked: no permission to create PyTorchJobs")
+        return Check(name, WARN, f"not checked: no permission to create {manifest['kind']}s")
     try:
         cluster.create_job(manifest, dry_run=True)
     except UserError as e:
@@ -202,7 +325,7 @@ def _check_manifest(cluster: Cluster, manifest: dict[str, Any], can_create: bool
         if e.reason == "AlreadyExists":
             return Check(name, OK, "server-side dry run passed (a job of this name exists)")
         return Check(name, FAIL, str(e))
-    return Check(name, OK, "server-side dry run passed (CRD schema and operator webhook)")
+    return Check(name, OK, "server-side dry run passed (CRD schema and the controller's webhook)")
 
 
 # ----------------------------------------------------------------------------------------
@@ -211,6 +334,8 @@ def _check_manifest(cluster: Cluster, manifest: dict[str, Any], can_create: bool
 
 def pod_requests(manifest: dict[str, Any]) -> list[tuple[str, dict[str, Decimal], dict[str, Any]]]:
     """(replica type, {resource: amount}, pod spec) for every pod the job will create."""
+    if manifest.get("kind") == TRAINJOB_KIND.api.kind:
+        return _trainjob_requests(manifest)
     out = []
     for rtype, rspec in manifest.get("spec", {}).get("pytorchReplicaSpecs", {}).items():
         pod_spec = rspec.get("template", {}).get("spec", {})
@@ -221,6 +346,24 @@ def pod_requests(manifest: dict[str, Any]) -> list[tuple[str, dict[str, Decimal]
                 need[key] = need.get(key, Decimal(0)) + _qty(value)
         out.extend((rtype, need, pod_spec) for _ in range(int(rspec.get("replicas", 1))))
     return out
+
+
+def _trainjob_requests(
+    manifest: dict[str, Any],
+) -> list[tuple[str, dict[str, Decimal], dict[str, Any]]]:
+    """numNodes pods of resourcesPerNode, placed by the pod spec ddpjob patches in (the
+    runtime's own pod settings are not known here)."""
+    trainer = manifest["spec"].get("trainer", {})
+    res = trainer.get("resourcesPerNode", {})
+    need: dict[str, Decimal] = {}
+    for key, value in {**res.get("limits", {}), **res.get("requests", {})}.items():
+        need[key] = _qty(value)
+    pod_spec: dict[str, Any] = {}
+    for patch in manifest["spec"].get("runtimePatches") or []:
+        template = patch.get("trainingRuntimeSpec", {}).get("template", {})
+        for rjob in template.get("spec", {}).get("replicatedJobs", []):
+            pod_spec = rjob.get("template", {}).get("spec", {}).get("template", {}).get("spec", {})
+    return [("node", need, pod_spec) for _ in range(int(trainer.get("numNodes", 1)))]
 
 
 def _qty(value: Any) -> Decimal:

@@ -1,8 +1,10 @@
 """Read a job, its pods and events (plain API dicts) and say what is going on.
 
-Pure functions, no API calls: the operator's conditions are generic ("1 Worker replica(s)
-failed"), so the reason a job died or waits is read here from the pods' container states,
-pod conditions and events.
+Pure functions, no API calls: the operators' conditions are generic ("1 Worker replica(s)
+failed", "jobset failed due to job node failing"), so the reason a job died or waits is read
+here from the pods' container states, pod conditions and events. Either API: a job dict is read
+by the adapter its apiVersion/kind names, a pod by the adapter its labels name
+(``controller.jobs.apis``).
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from controller.kubeflow import CONTAINER, LABEL_REPLICA_INDEX, LABEL_REPLICA_TYPE
+from controller.jobs.apis import KINDS, PYTORCHJOB_KIND, TRAINJOB_KIND, JobKind
+from controller.kubeflow import LABEL_JOBSET_NAME
 from controller.progress import parse_event
 
-TERMINAL = ("Succeeded", "Failed")
 # Exit codes with a conventional meaning (128 + signal number).
 EXIT_MEANINGS = {
     1: "the program raised or exited 1",
@@ -26,7 +28,7 @@ EXIT_MEANINGS = {
     137: "SIGKILL (killed: OOM, kill -9 or grace period over)",
     138: "lost a peer rank (the trainer's retryable code, 128 + SIGUSR1: another rank died first)",
     139: "SIGSEGV (segmentation fault)",
-    143: "SIGTERM (preempted or deleted; retried under restartPolicy ExitCode)",
+    143: "SIGTERM (preempted or deleted; retried)",
 }
 
 
@@ -34,27 +36,34 @@ EXIT_MEANINGS = {
 # The job
 
 
+def job_kind(job: dict[str, Any]) -> JobKind:
+    """The adapter for a job dict, by its apiVersion and kind (the API's objects always carry
+    them; a dict without them is read as a PyTorchJob)."""
+    for kind in KINDS.values():
+        if job.get("apiVersion") == kind.api.api_version and job.get("kind") == kind.api.kind:
+            return kind
+    return PYTORCHJOB_KIND
+
+
+def pod_kind(pod: dict[str, Any]) -> JobKind:
+    """The adapter for a pod, by the labels its job's controller put on it."""
+    labels = pod.get("metadata", {}).get("labels") or {}
+    return TRAINJOB_KIND if LABEL_JOBSET_NAME in labels else PYTORCHJOB_KIND
+
+
 def job_condition(job: dict[str, Any]) -> str:
-    """The job's current state: the last condition whose status is True, else Pending."""
-    conds = [c for c in job.get("status", {}).get("conditions") or [] if c.get("status") == "True"]
-    if job.get("metadata", {}).get("deletionTimestamp"):
-        return "Deleting"
-    return conds[-1]["type"] if conds else "Pending"
+    """The job's current state in one word: Pending, Created, Running, Suspended, Succeeded,
+    Failed, Deleting (a PyTorchJob also Restarting)."""
+    return job_kind(job).condition(job)
 
 
 def job_terminal(job: dict[str, Any]) -> str | None:
     """ "Succeeded" or "Failed" once the job has ended, else None."""
-    for c in job.get("status", {}).get("conditions") or []:
-        if c.get("type") in TERMINAL and c.get("status") == "True":
-            return c["type"]
-    return None
+    return job_kind(job).terminal(job)
 
 
 def condition_message(job: dict[str, Any], ctype: str) -> str:
-    for c in job.get("status", {}).get("conditions") or []:
-        if c.get("type") == ctype:
-            return c.get("message", "") or c.get("reason", "")
-    return ""
+    return job_kind(job).condition_message(job, ctype)
 
 
 def parse_time(text: str | None) -> datetime | None:
@@ -84,24 +93,22 @@ def age(text: str | None, now: datetime | None = None) -> str:
 
 
 def replica_name(pod: dict[str, Any]) -> str:
-    """``master-0`` / ``worker-1`` from the operator's labels (the pod name as a fallback)."""
-    labels = pod.get("metadata", {}).get("labels", {})
-    rtype, index = labels.get(LABEL_REPLICA_TYPE), labels.get(LABEL_REPLICA_INDEX)
-    if rtype is None or index is None:
-        return pod.get("metadata", {}).get("name", "?")
-    return f"{rtype}-{index}"
+    """``master-0`` / ``worker-1`` (PyTorchJob), ``node-0`` / ``node-1`` (TrainJob), from the
+    controllers' labels (the pod name as a fallback)."""
+    return pod_kind(pod).replica_name(pod)
 
 
 def node_rank(pod: dict[str, Any]) -> int:
-    """The operator's RANK for this pod: master 0, worker i -> i + 1."""
-    labels = pod.get("metadata", {}).get("labels", {})
-    index = int(labels.get(LABEL_REPLICA_INDEX, 0))
-    return index if labels.get(LABEL_REPLICA_TYPE) == "master" else index + 1
+    """The node rank of this pod: the PyTorchJob operator's RANK, the TrainJob's
+    PET_NODE_RANK (its completion index)."""
+    return pod_kind(pod).node_rank(pod)
 
 
 def container_status(pod: dict[str, Any]) -> dict[str, Any]:
+    """The training container's status (``pytorch`` or ``node``); {} before it has one."""
+    name = pod_kind(pod).container
     for cs in pod.get("status", {}).get("containerStatuses") or []:
-        if cs.get("name") == CONTAINER:
+        if cs.get("name") == name:
             return cs
     return {}
 

@@ -22,11 +22,11 @@ from collections.abc import Callable
 from typing import Any
 
 from controller.errors import ClusterError, Forbidden, NotFound
+from controller.jobs.apis import PYTORCHJOB_KIND, JobKind
 from controller.jobs.explain import container_status, job_terminal, pending_reason
 from controller.kube.client import Cluster
 from controller.kube.logstream import LogStreamBroken
 from controller.kube.watch import RESYNC
-from controller.kubeflow import CONTAINER, LABEL_JOB_NAME, LABEL_REPLICA_INDEX, LABEL_REPLICA_TYPE
 
 # While a pod stays pending with no reason on the pod itself, look at events this often.
 PENDING_EVENTS_EVERY_S = 5.0
@@ -113,7 +113,8 @@ class RankFollower:
     """Follow the pod of one node rank of a job until the job ends.
 
     ``emit(text)`` gets each log line (without its timestamp), from reader threads but never
-    concurrently; ``say(text)`` gets status notes (pending reasons, re-attaching).
+    concurrently; ``say(text)`` gets status notes (pending reasons, re-attaching). ``kind`` is
+    the job's API (``controller.jobs.apis``): how to find the rank's pod and its container.
     """
 
     def __init__(
@@ -124,8 +125,10 @@ class RankFollower:
         rank: int,
         emit: Callable[[str], None],
         say: Callable[[str], None],
+        kind: JobKind = PYTORCHJOB_KIND,
     ):
         self.cluster, self.namespace, self.job, self.rank = cluster, namespace, job, rank
+        self.kind = kind
         self.emit, self.say = emit, say
         self.runs: dict[tuple[str, int], _Run] = {}
         self.current: _Run | None = None
@@ -140,17 +143,14 @@ class RankFollower:
     # -- selection -------------------------------------------------------------------------
 
     def _selector(self) -> str:
-        rtype, index = ("master", 0) if self.rank == 0 else ("worker", self.rank - 1)
-        return (
-            f"{LABEL_JOB_NAME}={self.job},{LABEL_REPLICA_TYPE}={rtype},"
-            f"{LABEL_REPLICA_INDEX}={index}"
-        )
+        return self.kind.rank_selector(self.job, self.rank)
 
     # -- threads feeding the main loop ------------------------------------------------------
 
     def _watch_into_queue(self, kind: str, **kwargs: Any) -> None:
         try:
-            for etype, obj in self.cluster.watch(kind, self.namespace, **kwargs):
+            api = {"api": self.kind.api} if kind == "job" else {}
+            for etype, obj in self.cluster.watch(kind, self.namespace, **api, **kwargs):
                 if self._stopped.is_set():  # follow() returned: end at the next event
                     return
                 if etype == RESYNC:
@@ -181,7 +181,9 @@ class RankFollower:
         failures = 0
         while not run.stop.is_set():
             try:
-                stream = self.cluster.stream_log(run.pod, self.namespace, container=CONTAINER)
+                stream = self.cluster.stream_log(
+                    run.pod, self.namespace, container=self.kind.container
+                )
             except (LogStreamBroken, ClusterError) as e:
                 failures += 1
                 if failures == 20:  # about 30 s of trying: worth a word
@@ -259,7 +261,11 @@ class RankFollower:
             run.thread.join(timeout=5)
         try:
             text = self.cluster.read_log(
-                run.pod, self.namespace, container=CONTAINER, previous=previous, timestamps=True
+                run.pod,
+                self.namespace,
+                container=self.kind.container,
+                previous=previous,
+                timestamps=True,
             )
         except (NotFound, ClusterError):
             return  # the pod is gone: what the stream delivered is all there is

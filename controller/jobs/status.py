@@ -9,65 +9,105 @@ from __future__ import annotations
 from typing import Any
 
 from controller.errors import ClusterError, JobFailed
+from controller.jobs.apis import JobKind
 from controller.jobs.explain import (
     age,
-    condition_message,
     explain_failure,
-    job_condition,
-    job_terminal,
+    job_kind,
     latest_progress,
     pending_reason,
+    pod_kind,
     replica_rows,
     sort_events,
 )
+from controller.jobs.find import find_job
 from controller.kube.client import Cluster
-from controller.kubeflow import CONTAINER, LABEL_JOB_NAME, LABEL_JOB_ROLE
 
 #: Log lines shown for a failed replica.
 DEFAULT_TAIL_LINES = 20
 
 
-def job_status(cluster: Cluster, name: str, namespace: str) -> dict[str, Any]:
-    """Everything ``status`` shows, as one JSON-ready dict."""
-    job = cluster.get_job(name, namespace)
-    pods = cluster.list_pods(namespace, f"{LABEL_JOB_NAME}={name}")
-    cond = job_condition(job)
+class PodHistory:
+    """The last state of every pod a watch saw during a run, and the log tail of each failed
+    container run, read when it failed (the pod may be deleted before the job ends)."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, dict[str, Any]] = {}  # uid -> the pod as last seen
+        self.tails: dict[str, list[str]] = {}  # pod name -> last lines of its failed run
+        self._read: set[tuple[str, int]] = set()
+
+    def see(self, cluster: Cluster, pod: dict[str, Any], namespace: str) -> None:
+        """Record ``pod``; if its training container just failed, keep its log tail."""
+        from controller.jobs.explain import container_status, last_termination
+
+        meta = pod.get("metadata", {})
+        self.pods[meta.get("uid", meta.get("name", "?"))] = pod
+        term = last_termination(pod)
+        if not term or term.get("exitCode", 0) == 0:
+            return
+        cs = container_status(pod)
+        restarts = int(cs.get("restartCount", 0))
+        previous = not (cs.get("state") or {}).get("terminated")
+        key = (meta.get("uid", ""), restarts - previous)
+        if key in self._read:
+            return
+        self._read.add(key)
+        try:
+            text = cluster.read_log(
+                meta["name"],
+                namespace,
+                container=pod_kind(pod).container,
+                tail_lines=DEFAULT_TAIL_LINES,
+                previous=previous,
+            )
+        except ClusterError:
+            return
+        self.tails[meta["name"]] = text.splitlines()[-DEFAULT_TAIL_LINES:]
+
+    def with_gone(self, live: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``live`` plus the last seen state of pods whose replica has no live pod now."""
+        have = {pod_kind(p).replica_name(p) for p in live}
+        gone = [
+            p
+            for p in self.pods.values()
+            if pod_kind(p).replica_name(p) not in have
+            and p.get("metadata", {}).get("uid") not in {q["metadata"].get("uid") for q in live}
+        ]
+        latest: dict[str, dict[str, Any]] = {}
+        for p in gone:  # one per replica: the pod seen last
+            latest[pod_kind(p).replica_name(p)] = p
+        return [*live, *latest.values()]
+
+    def tail(self, pod_name: str) -> list[str] | None:
+        return self.tails.get(pod_name)
+
+
+def job_status(
+    cluster: Cluster, name: str, namespace: str, api: str | None = None
+) -> dict[str, Any]:
+    """Everything ``status`` shows, as one JSON-ready dict (either API; ``api`` narrows the
+    lookup)."""
+    kind, job = find_job(cluster, name, namespace, api, where="status")
+    pods = cluster.list_pods(namespace, kind.pods_selector(name))
+    cond = kind.condition(job)
     out: dict[str, Any] = {
         "name": name,
         "namespace": namespace,
+        "api": kind.name,
+        "kind": kind.api.kind,
         "condition": cond,
-        "message": condition_message(job, cond),
+        "message": kind.condition_message(job, cond),
         "age": age(job["metadata"].get("creationTimestamp")),
         "replicas": [r.as_dict() for r in replica_rows(pods)],
         "progress": None,
         "pending": [],
     }
-    waiting = [p for p in pods if p.get("status", {}).get("phase") == "Pending"]
-    have = {p["metadata"]["name"] for p in pods}
-    missing = [
-        f"{name}-{rtype.lower()}-{i}"
-        for rtype, rspec in job.get("spec", {}).get("pytorchReplicaSpecs", {}).items()
-        for i in range(int(rspec.get("replicas", 1)))
-        if f"{name}-{rtype.lower()}-{i}" not in have
-    ]
-    if cond in ("Succeeded", "Failed"):
-        missing = []
-    if waiting or missing:
-        events = cluster.list_events(namespace)
-        mine = [e for e in events if e.get("involvedObject", {}).get("name", "").startswith(name)]
-        for pod in waiting:
-            reason = pending_reason(pod, mine)
-            out["pending"].append({"pod": pod["metadata"]["name"], "reason": reason})
-        job_events = [e for e in mine if e.get("involvedObject", {}).get("name") == name]
-        for pod_name in missing:  # the operator could not create it: the job's events say why
-            about = [e for e in job_events if pod_name in (e.get("message") or "")]
-            reason = pending_reason(None, about or job_events) or "not created yet"
-            out["pending"].append({"pod": pod_name, "reason": f"no pod: {reason}"})
-    master = [p for p in pods if p["metadata"].get("labels", {}).get(LABEL_JOB_ROLE) == "master"]
-    if master and master[0].get("status", {}).get("phase") != "Pending":
+    out["pending"] = _pending(cluster, kind, job, pods, namespace)
+    rank0 = [p for p in pods if kind.node_rank(p) == 0]
+    if rank0 and rank0[-1].get("status", {}).get("phase") != "Pending":
         try:
             text = cluster.read_log(
-                master[0]["metadata"]["name"], namespace, container=CONTAINER, tail_lines=200
+                rank0[-1]["metadata"]["name"], namespace, container=kind.container, tail_lines=200
             )
             out["progress"] = latest_progress(text.splitlines())
         except ClusterError:
@@ -75,41 +115,97 @@ def job_status(cluster: Cluster, name: str, namespace: str) -> dict[str, Any]:
     return out
 
 
-def outcome(cluster: Cluster, job: dict[str, Any], namespace: str) -> str:
+def _pending(
+    cluster: Cluster,
+    kind: JobKind,
+    job: dict[str, Any],
+    pods: list[dict[str, Any]],
+    namespace: str,
+) -> list[dict[str, str]]:
+    """Why each pending pod waits, and why each missing pod was not created (from the events
+    of the objects between the job and its pods: ``TrainJobResourcesCreationFailed``,
+    ``FailedCreate``, ...)."""
+    name = job["metadata"]["name"]
+    waiting = [p for p in pods if p.get("status", {}).get("phase") == "Pending"]
+    have = {kind.replica_name(p) for p in pods}
+    missing = [r for r in kind.expected_replicas(job) if r not in have]
+    if kind.terminal(job) or kind.condition(job) == "Suspended":
+        missing = []  # ended, or suspended on purpose: no pods is no news
+    if not (waiting or missing):
+        return []
+    events = cluster.list_events(namespace)
+    mine = [e for e in events if e.get("involvedObject", {}).get("name", "").startswith(name)]
+    out = [{"pod": pod["metadata"]["name"], "reason": pending_reason(pod, mine)} for pod in waiting]
+    owner_events = kind.build_failures(name, mine)
+    for replica in missing:  # the controller could not create it: its events say why
+        pod_name = kind.pod_name_of(name, replica)
+        about = [e for e in owner_events if pod_name in (e.get("message") or "")]
+        reason = pending_reason(None, about or owner_events) or "not created yet"
+        out.append({"pod": pod_name, "reason": f"no pod: {reason}"})
+    return out
+
+
+def outcome(
+    cluster: Cluster, job: dict[str, Any], namespace: str, seen: PodHistory | None = None
+) -> str:
     """The line for a Succeeded job; raise JobFailed with the failing replica's story."""
     name = job["metadata"]["name"]
-    if job_terminal(job) == "Succeeded":
-        started = job.get("status", {}).get("startTime") or job["metadata"].get("creationTimestamp")
+    kind = job_kind(job)
+    if kind.terminal(job) == "Succeeded":
+        started = kind.start_time(job)
         took = age(started) if started else "?"
         return f"job {namespace}/{name} Succeeded (started {took} ago)"
-    pods = cluster.list_pods(namespace, f"{LABEL_JOB_NAME}={name}")
-    raise JobFailed(failure_report(cluster, job, pods, namespace))
+    pods = cluster.list_pods(namespace, kind.pods_selector(name))
+    raise JobFailed(failure_report(cluster, job, pods, namespace, seen=seen))
 
 
 def failure_report(
-    cluster: Cluster, job: dict[str, Any], pods: list[dict[str, Any]], namespace: str
+    cluster: Cluster,
+    job: dict[str, Any],
+    pods: list[dict[str, Any]],
+    namespace: str,
+    seen: PodHistory | None = None,
 ) -> str:
-    """Which replica failed, its exit code and reason, and its last log lines."""
+    """Which replica failed, its exit code and reason, and its last log lines.
+
+    ``seen`` holds the pods a watch saw during the run: a TrainJob's Job deletes its active
+    pods when it fails, so the failed pod (restarted in place until the backoff limit) may be
+    gone by now; its last state and log tail were kept when it failed.
+    """
+    kind = job_kind(job)
+    name = job["metadata"]["name"]
+    if seen is not None:
+        pods = seen.with_gone(pods)
     failure = explain_failure(job, pods)
     if failure.pod is not None:
         try:
             text = cluster.read_log(
                 failure.pod,
                 namespace,
-                container=CONTAINER,
+                container=kind.container,
                 tail_lines=DEFAULT_TAIL_LINES,
                 previous=failure.previous,
             )
             failure.last_lines = text.splitlines()[-DEFAULT_TAIL_LINES:]
         except ClusterError as e:
-            failure.last_lines = [f"(log unavailable: {e})"]
-    text = failure.render(f"{namespace}/{job['metadata']['name']}")
+            kept = seen.tail(failure.pod) if seen is not None else None
+            failure.last_lines = kept or [f"(log unavailable: {e})"]
+    text = failure.render(f"{namespace}/{name}")
     # Replicas that died earlier with a retryable code were deleted and re-created by the
     # operator, so no pod shows them; its ExitedWithCode events still do (often the cause).
     try:
         events = cluster.list_events(namespace)
     except ClusterError:
         return text
+    if failure.pod is None:  # no pod says why: what the job's controllers said does
+        said = [
+            f"  {e.get('involvedObject', {}).get('kind', '').lower()}/"
+            f"{e.get('involvedObject', {}).get('name', '')}: {e.get('reason', '')}: "
+            + " ".join((e.get("message") or "").split())
+            for e in sort_events(kind.build_failures(name, events))
+        ]
+        if said:
+            text += "\nevents:\n" + "\n".join(dict.fromkeys(said))
     earlier = [
         " ".join((e.get("message") or "").split())
         for e in sort_events(events)

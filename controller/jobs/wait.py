@@ -7,14 +7,21 @@ answer.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from controller.errors import DdpjobError, NotFound
-from controller.jobs.explain import job_condition, job_terminal
+from controller.jobs.apis import PYTORCHJOB_KIND, JobKind
 from controller.kube.client import Cluster
 from controller.kube.watch import RESYNC
+
+if TYPE_CHECKING:
+    from controller.jobs.status import PodHistory
+
+#: After the job ended, how long the pod recorder may take to finish what it was reading.
+RECORDER_GRACE_S = 5.0
 
 
 def job_count(etype: str, obj: dict[str, Any]) -> int | None:
@@ -27,9 +34,18 @@ class WaitTimeout(DdpjobError):
 
     exit_code = 1
 
-    def __init__(self, message: str, *, name: str, namespace: str, deleting: bool = False):
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str,
+        namespace: str,
+        deleting: bool = False,
+        pods_selector: str = "",
+    ):
         super().__init__(message)
         self.name, self.namespace, self.deleting = name, namespace, deleting
+        self.pods_selector = pods_selector  # the job's pods (deleting: what may be stuck)
 
 
 def wait_for_job(
@@ -37,32 +53,46 @@ def wait_for_job(
     name: str,
     namespace: str,
     *,
+    kind: JobKind = PYTORCHJOB_KIND,
     timeout_s: float | None = None,
     on_change: Callable[[dict[str, Any]], None] | None = None,
+    history: PodHistory | None = None,
 ) -> dict[str, Any]:
     """Block until the job is Succeeded or Failed; returns the job. NotFound if it vanishes,
-    WaitTimeout after ``timeout_s``. ``on_change(job)`` sees each new condition."""
+    WaitTimeout after ``timeout_s``. ``on_change(job)`` sees each new condition.
+
+    With ``history``, a second watch records the job's pods meanwhile (their last state and the
+    log tail of each failed run), for the failure report once pods are gone.
+    """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     last = None
     seen = False
-    for etype, job in cluster.watch(
-        "job", namespace, field_selector=f"metadata.name={name}", deadline=deadline
-    ):
-        if etype == RESYNC:
-            if job_count(etype, job) == 0:
-                if not seen:
-                    cluster.get_job(name, namespace)  # NotFound, in the API's words
+    recorder = _PodRecorder(cluster, kind, name, namespace, history, deadline)
+    try:
+        for etype, job in cluster.watch(
+            "job",
+            namespace,
+            field_selector=f"metadata.name={name}",
+            deadline=deadline,
+            api=kind.api,
+        ):
+            if etype == RESYNC:
+                if job_count(etype, job) == 0:
+                    if not seen:
+                        cluster.get_job(name, namespace, api=kind.api)  # NotFound, as said
+                    raise NotFound(f"wait: job {namespace}/{name} was deleted before it ended")
+                continue
+            if etype == "DELETED":
                 raise NotFound(f"wait: job {namespace}/{name} was deleted before it ended")
-            continue
-        if etype == "DELETED":
-            raise NotFound(f"wait: job {namespace}/{name} was deleted before it ended")
-        seen = True
-        cond = job_condition(job)
-        if cond != last and on_change is not None:
-            on_change(job)
-        last = cond
-        if job_terminal(job):
-            return job
+            seen = True
+            cond = kind.condition(job)
+            if cond != last and on_change is not None:
+                on_change(job)
+            last = cond
+            if kind.terminal(job):
+                return job
+    finally:
+        recorder.stop()
     raise WaitTimeout(
         f"wait: job {namespace}/{name} has not ended after {timeout_s:g} s (got {last})",
         name=name,
@@ -71,12 +101,17 @@ def wait_for_job(
 
 
 def wait_deleted(
-    cluster: Cluster, name: str, namespace: str, *, timeout_s: float | None = None
+    cluster: Cluster,
+    name: str,
+    namespace: str,
+    *,
+    kind: JobKind = PYTORCHJOB_KIND,
+    timeout_s: float | None = None,
 ) -> None:
     """Block until the job object is gone (with Foreground deletion: after its pods)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     for etype, obj in cluster.watch(
-        "job", namespace, field_selector=f"metadata.name={name}", deadline=deadline
+        "job", namespace, field_selector=f"metadata.name={name}", deadline=deadline, api=kind.api
     ):
         if etype == "DELETED" or job_count(etype, obj) == 0:
             return
@@ -86,4 +121,49 @@ def wait_deleted(
         name=name,
         namespace=namespace,
         deleting=True,
+        pods_selector=kind.pods_selector(name),
     )
+
+
+class _PodRecorder:
+    """A thread watching the job's pods into a PodHistory (nothing without one)."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        kind: JobKind,
+        name: str,
+        namespace: str,
+        history: PodHistory | None,
+        deadline: float | None,
+    ):
+        self.history = history
+        self._stopped = threading.Event()
+        self._busy = threading.Lock()
+        if history is None:
+            return
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(cluster, kind.pods_selector(name), namespace, deadline),
+            daemon=True,
+            name="record-pods",
+        )
+        self._thread.start()
+
+    def _run(self, cluster: Cluster, selector: str, namespace: str, deadline: float | None):
+        assert self.history is not None
+        try:
+            for etype, pod in cluster.watch("pod", namespace, selector=selector, deadline=deadline):
+                if self._stopped.is_set():
+                    return
+                if etype != RESYNC:
+                    with self._busy:
+                        self.history.see(cluster, pod, namespace)
+        except DdpjobError:
+            return  # the record is a help for the report, never a reason to fail the wait
+
+    def stop(self) -> None:
+        """Stop recording; wait (briefly) for a log tail being read right now."""
+        self._stopped.set()
+        if self._busy.acquire(timeout=RECORDER_GRACE_S):
+            self._busy.release()

@@ -271,6 +271,18 @@ class Cluster:
             propagation_policy="Foreground",
         )
 
+    def get_cluster_object(self, api: JobAPI, name: str) -> dict[str, Any]:
+        """A cluster-scoped custom object (a ClusterTrainingRuntime, ...)."""
+        return self._call(
+            "get",
+            f"{api.kind} {name}",
+            self.custom.get_cluster_custom_object,
+            api.group,
+            api.version,
+            api.plural,
+            name,
+        )
+
     # ------------------------------------------------------------------------------------
     # Pods, logs, events, nodes
 

@@ -24,7 +24,7 @@ LABEL_QUEUE = "kueue.x-k8s.io/queue-name"  # Kueue admits the job through this L
 
 
 def job_labels(spec: JobSpec) -> dict[str, str]:
-    """Labels on the PyTorchJob: the standard ones, the Kueue queue, then the user's."""
+    """Labels on the job: the standard ones, the Kueue queue, then the user's."""
     # The queue label goes on the job only: on pods, Kueue's pod integration could admit them
     # one by one.
     queue = {LABEL_QUEUE: spec.queue} if spec.queue else {}
@@ -75,19 +75,41 @@ def pod_spec(spec: JobSpec) -> dict[str, Any]:
     if spec.node_selector:
         pod["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
-        pod["tolerations"] = [_toleration(t) for t in spec.tolerations]
+        pod["tolerations"] = tolerations(spec)
     if spec.image_pull_secrets:
-        pod["imagePullSecrets"] = [{"name": n} for n in spec.image_pull_secrets]
-    pod["securityContext"] = {
+        pod["imagePullSecrets"] = image_pull_secrets(spec)
+    pod["securityContext"] = pod_security_context()
+    pod["containers"] = [container(spec)]
+    pod["volumes"] = volumes(spec)
+    return pod
+
+
+def pod_security_context() -> dict[str, Any]:
+    """The pod's half of the restricted Pod Security profile, as the image's user."""
+    return {
         "runAsNonRoot": True,
         "runAsUser": TRAINER_UID,
         "runAsGroup": TRAINER_UID,
         "fsGroup": TRAINER_UID,  # PVCs are writable by the trainer's user
         "seccompProfile": {"type": "RuntimeDefault"},
     }
-    pod["containers"] = [container(spec)]
-    pod["volumes"] = volumes(spec)
-    return pod
+
+
+def container_security_context() -> dict[str, Any]:
+    """The container's half of the restricted profile."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+    }
+
+
+def tolerations(spec: JobSpec) -> list[dict[str, Any]]:
+    return [_toleration(t) for t in spec.tolerations]
+
+
+def image_pull_secrets(spec: JobSpec) -> list[dict[str, str]]:
+    return [{"name": n} for n in spec.image_pull_secrets]
 
 
 def _toleration(t: Any) -> dict[str, Any]:
@@ -109,23 +131,28 @@ def container(spec: JobSpec) -> dict[str, Any]:
     c: dict[str, Any] = {
         "name": CONTAINER,
         "image": spec.image,
-        "command": list(spec.command or DEFAULT_COMMAND),
+        "command": container_command(spec),
     }
-    args = spec.args if spec.args is not None else trainer_args(spec.trainer)
+    args = container_args(spec)
     if args:
-        c["args"] = list(args)
+        c["args"] = args
     env = container_env(spec)
     if env:
         c["env"] = env
     c["ports"] = [{"name": PORT_NAME, "containerPort": PORT}]
     c["resources"] = resources(spec)
-    c["securityContext"] = {
-        "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"]},
-        "runAsNonRoot": True,
-    }
+    c["securityContext"] = container_security_context()
     c["volumeMounts"] = volume_mounts(spec)
     return c
+
+
+def container_command(spec: JobSpec) -> list[str]:
+    return list(spec.command or DEFAULT_COMMAND)
+
+
+def container_args(spec: JobSpec) -> list[str]:
+    """The spec's args, else its trainer settings as ``key=value`` strings."""
+    return list(spec.args) if spec.args is not None else trainer_args(spec.trainer)
 
 
 def container_env(spec: JobSpec) -> list[dict[str, Any]]:

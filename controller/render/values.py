@@ -1,9 +1,9 @@
 """Turn a JobSpec into values for the Helm chart (charts/ddpjob): ``render SPEC --values``.
 
 Pure, like the renderers beside it: spec in, plain dict out. Fed to the chart, these values give
-exactly the PyTorchJob ``render_pytorchjob(spec)`` gives (a test holds ``helm template`` equal to
-``render`` for every example); only the chart's ``managed-by: Helm`` and ``helm.sh/chart`` labels
-differ.
+exactly the job ``render_job(spec)`` gives, PyTorchJob or TrainJob (a test holds ``helm template``
+equal to ``render`` for every example); only the chart's ``managed-by: Helm`` and
+``helm.sh/chart`` labels differ.
 
 The values mirror the spec: same keys, same nesting, snake_case, so a reader moves between a
 spec and a values file without a dictionary. Where the chart could not reproduce the renderer
@@ -31,10 +31,12 @@ from controller.spec import JobSpec
 
 
 def render_values(spec: JobSpec) -> dict[str, Any]:
-    """Chart values for ``spec``: ``helm template -f`` of them gives ``render_pytorchjob(spec)``."""
+    """Chart values for ``spec``: ``helm template -f`` of them gives ``render_job(spec)``."""
     return {
         "name": spec.name,
         "namespace": spec.namespace,
+        "api": spec.api,
+        "runtime": spec.runtime,
         "image": spec.image,
         "command": list(spec.command or DEFAULT_COMMAND),
         "args": list(spec.args) if spec.args is not None else trainer_args(spec.trainer),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from controller.jobs.doctor import fit_problem
 
 
@@ -55,7 +57,12 @@ def job(nodes: int, gpus: int, **pod_spec: Any) -> dict[str, Any]:
     specs = {"Master": replica(1)}
     if nodes > 1:
         specs["Worker"] = replica(nodes - 1)
-    return {"spec": {"pytorchReplicaSpecs": specs}}
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "j", "namespace": "ml"},
+        "spec": {"pytorchReplicaSpecs": specs},
+    }
 
 
 NODES = [node("a"), node("b")]
@@ -96,19 +103,36 @@ class FakeCluster:
 
     server = "https://example:6443"
 
-    def __init__(self, *, operator_pods=(), probe=None, allowed=True, served=True):
+    def __init__(
+        self,
+        *,
+        operator_pods=(),
+        probe=None,
+        allowed=True,
+        served=("pytorchjobs", "jobsets"),
+        runtimes=None,
+    ):
         self.operator_pods, self.probe, self.allowed, self.served = (
             list(operator_pods),
             probe,
             allowed,
-            served,
+            set(served),
         )
+        self.runtimes = runtimes or {}
+        self.probed = []
 
     def version(self):
         return {"gitVersion": "v1.31.0"}
 
-    def job_api_served(self):
-        return self.served
+    def job_api_served(self, api):
+        return api.plural in self.served
+
+    def get_cluster_object(self, api, name):
+        from controller.errors import NotFound
+
+        if name not in self.runtimes:
+            raise NotFound(f"get: {api.kind} {name} not found", reason="NotFound")
+        return self.runtimes[name]
 
     def can_i(self, verb, resource, **_):
         return self.allowed, ""
@@ -117,6 +141,7 @@ class FakeCluster:
         return self.operator_pods
 
     def create_job(self, manifest, dry_run=False):
+        self.probed.append(manifest)
         if self.probe is not None:
             raise self.probe
         return manifest
@@ -174,17 +199,156 @@ def test_operator_down_when_its_webhook_does_not_answer():
 def test_missing_crd_stops_the_checks_and_says_what_to_install():
     from controller.jobs.doctor import run_checks
 
-    checks = run_checks(FakeCluster(served=False), "default")
-    assert [c.status for c in checks] == ["ok", "FAIL"]
-    assert "Install the Kubeflow training operator" in checks[-1].detail
+    checks = run_checks(FakeCluster(served=()), "default")
+    assert [(c.name, c.status) for c in checks] == [
+        ("cluster reachable", "ok"),
+        ("PyTorchJob CRD", "FAIL"),
+        ("TrainJob CRD", "FAIL"),
+    ]
+    assert "Install the Kubeflow training operator" in checks[1].detail
+    assert "Install Kubeflow Trainer v2.3.0" in checks[2].detail
 
 
 def test_rbac_lists_every_missing_verb_and_a_job_that_cannot_fit_fails():
     from controller.jobs.doctor import run_checks
 
     checks = _by_name(run_checks(FakeCluster(allowed=False), "ml", job(1, 16)))
-    assert checks["RBAC"].status == "FAIL"
-    assert "create pytorchjobs (for submit)" in checks["RBAC"].detail
+    assert checks["RBAC (PyTorchJob)"].status == "FAIL"
+    assert "create pytorchjobs (for submit)" in checks["RBAC (PyTorchJob)"].detail
     assert checks["RBAC (nodes)"].status == "warn"
     assert checks["job accepted"].status == "warn"  # no permission to dry-run
     assert checks["job fits"].status == "FAIL" and "--force" in checks["job fits"].detail
+
+
+# ---------------------------------------------------------------------------------------------
+# Both APIs: which the cluster serves, and a TrainJob's own checks
+
+
+def trainjob(nodes: int, gpus: int, runtime: str = "torch-distributed", **pod) -> dict[str, Any]:
+    from controller.render.trainjob import render_trainjob
+    from controller.spec import validate_spec
+
+    spec = {
+        "name": "tj",
+        "namespace": "ml",
+        "image": "i",
+        "api": "trainjob",
+        "nodes": nodes,
+        "nproc_per_node": max(gpus, 1),
+        "resources": {"gpus": gpus, "cpu": "4", "memory": "16Gi"},
+        **pod,
+    }
+    if runtime != "torch-distributed":
+        spec["runtime"] = runtime
+    return render_trainjob(validate_spec(spec))
+
+
+TORCH_RUNTIME = {
+    "spec": {
+        "mlPolicy": {"numNodes": 1, "torch": {}},
+        "template": {
+            "spec": {
+                "replicatedJobs": [
+                    {
+                        "name": "node",
+                        "template": {
+                            "spec": {
+                                "template": {
+                                    "spec": {"containers": [{"name": "node", "image": "x"}]}
+                                }
+                            }
+                        },
+                    }
+                ]
+            }
+        },
+    }
+}
+
+
+def test_doctor_says_which_api_is_served_and_checks_only_those():
+    from controller.jobs.doctor import run_checks
+
+    fake = FakeCluster(served=("pytorchjobs",))
+    checks = _by_name(run_checks(fake, "default"))
+    assert checks["PyTorchJob CRD"].status == "ok"
+    assert checks["TrainJob CRD"].status == "warn"
+    assert "specs with api: trainjob cannot run here" in checks["TrainJob CRD"].detail
+    assert "Trainer controller" not in checks and "RBAC (TrainJob)" not in checks
+
+    fake = FakeCluster(served=("pytorchjobs", "trainjobs", "jobsets"))
+    checks = _by_name(run_checks(fake, "default"))
+    assert checks["TrainJob CRD"].status == "ok" and checks["JobSet CRD"].status == "ok"
+    assert checks["RBAC (TrainJob)"].status == "ok" and checks["RBAC (PyTorchJob)"].status == "ok"
+    assert checks["Trainer controller"].status == "warn"  # no pod, no webhook answered
+    # The webhook probe of each API is a job of that API the webhook must refuse.
+    probes = {(m["kind"], m["metadata"]["name"]) for m in fake.probed}
+    assert probes == {("PyTorchJob", "ddpjob-doctor-probe"), ("TrainJob", "ddpjob-doctor-probe")}
+    tj_probe = next(m for m in fake.probed if m["kind"] == "TrainJob")
+    assert tj_probe["spec"]["runtimeRef"]["name"] == "ddpjob-doctor-probe-no-such-runtime"
+
+
+def test_a_trainjob_on_a_cluster_without_trainer_fails_and_stops():
+    from controller.jobs.doctor import run_checks
+
+    checks = run_checks(FakeCluster(served=("pytorchjobs",)), "ml", trainjob(2, 0))
+    assert [(c.name, c.status) for c in checks][-2:] == [
+        ("PyTorchJob CRD", "ok"),
+        ("TrainJob CRD", "FAIL"),
+    ]
+
+
+def test_preflight_refuses_a_spec_whose_api_is_not_served():
+    from controller.errors import ClusterError
+    from controller.jobs.doctor import preflight
+
+    said = []
+    with pytest.raises(ClusterError) as e:
+        preflight(FakeCluster(served=("pytorchjobs",)), trainjob(2, 0), force=True, say=said.append)
+    assert str(e.value).startswith(
+        "submit: preflight TrainJob CRD failed: the API server does not serve "
+        "trainjobs.trainer.kubeflow.org. Install Kubeflow Trainer v2.3.0"
+    )
+
+
+def test_trainjob_runtime_must_exist_be_torch_and_have_node():
+    from controller.jobs.doctor import run_checks
+
+    served = ("trainjobs", "jobsets")
+    checks = _by_name(run_checks(FakeCluster(served=served), "ml", trainjob(2, 0)))
+    assert checks["runtime"].status == "FAIL"
+    assert "ClusterTrainingRuntime torch-distributed does not exist" in checks["runtime"].detail
+    fake = FakeCluster(served=served, runtimes={"torch-distributed": TORCH_RUNTIME})
+    checks = _by_name(run_checks(fake, "ml", trainjob(2, 0)))
+    assert checks["runtime"].status == "ok", checks["runtime"]
+    assert checks["job accepted"].status == "ok" and checks["job fits"].status == "ok"
+    assert "PyTorchJob CRD" in checks and "RBAC (PyTorchJob)" not in checks  # its API only
+    bare = {"spec": {"mlPolicy": {"torch": {}}, "template": {"spec": {"replicatedJobs": []}}}}
+    fake = FakeCluster(served=served, runtimes={"mine": bare})
+    checks = _by_name(run_checks(fake, "ml", trainjob(2, 0, runtime="mine")))
+    assert (
+        checks["runtime"].status == "FAIL"
+        and "no replicated job `node`" in checks["runtime"].detail
+    )
+
+
+def test_jobset_missing_is_a_failure_for_trainjobs():
+    from controller.jobs.doctor import run_checks
+
+    checks = _by_name(run_checks(FakeCluster(served=("trainjobs",)), "default"))
+    assert checks["JobSet CRD"].status == "FAIL"
+
+
+def test_trainjob_fit_counts_num_nodes_pods_of_resources_per_node():
+    assert fit_problem(trainjob(2, 8), NODES) is None
+    problem = fit_problem(trainjob(3, 8), NODES)
+    assert problem is not None and "3 pods do not fit on the 2 eligible nodes together" in problem
+    problem = fit_problem(trainjob(1, 16, nproc_per_node=1), NODES)
+    assert problem == (
+        "a node pod asks nvidia.com/gpu: 16 but the largest node has 8 allocatable "
+        "(got 2 eligible nodes)"
+    )
+    tainted = [node("a", taints=[{"key": "gpu", "value": "x", "effect": "NoSchedule"}])]
+    assert "no node matches" in fit_problem(trainjob(1, 1), tainted)
+    tolerated = trainjob(1, 1, tolerations=[{"key": "gpu", "operator": "Exists"}])
+    assert fit_problem(tolerated, tainted) is None

@@ -1,8 +1,8 @@
 """The Helm chart: lint, the strict values schema, and one truth with `controller render`.
 
-`controller render SPEC --values` fed to `helm template` must give exactly the PyTorchJob
-`controller render SPEC` gives, for every example spec and for specs that reach every branch of
-the templates. Only Helm's own labels differ (helm.sh/chart; managed-by says Helm).
+`controller render SPEC --values` fed to `helm template` must give exactly the job (PyTorchJob or
+TrainJob) `controller render SPEC` gives, for every example spec and for specs that reach every
+branch of the templates. Only Helm's own labels differ (helm.sh/chart; managed-by says Helm).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from controller.render.job import render_job
 from controller.render.pytorchjob import render_pytorchjob
 from controller.render.values import render_values
 from controller.spec import JobSpec, validate_spec
@@ -93,6 +94,41 @@ SPECS: dict[str, dict[str, Any]] = {
         "clean_pod_policy": "None",
         "suspend": True,
     },
+    "trainjob-every-field": {
+        "name": "tj-every-field",
+        "namespace": "team-x",
+        "api": "trainjob",
+        "runtime": "my-torch",
+        "image": "registry.example:5000/team/trainer:2",
+        "command": ["python", "-m", "mypkg.train"],
+        "args": ["--config", "x: y", "1e-05", "true", "", "#hash"],
+        "nodes": 4,
+        "nproc_per_node": 2,
+        "resources": {"gpus": 2, "cpu": "500m", "memory": "8Gi"},
+        "shm_size": "2Gi",
+        "env": {"ZED": "1", "ALPHA": "true", "EMPTY": "", "N": "010"},
+        "secret_env": {"TOKEN": {"secret": "creds", "key": "token"}},
+        "volumes": [
+            {
+                "name": "data",
+                "claim": "datasets",
+                "mount_path": "/data",
+                "read_only": True,
+                "sub_path": "imagenet",
+            },
+            {"name": "ckpt", "claim": "ckpts", "mount_path": "/ckpt"},
+        ],
+        "node_selector": {"pool": "true"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "service_account": "trainer",
+        "image_pull_secrets": ["regcred"],
+        "labels": {"team": "ml", "flag": "true"},
+        "annotations": {"example.com/note": "hello: world"},
+        "queue": "q",
+        "active_deadline_s": 100000000,
+        "suspend": True,
+    },
+    "trainjob-bare": {"name": "tj", "image": "repo/trainer:1", "api": "trainjob", "nodes": 1},
     "trainer-values": {
         "name": "quoting",
         "image": "repo/trainer:1",
@@ -111,18 +147,25 @@ SPECS: dict[str, dict[str, Any]] = {
 
 def _render_pair(helm, spec: JobSpec, values: dict[str, Any], tmp_path: Path):
     (doc,) = helm_template(helm, values, tmp_path, release="rel", namespace="ignored-ns")
-    return doc, render_pytorchjob(spec)
+    return doc, render_job(spec)
+
+
+def _pod_labels(doc: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:
+    """(where, labels) of every pod template in a rendered job, either API."""
+    if doc["kind"] == "TrainJob":
+        (patch,) = doc["spec"]["runtimePatches"]
+        (rjob,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+        return [("node", rjob["template"]["spec"]["template"]["metadata"]["labels"])]
+    return [
+        (rtype, r["template"]["metadata"]["labels"])
+        for rtype, r in doc["spec"]["pytorchReplicaSpecs"].items()
+    ]
 
 
 def _assert_one_truth(chart_doc: dict[str, Any], rendered: dict[str, Any]) -> None:
     # The chart's two Helm labels, exactly where render has its managed-by label.
-    for where, labels in (
-        ("job", chart_doc["metadata"]["labels"]),
-        *(
-            (rtype, r["template"]["metadata"]["labels"])
-            for rtype, r in chart_doc["spec"]["pytorchReplicaSpecs"].items()
-        ),
-    ):
+    assert chart_doc["kind"] == rendered["kind"]
+    for where, labels in (("job", chart_doc["metadata"]["labels"]), *_pod_labels(chart_doc)):
         assert labels[MANAGED_BY_LABEL] == "Helm", where
         assert labels[HELM_CHART_LABEL] == "ddpjob-0.1.0", where
     assert rendered["metadata"]["labels"][MANAGED_BY_LABEL] == "ddpjob"
@@ -178,7 +221,9 @@ def test_render_values_yaml_reads_back_the_same_in_helm(helm, tmp_path):
 
 def test_the_branch_specs_reach_every_branch():
     """The SPECS table is only worth its name if it covers each optional part of the render."""
-    rendered = [render_pytorchjob(validate_spec(s)) for s in SPECS.values()]
+    specs = [validate_spec(s) for s in SPECS.values()]
+    rendered = [render_pytorchjob(s) for s in specs if s.api == "pytorchjob"]
+    trainjobs = [render_job(s) for s in specs if s.api == "trainjob"]
     text = json.dumps(rendered)
     for needle in (
         '"elasticPolicy"',
@@ -202,6 +247,23 @@ def test_the_branch_specs_reach_every_branch():
     replica_sets = [set(r["spec"]["pytorchReplicaSpecs"]) for r in rendered]
     assert {"Master"} in replica_sets and {"Worker"} in replica_sets
     assert {"Master", "Worker"} in replica_sets
+    text = json.dumps(trainjobs)
+    for needle in (
+        '"activeDeadlineSeconds"',
+        '"serviceAccountName"',
+        '"imagePullSecrets"',
+        '"tolerations"',
+        '"subPath"',
+        '"readOnly"',
+        '"secretKeyRef"',
+        '"annotations"',
+        '"kueue.x-k8s.io/queue-name"',
+        '"nvidia.com/gpu"',
+        '"nodeSelector"',
+        '"args"',
+    ):
+        assert needle in text, needle
+    assert any("args" not in j["spec"]["trainer"] for j in trainjobs)
 
 
 def test_job_name_defaults_to_the_release_and_namespace_to_the_releases(helm, tmp_path):
@@ -214,6 +276,42 @@ def test_job_name_defaults_to_the_release_and_namespace_to_the_releases(helm, tm
     assert doc["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
         "args"
     ] == ["max_steps=5"]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"elastic": {"min_nodes": 1, "max_nodes": 2, "max_restarts": 3}},
+        {"gang": {"scheduler_name": "volcano"}},
+        {"priority_class": "high"},
+        {"restart_policy": "OnFailure"},
+        {"backoff_limit": 6},
+        {"ttl_after_finished_s": 60},
+        {"clean_pod_policy": "All"},
+    ],
+    ids=lambda v: next(iter(v)),
+)
+def test_a_trainjob_with_a_pytorchjob_only_value_fails_like_the_spec(helm, values, tmp_path):
+    path = tmp_path / "tj.yaml"
+    path.write_text(yaml.safe_dump({"api": "trainjob", **values}))
+    proc = helm("template", "x", str(CHART), "-f", str(path), check=False)
+    assert proc.returncode != 0, f"accepted {values}"
+    (field,) = values
+    assert f"{field}: a TrainJob cannot carry it" in proc.stderr, proc.stderr
+    with pytest.raises(Exception, match=f"{field}: a TrainJob cannot carry it"):
+        validate_spec({"name": "x", "image": "i", "api": "trainjob", **values})
+
+
+def test_a_trainjob_name_too_long_for_jobset_pods_fails_like_the_spec(helm, tmp_path):
+    name = "a" * 48  # "<name>-node-0-9-abcde" = 63 fits; "-node-0-10-abcde" does not
+    (doc,) = helm_template(helm, {"name": name, "nodes": 10, "api": "trainjob"}, tmp_path)
+    assert doc["kind"] == "TrainJob" and doc["metadata"]["name"] == name
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "nodes": 11, "api": "trainjob"}))
+    proc = helm("template", "x", str(CHART), "-f", str(path), check=False)
+    assert proc.returncode != 0 and "pod and service names hold 63" in proc.stderr
+    with pytest.raises(Exception, match="Shorten name"):
+        validate_spec({"name": name, "image": "i", "nodes": 11, "api": "trainjob"})
 
 
 def test_a_name_too_long_for_worker_pods_fails_like_the_spec(helm, tmp_path):
@@ -241,7 +339,7 @@ def test_helm_lint_strict_is_clean(helm):
 
 def test_ci_cases_exist_and_lint_clean(helm, tmp_path):
     names = {p.name for p in CI_VALUES}
-    wanted = {"default-values.yaml", "elastic-values.yaml"}
+    wanted = {"default-values.yaml", "elastic-values.yaml", "trainjob-values.yaml"}
     wanted |= {f"{p.stem}-values.yaml" for p in EXAMPLES}
     assert wanted <= names, wanted - names
     for path in CI_VALUES:
@@ -249,7 +347,8 @@ def test_ci_cases_exist_and_lint_clean(helm, tmp_path):
         assert "0 chart(s) failed" in proc.stdout, (path.name, proc.stdout)
         assert "[WARNING]" not in proc.stdout, (path.name, proc.stdout)
         (doc,) = helm_template(helm, path, tmp_path)
-        assert doc["kind"] == "PyTorchJob", path.name
+        api = yaml.safe_load(path.read_text()).get("api", "pytorchjob")
+        assert doc["kind"] == {"pytorchjob": "PyTorchJob", "trainjob": "TrainJob"}[api], path.name
 
 
 def test_values_yaml_points_editors_at_the_schema_and_comments_every_key():
@@ -307,7 +406,7 @@ def test_schema_keys_are_the_values_keys_and_the_spec_enums():
     keys = set(schema["properties"]) - {"global"}
     assert keys == set(render_values(JobSpec(name="x", image="i")))
     spec_schema = JobSpec.model_json_schema()
-    for key in ("restart_policy", "clean_pod_policy"):
+    for key in ("api", "restart_policy", "clean_pod_policy"):
         assert schema["properties"][key]["enum"] == spec_schema["properties"][key]["enum"], key
     # Every spec field has its values key, except `trainer`, which arrives as `args`.
     assert set(spec_schema["properties"]) - {"trainer"} <= keys
@@ -352,6 +451,8 @@ def test_schema_keys_are_the_values_keys_and_the_spec_enums():
         # The chart has no default to merge into elastic, nor to restore a value nulled away.
         ({"elastic": {"min_nodes": 1, "max_nodes": 2}}, "max_restarts"),
         ({"resources": {"cpu": None}}, "cpu"),
+        ({"api": "tfjob"}, "api"),
+        ({"api": "trainjob", "runtime": "Torch_X"}, "runtime"),
     ],
     ids=lambda v: json.dumps(v)[:40] if isinstance(v, dict) else v,
 )

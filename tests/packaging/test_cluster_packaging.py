@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.render.pytorchjob import render_pytorchjob
+from controller.render.job import render_job
 from controller.spec import validate_spec
 from localkube.handle import wait_until
 
@@ -90,7 +90,8 @@ def test_helm_template_of_each_ci_case_passes_server_side_dry_run(cluster, restr
     out = cluster.helm("template", "ci", str(CHART), "-f", str(case), "--namespace", namespace)
     proc = _dry_run(cluster, out.stdout)
     assert proc.returncode == 0, proc.stderr
-    assert "pytorchjob.kubeflow.org/" in proc.stdout and "(server dry run)" in proc.stdout
+    kind = "trainjob.trainer" if values.get("api") == "trainjob" else "pytorchjob.kubeflow"
+    assert f"{kind}.org/" in proc.stdout and "(server dry run)" in proc.stdout
 
 
 def test_a_broken_manifest_fails_the_dry_run(cluster, restricted):
@@ -149,6 +150,8 @@ def test_kubectl_apply_k_k8s_passes_server_side_dry_run(cluster):
 
 def _pods_of(job: dict[str, Any], namespace: str) -> list[dict[str, Any]]:
     """The pods the operator would create from ``job`` (its templates), minus its additions."""
+    if job["kind"] == "TrainJob":
+        return [_trainjob_pod(job, namespace)]
     pods = []
     for rtype, replica in job["spec"]["pytorchReplicaSpecs"].items():
         template = replica["template"]
@@ -165,6 +168,35 @@ def _pods_of(job: dict[str, Any], namespace: str) -> list[dict[str, Any]]:
             }
         )
     return pods
+
+
+def _trainjob_pod(job: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """The pod JobSet would create for a TrainJob: the runtimePatches pod with the trainer's
+    image, command, args, env and resources in container ``node`` (the runtime adds nothing a
+    Pod Security check looks at)."""
+    (patch,) = job["spec"]["runtimePatches"]
+    (rjob,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    template = rjob["template"]["spec"]["template"]
+    spec = json.loads(json.dumps(template["spec"]))
+    trainer = job["spec"]["trainer"]
+    (container,) = spec["containers"]
+    container.update(
+        image=trainer["image"],
+        command=trainer["command"],
+        args=trainer.get("args", []),
+        env=trainer["env"],
+        resources=trainer["resourcesPerNode"],
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{job['metadata']['name']}-node-0-0",
+            "namespace": namespace,
+            "labels": template["metadata"]["labels"],
+        },
+        "spec": spec,
+    }
 
 
 def _create_dry(cluster, obj: dict[str, Any]) -> subprocess.CompletedProcess:
@@ -185,7 +217,7 @@ def _rendered_jobs() -> list[tuple[str, dict[str, Any]]]:
     jobs = []
     for example in sorted(EXAMPLES, key=lambda p: p.name != "quickstart.yaml"):
         spec = validate_spec(yaml.safe_load(example.read_text()))
-        jobs.append((f"render {example.name}", render_pytorchjob(spec)))
+        jobs.append((f"render {example.name}", render_job(spec)))
     return jobs
 
 
@@ -194,7 +226,7 @@ def _ensure_priority_classes(cluster, jobs: list[tuple[str, dict[str, Any]]]) ->
     names = {
         r["template"]["spec"]["priorityClassName"]
         for _, job in jobs
-        for r in job["spec"]["pytorchReplicaSpecs"].values()
+        for r in job["spec"].get("pytorchReplicaSpecs", {}).values()
         if "priorityClassName" in r["template"]["spec"]
     }
     for name in sorted(names):
@@ -221,7 +253,10 @@ def test_rendered_pods_are_admitted_under_restricted(cluster, restricted):
             # warn=restricted: a pod that only squeaks through would print a warning.
             assert "Warning" not in proc.stderr, (where, proc.stderr)
             checked += 1
-    assert checked >= 2 * len(jobs) - 2  # Master and Worker of (almost) every job
+    trainjobs = sum(job["kind"] == "TrainJob" for _, job in jobs)
+    assert trainjobs >= 2  # examples/trainjob.yaml, rendered and through the chart
+    # Master and Worker of (almost) every PyTorchJob, the node pod of every TrainJob.
+    assert checked >= 2 * (len(jobs) - trainjobs) - 2 + trainjobs
 
 
 def _allow_root(pod: dict[str, Any]) -> None:

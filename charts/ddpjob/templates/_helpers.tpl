@@ -21,24 +21,50 @@ The release's full name: the release name if it already contains the chart name,
 {{- end }}
 
 {{/*
-The PyTorchJob's name: values.name (what `controller render --values` writes: the spec's name),
-else the release's full name. The operator names pods and services "<job>-worker-<index>", which
-must fit in 63 characters: checked here as the spec does, so a long name fails at install time
-instead of leaving a job whose pods can never be created.
+The job's name: values.name (what `controller render --values` writes: the spec's name), else
+the release's full name. The operator names pods and services "<job>-worker-<index>" and JobSet
+names a TrainJob's pods "<job>-node-0-<index>-<suffix>", which must fit in 63 characters: checked
+here as the spec does, so a long name fails at install time instead of leaving a job whose pods
+can never be created.
 */}}
 {{- define "ddpjob.jobName" -}}
 {{- $name := .Values.name | default (include "ddpjob.fullname" .) }}
+{{- $longest := "" }}
+{{- if eq .Values.api "trainjob" }}
+{{- /* JobSet's webhook: "<name>-node-0-<index>" plus the Job controller's 5-character suffix */}}
+{{- $longest = printf "%s-node-0-%d-abcde" $name (sub (.Values.nodes | int) 1) }}
+{{- else }}
 {{- $workers := include "ddpjob.workerReplicas" . | int }}
 {{- if kindIs "map" .Values.elastic }}
 {{- $workers = .Values.elastic.max_nodes | int }}
 {{- end }}
 {{- if gt $workers 0 }}
-{{- $longest := printf "%s-worker-%d" $name (sub $workers 1) }}
+{{- $longest = printf "%s-worker-%d" $name (sub $workers 1) }}
+{{- end }}
+{{- end }}
 {{- if gt (len $longest) 63 }}
 {{- fail (printf "name: %q is %d characters; pod and service names hold 63. Shorten name (or the release name)" $longest (len $longest)) }}
 {{- end }}
-{{- end }}
 {{- $name }}
+{{- end }}
+
+{{/*
+A TrainJob cannot carry the PyTorchJob-only values (controller/spec.py PYTORCHJOB_ONLY says
+why for each): fail on any that differs from its default, as `validate` fails on a spec that
+sets one.
+*/}}
+{{- define "ddpjob.trainjobFits" -}}
+{{- $only := list }}
+{{- if kindIs "map" .Values.elastic }}{{ $only = append $only "elastic" }}{{ end }}
+{{- if kindIs "map" .Values.gang }}{{ $only = append $only "gang" }}{{ end }}
+{{- if .Values.priority_class }}{{ $only = append $only "priority_class" }}{{ end }}
+{{- if ne .Values.restart_policy "ExitCode" }}{{ $only = append $only "restart_policy" }}{{ end }}
+{{- if ne (.Values.backoff_limit | int) 3 }}{{ $only = append $only "backoff_limit" }}{{ end }}
+{{- if not (kindIs "invalid" .Values.ttl_after_finished_s) }}{{ $only = append $only "ttl_after_finished_s" }}{{ end }}
+{{- if ne .Values.clean_pod_policy "Running" }}{{ $only = append $only "clean_pod_policy" }}{{ end }}
+{{- with $only }}
+{{- fail (printf "%s: a TrainJob cannot carry it (api: trainjob). Remove it, or use api: pytorchjob; `python -m controller validate` says why" (join ", " .)) }}
+{{- end }}
 {{- end }}
 
 {{/* The job's namespace: values.namespace, else the release's. */}}

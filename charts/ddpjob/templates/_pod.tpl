@@ -1,23 +1,155 @@
 {{/*
-The pod template shared by the Master and Worker replicas: one container named `pytorch` (the
-operator finds it by name) with the port `pytorchjob-port`, the restricted Pod Security profile,
-a memory-backed /dev/shm and a writable /tmp for the non-root user, and the PVC mounts.
+The pod both job APIs carry, in pieces (controller/render/pod.py builds the same): labels and
+annotations, the restricted Pod Security profile, a memory-backed /dev/shm and a writable /tmp
+for the non-root user, the PVC mounts, env and resources. The PyTorchJob's Master and Worker
+replicas use ddpjob.podTemplate whole; the TrainJob puts the pieces into spec.trainer and its
+runtimePatches.
+*/}}
+
+{{/* Pod metadata: the standard labels and the user's, the user's annotations. */}}
+{{- define "ddpjob.podMetadata" -}}
+labels:
+  {{- include "ddpjob.labels" . | nindent 2 }}
+  {{- with .Values.labels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with .Values.annotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* serviceAccountName (when set). */}}
+{{- define "ddpjob.serviceAccount" -}}
+{{- with .Values.service_account }}
+serviceAccountName: {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/* nodeSelector, tolerations and imagePullSecrets (each when set). */}}
+{{- define "ddpjob.placement" -}}
+{{- with .Values.node_selector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- range . }}
+  - {{- if hasKey . "key" }}
+    key: {{ .key | quote }}
+    {{- end }}
+    operator: {{ .operator | default "Equal" }}
+    {{- if hasKey . "value" }}
+    value: {{ .value | quote }}
+    {{- end }}
+    {{- if hasKey . "effect" }}
+    effect: {{ .effect }}
+    {{- end }}
+    {{- if hasKey . "toleration_s" }}
+    tolerationSeconds: {{ .toleration_s | int }}
+    {{- end }}
+  {{- end }}
+{{- end }}
+{{- with .Values.image_pull_secrets }}
+imagePullSecrets:
+  {{- range . }}
+  - name: {{ . | quote }}
+  {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The pod's half of the restricted profile, as the image's user (uid 1000). */}}
+{{- define "ddpjob.podSecurityContext" -}}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 1000
+  runAsGroup: 1000
+  fsGroup: 1000
+  seccompProfile:
+    type: RuntimeDefault
+{{- end }}
+
+{{/* The container's half of the restricted profile. */}}
+{{- define "ddpjob.containerSecurityContext" -}}
+securityContext:
+  allowPrivilegeEscalation: false
+  capabilities:
+    drop: ["ALL"]
+  runAsNonRoot: true
+{{- end }}
+
+{{/* The user's env entries in order, then Secret references (a list body, may be empty). */}}
+{{- define "ddpjob.envEntries" -}}
+{{- range .Values.env }}
+- name: {{ .name | quote }}
+  value: {{ .value | toString | quote }}
+{{- end }}
+{{- range .Values.secret_env }}
+- name: {{ .name | quote }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ .secret | quote }}
+      key: {{ .key | quote }}
+{{- end }}
+{{- end }}
+
+{{/* Limits and requests, equal; GPUs as a limit only. */}}
+{{- define "ddpjob.resources" -}}
+limits:
+  {{- if gt (.Values.resources.gpus | int) 0 }}
+  nvidia.com/gpu: {{ .Values.resources.gpus | int }}
+  {{- end }}
+  cpu: {{ .Values.resources.cpu | toString | quote }}
+  memory: {{ .Values.resources.memory | toString | quote }}
+requests:
+  cpu: {{ .Values.resources.cpu | toString | quote }}
+  memory: {{ .Values.resources.memory | toString | quote }}
+{{- end }}
+
+{{/* /dev/shm, /tmp and the PVCs, mounted. */}}
+{{- define "ddpjob.volumeMounts" -}}
+volumeMounts:
+  - name: dshm
+    mountPath: /dev/shm
+  - name: tmp
+    mountPath: /tmp
+  {{- range .Values.volumes }}
+  - name: {{ .name | quote }}
+    mountPath: {{ .mount_path | quote }}
+    {{- with .sub_path }}
+    subPath: {{ . | quote }}
+    {{- end }}
+    {{- if .read_only }}
+    readOnly: true
+    {{- end }}
+  {{- end }}
+{{- end }}
+
+{{/* The volumes behind them. */}}
+{{- define "ddpjob.volumes" -}}
+volumes:
+  - name: dshm
+    emptyDir:
+      medium: Memory
+      sizeLimit: {{ .Values.shm_size | toString | quote }}
+  - name: tmp
+    emptyDir: {}
+  {{- range .Values.volumes }}
+  - name: {{ .name | quote }}
+    persistentVolumeClaim:
+      claimName: {{ .claim | quote }}
+  {{- end }}
+{{- end }}
+
+{{/*
+The PyTorchJob's pod template, shared by the Master and Worker replicas: one container named
+`pytorch` (the operator finds it by name) with the port `pytorchjob-port`.
 */}}
 {{- define "ddpjob.podTemplate" -}}
 metadata:
-  labels:
-    {{- include "ddpjob.labels" . | nindent 4 }}
-    {{- with .Values.labels }}
-    {{- toYaml . | nindent 4 }}
-    {{- end }}
-  {{- with .Values.annotations }}
-  annotations:
-    {{- toYaml . | nindent 4 }}
-  {{- end }}
+  {{- include "ddpjob.podMetadata" . | nindent 2 }}
 spec:
-  {{- with .Values.service_account }}
-  serviceAccountName: {{ . | quote }}
-  {{- end }}
+  {{- include "ddpjob.serviceAccount" . | nindent 2 }}
   {{- with .Values.priority_class }}
   priorityClassName: {{ . | quote }}
   {{- end }}
@@ -26,41 +158,8 @@ spec:
   schedulerName: {{ . | quote }}
   {{- end }}
   {{- end }}
-  {{- with .Values.node_selector }}
-  nodeSelector:
-    {{- toYaml . | nindent 4 }}
-  {{- end }}
-  {{- with .Values.tolerations }}
-  tolerations:
-    {{- range . }}
-    - {{- if hasKey . "key" }}
-      key: {{ .key | quote }}
-      {{- end }}
-      operator: {{ .operator | default "Equal" }}
-      {{- if hasKey . "value" }}
-      value: {{ .value | quote }}
-      {{- end }}
-      {{- if hasKey . "effect" }}
-      effect: {{ .effect }}
-      {{- end }}
-      {{- if hasKey . "toleration_s" }}
-      tolerationSeconds: {{ .toleration_s | int }}
-      {{- end }}
-    {{- end }}
-  {{- end }}
-  {{- with .Values.image_pull_secrets }}
-  imagePullSecrets:
-    {{- range . }}
-    - name: {{ . | quote }}
-    {{- end }}
-  {{- end }}
-  securityContext:
-    runAsNonRoot: true
-    runAsUser: 1000
-    runAsGroup: 1000
-    fsGroup: 1000
-    seccompProfile:
-      type: RuntimeDefault
+  {{- include "ddpjob.placement" . | nindent 2 }}
+  {{- include "ddpjob.podSecurityContext" . | nindent 2 }}
   containers:
     - name: pytorch
       image: {{ .Values.image | quote }}
@@ -72,61 +171,14 @@ spec:
       {{- end }}
       {{- if or .Values.env .Values.secret_env }}
       env:
-        {{- range .Values.env }}
-        - name: {{ .name | quote }}
-          value: {{ .value | toString | quote }}
-        {{- end }}
-        {{- range .Values.secret_env }}
-        - name: {{ .name | quote }}
-          valueFrom:
-            secretKeyRef:
-              name: {{ .secret | quote }}
-              key: {{ .key | quote }}
-        {{- end }}
+        {{- include "ddpjob.envEntries" . | nindent 8 }}
       {{- end }}
       ports:
         - name: pytorchjob-port
           containerPort: 23456
       resources:
-        limits:
-          {{- if gt (.Values.resources.gpus | int) 0 }}
-          nvidia.com/gpu: {{ .Values.resources.gpus | int }}
-          {{- end }}
-          cpu: {{ .Values.resources.cpu | toString | quote }}
-          memory: {{ .Values.resources.memory | toString | quote }}
-        requests:
-          cpu: {{ .Values.resources.cpu | toString | quote }}
-          memory: {{ .Values.resources.memory | toString | quote }}
-      securityContext:
-        allowPrivilegeEscalation: false
-        capabilities:
-          drop: ["ALL"]
-        runAsNonRoot: true
-      volumeMounts:
-        - name: dshm
-          mountPath: /dev/shm
-        - name: tmp
-          mountPath: /tmp
-        {{- range .Values.volumes }}
-        - name: {{ .name | quote }}
-          mountPath: {{ .mount_path | quote }}
-          {{- with .sub_path }}
-          subPath: {{ . | quote }}
-          {{- end }}
-          {{- if .read_only }}
-          readOnly: true
-          {{- end }}
-        {{- end }}
-  volumes:
-    - name: dshm
-      emptyDir:
-        medium: Memory
-        sizeLimit: {{ .Values.shm_size | toString | quote }}
-    - name: tmp
-      emptyDir: {}
-    {{- range .Values.volumes }}
-    - name: {{ .name | quote }}
-      persistentVolumeClaim:
-        claimName: {{ .claim | quote }}
-    {{- end }}
+        {{- include "ddpjob.resources" . | nindent 8 }}
+      {{- include "ddpjob.containerSecurityContext" . | nindent 6 }}
+      {{- include "ddpjob.volumeMounts" . | nindent 6 }}
+  {{- include "ddpjob.volumes" . | nindent 2 }}
 {{- end }}

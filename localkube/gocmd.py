@@ -1,0 +1,41 @@
+"""Running the go command for the local cluster's builds (``tools`` and ``trainer_v2`` both
+build Go modules; this module imports neither, so neither imports the other)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+#: The wrapper module of the control-plane components (``localkube/go``).
+GO_DIR = Path(__file__).resolve().parent / "go"
+
+
+def _go_env() -> dict[str, str]:
+    """Return the environment for go commands: module mode, no VCS stamping, local toolchain."""
+    env = dict(os.environ)
+    env.setdefault("GOFLAGS", "-mod=mod")
+    env.setdefault("GOTOOLCHAIN", "local")
+    env["CGO_ENABLED"] = env.get("CGO_ENABLED", "0")
+    return env
+
+
+def _run_go(args: list[str], log, cwd: Path = GO_DIR) -> float:
+    """Run one go command in the wrapper module (or ``cwd``); return its wall time in seconds."""
+    if shutil.which("go") is None:
+        raise RuntimeError(
+            "localkube.tools: the go command is missing (got no `go` on PATH). "
+            "Install Go >= 1.24 (https://go.dev/dl/) or point DDPJOB_TOOLS_DIR at built tools."
+        )
+    start = time.monotonic()
+    print(f"[cluster] go {' '.join(args)}", file=log, flush=True)
+    proc = subprocess.run(["go", *args], cwd=cwd, env=_go_env(), capture_output=True, text=True)
+    elapsed = time.monotonic() - start
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"localkube.tools: go {args[0]} failed (got exit {proc.returncode}):\n"
+            f"{proc.stderr[-4000:]}\nHint: check network access to the Go module proxy."
+        )
+    return elapsed

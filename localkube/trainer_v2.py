@@ -1,0 +1,454 @@
+"""Kubeflow Trainer v2 and JobSet in the local cluster: their build, their processes, their objects.
+
+Both controllers are upstream's own commands, built unmodified from the Go module proxy by the
+module ``localkube/go-trainer`` (Trainer's ``cmd/trainer-controller-manager`` and JobSet's root
+``main``), and run as host processes beside the training operator v1, like every component:
+
+- Each reads a config file written at start: webhook server on ``127.0.0.1:<free port>``, no
+  certificate management of its own (upstream's rotates a Secret for a Service; there is no pod
+  network here), no leader election, health probe and metrics on free ports of 127.0.0.1.
+- Their serving certificates come from the cluster CA. Trainer's config has no cert dir: it reads
+  ``$TMPDIR/k8s-webhook-server/serving-certs``, so it gets a TMPDIR of its own; JobSet's config
+  names its dir (both default to the same dir and ports, hence the separation).
+- Each has its own client identity (``kubeflow-trainer.kubeconfig``, ``jobset.kubeconfig``, see
+  ``bootstrap.USERS``) bound to upstream's ClusterRoles.
+- Their CRDs, RBAC and webhook configurations are upstream's kustomize output, rendered at build
+  time (``render_manifests``) and installed by :func:`apply_objects` with every
+  ``clientConfig.service`` replaced by ``url: https://127.0.0.1:<port><path>`` and the CA bundle.
+- :func:`install_runtime` installs upstream's ``torch-distributed`` ClusterTrainingRuntime with
+  one change, the image (:data:`TRAINER_IMAGE`), once Trainer's webhook admits it.
+
+What differs from upstream's manifests, and why, is listed in :data:`DIFFERENCES`.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+
+from controller import kubeflow
+
+from . import bootstrap
+
+if TYPE_CHECKING:
+    from .context import Context
+
+#: The image of the ``node`` container in the torch-distributed runtime. A TrainJob's
+#: ``spec.trainer.image`` overrides it. Plug-in point for ``localkube.images.trainer_image()``.
+TRAINER_IMAGE = "localhost/ddpjob-trainer:dev"
+
+#: Pinned versions (go-trainer/go.mod must require exactly these; ``build`` checks).
+VERSIONS = {"kubeflow-trainer": kubeflow.TRAINER_VERSION, "jobset": kubeflow.JOBSET_VERSION}
+TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
+JOBSET_MODULE = "sigs.k8s.io/jobset"
+
+GO_DIR = Path(__file__).resolve().parent / "go-trainer"
+
+#: Binaries in the tools ``bin/`` folder -> the upstream main package each is built from.
+BINARIES = {
+    "trainer-controller-manager": f"{TRAINER_MODULE}/cmd/trainer-controller-manager",
+    "jobset-controller-manager": JOBSET_MODULE,
+}
+
+#: Manifest files in the tools ``manifests/`` folder -> (module, path in the module zip, how):
+#: "kustomize" renders a kustomization folder with the built kubectl, "copy" copies one file,
+#: "rbac+webhooks" keeps only the ClusterRoles and webhook configurations of a kustomization.
+MANIFESTS = {
+    "trainer-crds.yaml": (TRAINER_MODULE, "manifests/base/crds", "kustomize"),
+    "trainer-rbac.yaml": (TRAINER_MODULE, "manifests/base/rbac", "kustomize"),
+    "trainer-webhooks.yaml": (TRAINER_MODULE, "manifests/base/webhook", "kustomize"),
+    "trainer-torch-distributed.yaml": (
+        TRAINER_MODULE,
+        "manifests/base/runtimes/torch_distributed.yaml",
+        "copy",
+    ),
+    "jobset-crd.yaml": (
+        JOBSET_MODULE,
+        "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",
+        "copy",
+    ),
+    # From JobSet's release manifests (what Trainer's own install pulls in, third-party/jobset):
+    # their names carry the release's "jobset-" prefix.
+    "jobset-rbac-webhooks.yaml": (JOBSET_MODULE, "config/default", "rbac+webhooks"),
+}
+#: The CRDs of both, applied as upstream wrote them (CRDs are megabytes of YAML: PyYAML would
+#: take seconds to read them, so they go to kubectl as text).
+CRD_FILES = ("trainer-crds.yaml", "jobset-crd.yaml")
+CRDS = (
+    kubeflow.TRAINJOB_CRD,
+    kubeflow.TRAINING_RUNTIME.crd,
+    kubeflow.CLUSTER_TRAINING_RUNTIME.crd,
+    kubeflow.JOBSET.crd,
+)
+_KEPT_KINDS = ("ClusterRole", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+
+#: Ports each controller listens on (each gets a free one at ``up``).
+TRAINER_PORTS = ("trainer-webhook", "trainer-probe", "trainer-metrics")
+JOBSET_PORTS = ("jobset-webhook", "jobset-probe", "jobset-metrics")
+
+#: Client identities: their certificates and kubeconfigs are issued with the others
+#: (``bootstrap.USERS``).
+TRAINER_USER = "kubeflow-trainer"
+JOBSET_USER = "jobset"
+
+#: The ClusterRoles of upstream's manifests each controller is bound to.
+TRAINER_ROLES = ("kubeflow-trainer-controller-manager",)
+#: manager-role: what the controller does; proxy-role: TokenReview/SubjectAccessReview for its
+#: authenticated metrics endpoint.
+JOBSET_ROLES = ("jobset-manager-role", "jobset-proxy-role")
+
+#: Everything that differs from upstream's install, and why.
+DIFFERENCES = (
+    "Processes on 127.0.0.1, not Deployments: webhook configurations use url + caBundle "
+    "instead of a Service (no Service network reaches a host process).",
+    "Certificates from the cluster CA; certManagement.enable=false (Trainer) and "
+    "internalCertManagement.enable=false (JobSet): no cert Secret, no caBundle rotation.",
+    "Leader election off (one replica each, as for the other components).",
+    "Client certificates bound to the ClusterRoles instead of ServiceAccounts. Not installed: "
+    "JobSet's leader-election and secrets Roles (leader election and cert management are off), "
+    "its metrics-reader role (for scrapers), Trainer's kubeflow-trainer-public Role/ConfigMap "
+    "(a version ConfigMap for the SDK in kubeflow-system).",
+    "JobSet's CRD is config/components/crd/bases (conversion strategy None), not the release's "
+    "(strategy Webhook at /convert): v0.12.0 has one version and serves no /convert, so the API "
+    "server never converts; the release's patch only adds a dangling reference.",
+    "The torch-distributed runtime's image is ours (TRAINER_IMAGE), not pytorch/pytorch.",
+)
+
+
+# ------------------------------------------------------------------------------------ build
+
+
+def source_digest() -> bytes:
+    """A digest of the go-trainer module (go.mod, go.sum, *.go) and the pins, for tools_dir."""
+    digest = hashlib.sha256()
+    for path in [GO_DIR / "go.mod", GO_DIR / "go.sum", *sorted(GO_DIR.rglob("*.go"))]:
+        digest.update(str(path.relative_to(GO_DIR)).encode())
+        digest.update(path.read_bytes())
+    digest.update(json.dumps(VERSIONS, sort_keys=True).encode())
+    return digest.digest()
+
+
+def is_built(root: Path) -> bool:
+    """True when both binaries and every rendered manifest are in the tools folder ``root``."""
+    return all((root / "bin" / n).exists() for n in BINARIES) and all(
+        (root / "manifests" / n).exists() for n in MANIFESTS
+    )
+
+
+def required_versions(go_mod: str) -> dict[str, str]:
+    """The versions go.mod requires of Trainer and JobSet (``require`` lines only)."""
+    found = {}
+    for line in go_mod.splitlines():
+        parts = line.strip().removeprefix("require").split()
+        if len(parts) >= 2 and parts[0] in (TRAINER_MODULE, JOBSET_MODULE):
+            found[parts[0]] = parts[1]
+    return found
+
+
+def _check_pins() -> None:
+    want = {TRAINER_MODULE: kubeflow.TRAINER_VERSION, JOBSET_MODULE: kubeflow.JOBSET_VERSION}
+    got = required_versions((GO_DIR / "go.mod").read_text())
+    if got != want:
+        raise RuntimeError(
+            f"localkube.trainer_v2: {GO_DIR / 'go.mod'} does not pin the versions in "
+            f"controller/kubeflow.py (got {got}, want {want}). Edit one to match the other, "
+            f"then run `go mod tidy` in {GO_DIR}."
+        )
+
+
+def _module(module: str) -> dict:
+    """``go mod download -json`` of a module go-trainer requires: its Dir and Origin."""
+    from .gocmd import _go_env
+
+    out = subprocess.run(
+        ["go", "mod", "download", "-json", module],
+        cwd=GO_DIR,
+        env=_go_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(
+            f"localkube.trainer_v2: go mod download {module} failed (got exit {out.returncode}): "
+            f"{out.stderr[-2000:]}. Check access to the Go module proxy."
+        )
+    return json.loads(out.stdout)
+
+
+def build(root: Path, log) -> dict[str, float]:
+    """Build the missing binaries (one ``go build`` for both) and render the missing manifests
+    into the tools folder ``root``; return build seconds. Needs ``root/bin/kubectl`` built."""
+    from .gocmd import _run_go
+
+    times: dict[str, float] = {}
+    bindir, mandir = root / "bin", root / "manifests"
+    missing = {n: pkg for n, pkg in BINARIES.items() if not (bindir / n).exists()}
+    if missing:
+        _check_pins()
+        # The commit JobSet's own build stamps; the proxy's .info file records it.
+        info = json.loads(Path(_module(JOBSET_MODULE)["Info"]).read_text())
+        origin = info.get("Origin") or {}
+        version_pkg = f"{JOBSET_MODULE}/pkg/version"
+        ldflags = f"-s -w -X {version_pkg}.GitVersion={kubeflow.JOBSET_VERSION}"
+        if origin.get("Hash"):
+            ldflags += f" -X {version_pkg}.GitCommit={origin['Hash']}"
+        tmp = bindir / f".trainer-v2.tmp{os.getpid()}"
+        tmp.mkdir(parents=True, exist_ok=True)
+        args = ["build", "-trimpath", "-ldflags", ldflags, "-o", f"{tmp}/", *missing.values()]
+        times["trainer-v2"] = _run_go(args, log, cwd=GO_DIR)
+        for name, pkg in missing.items():
+            (tmp / pkg.rsplit("/", 1)[-1]).rename(bindir / name)
+        shutil.rmtree(tmp)
+    render_manifests(mandir, bindir / "kubectl")
+    return times
+
+
+def render_manifests(dest: Path, kubectl: Path) -> None:
+    """Write the files of :data:`MANIFESTS` missing in ``dest``: kustomize output or copies."""
+    dest.mkdir(parents=True, exist_ok=True)
+    dirs: dict[str, str] = {}
+    for name, (module, rel, how) in MANIFESTS.items():
+        if (dest / name).exists():
+            continue
+        if module not in dirs:
+            dirs[module] = _module(module)["Dir"]
+        src = Path(dirs[module]) / rel
+        tmp = dest / f".{name}.tmp{os.getpid()}"
+        if how == "copy":
+            shutil.copyfile(src, tmp)
+        else:
+            out = subprocess.run(
+                [str(kubectl), "kustomize", str(src)], capture_output=True, text=True, check=False
+            )
+            if out.returncode != 0:
+                raise RuntimeError(
+                    f"localkube.trainer_v2: kubectl kustomize {src} failed "
+                    f"(got exit {out.returncode}): {out.stderr[-2000:]}"
+                )
+            text = out.stdout
+            if how == "rbac+webhooks":
+                loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+                docs = [d for d in yaml.load_all(text, Loader=loader) if d]
+                text = yaml.safe_dump_all([d for d in docs if d["kind"] in _KEPT_KINDS])
+            tmp.write_text(text)
+        tmp.rename(dest / name)
+
+
+# ------------------------------------------------------------------------------------ processes
+
+
+def _dir(ctx: Context, name: str) -> Path:
+    path = ctx.state_dir / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _serving_cert(ctx: Context, name: str, cert_dir: Path) -> None:
+    """A serving certificate for 127.0.0.1 from the cluster CA, as tls.crt/tls.key."""
+    crt, key = ctx.pki.issue(name, name, server=True, dns=("localhost",), ips=("127.0.0.1",))
+    cert_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(crt, cert_dir / "tls.crt")
+    shutil.copyfile(key, cert_dir / "tls.key")
+
+
+def trainer_tmpdir(ctx: Context) -> Path:
+    """Trainer's TMPDIR: its webhook certificates are ``<TMPDIR>/k8s-webhook-server/...``."""
+    return _dir(ctx, "trainer") / "tmp"
+
+
+def trainer_config(ctx: Context) -> dict:
+    """Trainer's Configuration (config.trainer.kubeflow.org/v1alpha1): upstream's
+    ``manifests/base/manager/controller_manager_config.yaml`` with local addresses, no leader
+    election and no certificate management."""
+    p = ctx.ports
+    return {
+        "apiVersion": "config.trainer.kubeflow.org/v1alpha1",
+        "kind": "Configuration",
+        "health": {
+            "healthProbeBindAddress": f"127.0.0.1:{p['trainer-probe']}",
+            "readinessEndpointName": "readyz",
+            "livenessEndpointName": "healthz",
+        },
+        "metrics": {"bindAddress": f"127.0.0.1:{p['trainer-metrics']}", "secureServing": True},
+        "webhook": {"port": p["trainer-webhook"], "host": "127.0.0.1"},
+        "leaderElection": {"leaderElect": False},
+        "controller": {
+            "groupKindConcurrency": {
+                "TrainJob.trainer.kubeflow.org": 5,
+                "TrainingRuntime.trainer.kubeflow.org": 1,
+                "ClusterTrainingRuntime.trainer.kubeflow.org": 1,
+            }
+        },
+        "certManagement": {"enable": False},
+        "clientConnection": {"qps": 50, "burst": 100},
+    }
+
+
+def trainer_prepare(ctx: Context) -> None:
+    """Write Trainer's config file and its serving certificate."""
+    (_dir(ctx, "trainer") / "config.yaml").write_text(yaml.safe_dump(trainer_config(ctx)))
+    _serving_cert(ctx, "trainer-webhook", trainer_tmpdir(ctx) / "k8s-webhook-server/serving-certs")
+
+
+def trainer_argv(ctx: Context) -> list[str]:
+    return [
+        str(ctx.bindir / "trainer-controller-manager"),
+        "--config",
+        str(ctx.state_dir / "trainer" / "config.yaml"),
+        "--kubeconfig",
+        ctx.kubeconfig(TRAINER_USER),
+        "--zap-log-level",
+        "2",  # upstream's manager_config_patch.yaml
+    ]
+
+
+def trainer_env(ctx: Context) -> dict[str, str]:
+    return {"TMPDIR": str(trainer_tmpdir(ctx))}
+
+
+def jobset_config(ctx: Context) -> dict:
+    """JobSet's Configuration (config.jobset.x-k8s.io/v1alpha1): upstream's
+    ``config/components/manager/controller_manager_config.yaml`` with local addresses, our cert
+    dir, no leader election and no internal certificate management."""
+    p = ctx.ports
+    certs = str(ctx.state_dir / "jobset" / "certs")
+    return {
+        "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
+        "kind": "Configuration",
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+        "webhook": {"port": p["jobset-webhook"], "host": "127.0.0.1", "certDir": certs},
+        "metrics": {"bindAddress": f"127.0.0.1:{p['jobset-metrics']}", "certDir": certs},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{p['jobset-probe']}"},
+    }
+
+
+def jobset_prepare(ctx: Context) -> None:
+    """Write JobSet's config file and its serving certificate (webhook and metrics)."""
+    (_dir(ctx, "jobset") / "config.yaml").write_text(yaml.safe_dump(jobset_config(ctx)))
+    _serving_cert(ctx, "jobset-webhook", ctx.state_dir / "jobset" / "certs")
+
+
+def jobset_argv(ctx: Context) -> list[str]:
+    return [
+        str(ctx.bindir / "jobset-controller-manager"),
+        "--config",
+        str(ctx.state_dir / "jobset" / "config.yaml"),
+        "--kubeconfig",
+        ctx.kubeconfig(JOBSET_USER),
+        "--zap-log-level",
+        "2",  # upstream's manager_config_patch.yaml
+    ]
+
+
+# ------------------------------------------------------------------------------------ objects
+
+
+def _docs(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def serve_locally(config: dict, port: int, ca_bundle: str) -> dict:
+    """A webhook configuration (or CRD conversion) pointed at ``https://127.0.0.1:<port>``."""
+    config = copy.deepcopy(config)
+    for hook in config["webhooks"]:
+        path = hook["clientConfig"]["service"]["path"]
+        hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle}
+    return config
+
+
+def objects(ctx: Context) -> list[dict]:
+    """The ClusterRoles, their bindings to our identities and the webhook configurations."""
+    mandir = ctx.manifests
+    ca_bundle = base64.b64encode(ctx.pki.path("ca.crt").read_bytes()).decode()
+    trainer_docs = [*_docs(mandir / "trainer-rbac.yaml"), *_docs(mandir / "trainer-webhooks.yaml")]
+    jobset_docs = _docs(mandir / "jobset-rbac-webhooks.yaml")
+    hook_kinds = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+    others: list[dict] = []
+    for docs, port, roles, user in (
+        (trainer_docs, ctx.ports["trainer-webhook"], TRAINER_ROLES, TRAINER_USER),
+        (jobset_docs, ctx.ports["jobset-webhook"], JOBSET_ROLES, JOBSET_USER),
+    ):
+        found = {d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"}
+        if not set(roles) <= found:
+            raise RuntimeError(
+                f"localkube.trainer_v2: upstream manifests lack ClusterRoles "
+                f"{sorted(set(roles) - found)} (got {sorted(found)}). Rebuild the tools."
+            )
+        others += [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] in roles]
+        cn = bootstrap.USERS[user][0]
+        others += [bootstrap.cluster_role_binding(f"{user}:{r}", r, cn) for r in roles]
+        others += [serve_locally(d, port, ca_bundle) for d in docs if d["kind"] in hook_kinds]
+    return others
+
+
+def _apply(ctx: Context, text: str, timeout: float = 120) -> None:
+    ctx.kubectl(
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager",
+        "ddpjob-cluster",
+        "-f",
+        "-",
+        input_text=text,
+        timeout=timeout,
+    )
+
+
+def apply_objects(ctx: Context) -> None:
+    """Install the CRDs, ClusterRoles, their bindings and the webhook configurations; wait
+    until the CRDs are established (the controllers' informers need them at start)."""
+    texts = [(ctx.manifests / f).read_text() for f in CRD_FILES]
+    texts += [yaml.safe_dump(d) for d in objects(ctx)]
+    _apply(ctx, "\n---\n".join(texts))
+    bootstrap.wait_established(ctx, list(CRDS))
+
+
+def torch_runtime(manifests: Path, image: str = TRAINER_IMAGE) -> dict:
+    """Upstream's torch-distributed ClusterTrainingRuntime with ``image`` in its node container."""
+    runtime = _docs(manifests / "trainer-torch-distributed.yaml")[0]
+    jobs = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    job = next((j for j in jobs if j["name"] == kubeflow.TRAINJOB_REPLICATED_JOB), None)
+    containers = job["template"]["spec"]["template"]["spec"]["containers"] if job else []
+    node = next((c for c in containers if c["name"] == kubeflow.TRAINJOB_CONTAINER), None)
+    if runtime["metadata"]["name"] != kubeflow.DEFAULT_RUNTIME or node is None:
+        raise RuntimeError(
+            f"localkube.trainer_v2: upstream's runtime is not {kubeflow.DEFAULT_RUNTIME} with a "
+            f"replicated job and container {kubeflow.TRAINJOB_CONTAINER!r} (got "
+            f"{runtime['metadata']['name']}, jobs {[j['name'] for j in jobs]}). The contract in "
+            f"controller/kubeflow.py needs a look."
+        )
+    node["image"] = image
+    return runtime
+
+
+def install_runtime(ctx: Context, timeout_s: float = 30) -> None:
+    """Apply the torch-distributed runtime; Trainer's validating webhook must admit it, so
+    retry while the webhook server is still coming up."""
+    from .procs import LocalkubeError
+
+    runtime = torch_runtime(ctx.manifests)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _apply(ctx, yaml.safe_dump(runtime), timeout=30)
+            return
+        except LocalkubeError as exc:
+            if time.monotonic() > deadline:
+                raise LocalkubeError(
+                    f"localkube: the {kubeflow.DEFAULT_RUNTIME} runtime was not admitted after "
+                    f"{timeout_s:.0f}s (got {exc}). See {ctx.state_dir / 'logs'}."
+                ) from exc
+            time.sleep(0.5)
