@@ -31,8 +31,8 @@ $(STAMP): pyproject.toml
 demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 	$(PY) -m controller run $(SPEC) --local
 
-# `tools` first, so a cold machine's one-time Go build (about 10-15 min on 2 cores) prints its
-# progress outside pytest; on a warm machine it builds nothing.
+# `tools` first, so a cold machine's one-time Go build (about 20-25 min on 2 cores with Trainer v2
+# and JobSet) prints its progress outside pytest; on a warm machine it builds nothing.
 test: venv tools  ## the whole suite: unit, multi-process DDP, local control plane, end-to-end
 	$(PY) -m ruff check .
 	$(PY) -m pytest
