@@ -113,9 +113,15 @@ def run_pods(envs: list[dict[str, str]], args: list[str], timeout: float = 180) 
     return results
 
 
+# These tests mean CPU and gloo: on a GPU host `auto` would put every rank of a one-host job on
+# the GPUs (two ranks on one GPU fail under NCCL), and GPU numerics differ from what they pin.
+CPU = {"device": "cpu", "backend": "gloo"}
+
+
 def common_args(tmp: Path, **overrides) -> list[str]:
-    """A fast run of the test task, checkpointing into ``tmp``."""
+    """A fast run of the test task on CPU, checkpointing into ``tmp``."""
     args = {
+        **CPU,
         "task": TEST_TASK,
         "max_steps": 8,
         "batch_size": 8,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.trainer.conftest import (
+    CPU,
     base_env,
     common_args,
     free_port,
@@ -96,6 +97,7 @@ def test_custom_task_plugin_from_the_command_line(tmp_path) -> None:
         trainer_cmd(
             "task=examples.custom_task.my_task:build",
             "task_args.hidden=16",
+            *(f"{k}={v}" for k, v in CPU.items()),
             "max_steps=4",
             "log_every=2",
             "progress=never",
