@@ -129,6 +129,9 @@ def run(base: Path, kill_points: list[int], trainer_args: list[str]) -> dict[int
     import trainer.train  # noqa: F401  (what every child needs, imported before the forks)
     from trainer.__main__ import main
 
+    # torch.optim imports torch._dynamo on first use: ~2 s of CPU that every child would repeat.
+    torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
+
     statuses = {}
     for n in kill_points:
         d = base / str(n)

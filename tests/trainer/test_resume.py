@@ -318,7 +318,8 @@ def test_sigkill_anywhere_inside_a_checkpoint_write_leaves_the_newest_complete_o
     while len(picks) < kills:
         picks += [pool.pop() for pool in pools.values() if pool][: kills - len(picks)]
 
-    killed = run(_killpoints("run", str(tmp_path), *map(str, picks), "--", *trainer_args))
+    kill_runs = _killpoints("run", str(tmp_path), *map(str, picks), "--", *trainer_args)
+    killed = run(kill_runs, timeout=600)
     assert killed.rc == 0, killed.stderr[-2000:]
     statuses = {int(n): rc for n, rc in json.loads(killed.stdout).items()}
     # The next pods: one fresh process, started after every kill, opens each directory.
