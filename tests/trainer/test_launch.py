@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.trainer.conftest import (
@@ -14,6 +16,7 @@ from tests.trainer.conftest import (
     run_pods,
     torchrun_cmd,
     trainer_cmd,
+    trainjob_envs,
 )
 
 
@@ -138,3 +141,34 @@ def test_elastic_pods_rendezvous_through_torchrun(tmp_path) -> None:
     # Exactly one pod holds rank 0 and speaks; it saw a world of 2.
     starts = r0.of("start") + r1.of("start")
     assert len(starts) == 1 and starts[0]["world_size"] == 2
+
+
+def _check_pods(results, world_size: int) -> None:
+    """The pods of one job: all exit 0, and only the pod holding rank 0 prints events."""
+    assert [r.rc for r in results] == [0] * len(results), [r.stderr[-2000:] for r in results]
+    _check_completed(results[0], world_size)
+    assert all(r.events == [] for r in results[1:])
+
+
+@pytest.mark.slow
+def test_trainjob_two_pods_of_one_process(tmp_path) -> None:
+    """A Trainer v2 TrainJob: each pod gets only the five PET_ variables and no torchrun, so the
+    trainer must start torchrun itself (no RANK or WORLD_SIZE anywhere) and join one group."""
+    _check_pods(run_pods(trainjob_envs(2, "1"), common_args(tmp_path)), world_size=2)
+
+
+@pytest.mark.slow
+def test_trainjob_two_pods_of_two_processes(tmp_path) -> None:
+    """numNodes=2, numProcPerNode=2: 4 ranks; node 1's pod holds ranks 2 and 3."""
+    envs = trainjob_envs(2, "2")
+    _check_pods(run_pods(envs, common_args(tmp_path, batch_size=4)), world_size=4)
+
+
+@pytest.mark.slow
+def test_trainjob_nproc_auto_on_a_cpu_host(tmp_path) -> None:
+    """numProcPerNode=auto reaches the pod as the word `auto`: torchrun's, one process per GPU
+    or, with none, per CPU the pod may run on (pinned to two here, whatever the host has)."""
+    cpus = set(sorted(os.sched_getaffinity(0))[:2])
+    (env,) = trainjob_envs(1, "auto")
+    r = run(trainer_cmd(*common_args(tmp_path)), env=env, cpus=cpus)
+    _check_completed(r, world_size=len(cpus))

@@ -182,6 +182,26 @@ def test_relaunch_decision_and_command(monkeypatch) -> None:
     assert needs_torchrun() and "--nproc-per-node gpu" in " ".join(torchrun_argv([]))
 
 
+def test_trainjob_pod_relaunches_with_the_pet_master(monkeypatch) -> None:
+    """A TrainJob pod has only PET_* (no MASTER_ADDR, RANK, WORLD_SIZE): even one process per
+    pod goes through torchrun, pointed at PET_MASTER_ADDR/PORT, not at a default."""
+    for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PET_NNODES", "3")
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "1")
+    monkeypatch.setenv("PET_NODE_RANK", "2")
+    monkeypatch.setenv("PET_MASTER_ADDR", "tj-node-0-0.tj")
+    monkeypatch.setenv("PET_MASTER_PORT", "29500")
+    assert needs_torchrun()
+    assert " ".join(torchrun_argv(["lr=1e-3"])[3:]) == (
+        "--nnodes 3 --node-rank 2 --nproc-per-node 1 --master-addr tj-node-0-0.tj "
+        "--master-port 29500 -m trainer lr=1e-3"
+    )
+    monkeypatch.setenv("LOCAL_RANK", "0")  # torchrun's workers: no second relaunch
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert not needs_torchrun()
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models on a shared 2-core machine: threads only add hand-off overhead."""
