@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -172,3 +174,30 @@ def test_trainjob_nproc_auto_on_a_cpu_host(tmp_path) -> None:
     (env,) = trainjob_envs(1, "auto")
     r = run(trainer_cmd(*common_args(tmp_path)), env=env, cpus=cpus)
     _check_completed(r, world_size=len(cpus))
+
+
+@pytest.mark.slow
+def test_accelerate_launch_multi_gpu_two_processes(tmp_path) -> None:
+    """`accelerate launch --multi_gpu` runs torchrun underneath: the same per-process env."""
+    accelerate = Path(sys.executable).parent / "accelerate"
+    cmd = [
+        str(accelerate),
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        "-m",
+        "trainer",
+        *common_args(tmp_path),
+    ]
+    # HF_HOME: no accelerate config of the developer's (default_config.yaml) changes the launch.
+    r = run(cmd, env=base_env(HF_HOME=str(tmp_path / "hf")))
+    _check_completed(r, world_size=2)
