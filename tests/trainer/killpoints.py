@@ -134,6 +134,8 @@ def run(base: Path, kill_points: list[int], trainer_args: list[str]) -> dict[int
 
     statuses = {}
     for n in kill_points:
+        # A child may use CUDA (a GPU host's RNG state) only if this parent never did.
+        assert not torch.cuda.is_initialized(), "CUDA cannot be used again in a forked child"
         d = base / str(n)
         d.mkdir(parents=True)
         pid = os.fork()

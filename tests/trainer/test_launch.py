@@ -172,6 +172,7 @@ def test_trainjob_nproc_auto_on_a_cpu_host(tmp_path) -> None:
     or, with none, per CPU the pod may run on (pinned to two here, whatever the host has)."""
     cpus = set(sorted(os.sched_getaffinity(0))[:2])
     (env,) = trainjob_envs(1, "auto")
+    env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU pod even on a GPU host, where auto counts GPUs
     r = run(trainer_cmd(*common_args(tmp_path)), env=env, cpus=cpus)
     _check_completed(r, world_size=len(cpus))
 
