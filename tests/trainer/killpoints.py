@@ -167,9 +167,7 @@ def load(keep: int, directories: list[str]) -> None:
                 files[p.name] = fingerprint(read(p))
             except Exception as e:  # a torn file under a checkpoint name: the test fails on it
                 files[p.name] = f"unreadable: {type(e).__name__}: {e}"
-        chosen = None if state is None else {"name": path.name, "step": state["step"]}
-        if chosen:
-            chosen["fingerprint"] = fingerprint(state)
+        chosen = state and {"name": path.name, "step": state["step"], "fp": fingerprint(state)}
         leftovers = sorted(p.name for p in Path(d).iterdir() if p.name not in files)
         print(
             json.dumps(

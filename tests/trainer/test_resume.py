@@ -349,5 +349,5 @@ def test_sigkill_anywhere_inside_a_checkpoint_write_leaves_the_newest_complete_o
         assert got["chosen"] == {
             "name": f"step_{newest:08d}.pt",
             "step": newest,
-            "fingerprint": states[newest],
+            "fp": states[newest],
         }, where
