@@ -46,6 +46,13 @@ def _check_completed(r, world_size: int) -> None:
     assert r.of("checkpoint")[-1]["step"] == 8
 
 
+def _check_pods(results, world_size: int) -> None:
+    """The pods of one job: all exit 0, and only the pod holding rank 0 (the first) prints."""
+    assert [r.rc for r in results] == [0] * len(results), [r.stderr[-2000:] for r in results]
+    _check_completed(results[0], world_size)
+    assert all(r.events == [] for r in results[1:])
+
+
 def test_standalone(tmp_path) -> None:
     _check_completed(run(trainer_cmd(*common_args(tmp_path))), world_size=1)
 
@@ -60,12 +67,7 @@ def test_kubeflow_env_two_pods(tmp_path) -> None:
     """Two "pods" with RANK 0/1, WORLD_SIZE 2, MASTER_ADDR 127.0.0.1 and no LOCAL_RANK."""
     env0 = kubeflow_env(nproc_per_node=1, world_size=2, rank=0)
     envs = [env0 | {"RANK": str(rank), "PET_NODE_RANK": str(rank)} for rank in (0, 1)]
-    r0, r1 = run_pods(envs, common_args(tmp_path), timeout=120)
-    assert [r0.rc, r1.rc] == [0, 0], r0.stderr[-2000:] + r1.stderr[-2000:]
-    assert r1.events == []  # rank 1 is silent on stdout
-    events = r0.events
-    assert events[0]["event"] == "start" and events[0]["world_size"] == 2
-    assert events[-1]["event"] == "done" and events[-1]["reason"] == "completed"
+    _check_pods(run_pods(envs, common_args(tmp_path), timeout=120), world_size=2)
 
 
 @pytest.mark.slow
@@ -119,12 +121,7 @@ def test_kubeflow_two_pods_of_two_processes(tmp_path) -> None:
     """nodes=2, nprocPerNode=2: each pod re-launches torchrun; 4 ranks join one group."""
     env0 = kubeflow_env(nproc_per_node=2, world_size=4, rank=0)
     envs = [env0 | {"RANK": str(node), "PET_NODE_RANK": str(node)} for node in (0, 1)]
-    r0, r1 = run_pods(envs, common_args(tmp_path, batch_size=4))
-    assert [r0.rc, r1.rc] == [0, 0], r0.stderr[-2000:] + r1.stderr[-2000:]
-    assert r1.events == []  # node 1 holds ranks 2 and 3: silent
-    events = r0.events
-    assert events[0]["event"] == "start" and events[0]["world_size"] == 4
-    assert events[-1]["event"] == "done" and events[-1]["reason"] == "completed"
+    _check_pods(run_pods(envs, common_args(tmp_path, batch_size=4)), world_size=4)
 
 
 @pytest.mark.slow
@@ -143,13 +140,6 @@ def test_elastic_pods_rendezvous_through_torchrun(tmp_path) -> None:
     # Exactly one pod holds rank 0 and speaks; it saw a world of 2.
     starts = r0.of("start") + r1.of("start")
     assert len(starts) == 1 and starts[0]["world_size"] == 2
-
-
-def _check_pods(results, world_size: int) -> None:
-    """The pods of one job: all exit 0, and only the pod holding rank 0 prints events."""
-    assert [r.rc for r in results] == [0] * len(results), [r.stderr[-2000:] for r in results]
-    _check_completed(results[0], world_size)
-    assert all(r.events == [] for r in results[1:])
 
 
 @pytest.mark.slow
