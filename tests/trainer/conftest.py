@@ -41,9 +41,9 @@ def trainer_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "trainer", *args]
 
 
-def torchrun_cmd(nproc: int, *args: str) -> list[str]:
+def torchrun_cmd(nproc: int, *args: str, python: str = sys.executable) -> list[str]:
     return [
-        sys.executable,
+        python,
         "-m",
         "torch.distributed.run",
         "--nproc-per-node",

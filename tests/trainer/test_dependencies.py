@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from tests.trainer.conftest import CPU, REPO, Result, base_env, free_port, parse_events
+from tests.trainer.conftest import CPU, REPO, Result, base_env, torchrun_cmd
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
@@ -158,18 +158,7 @@ def test_trainer_extra_alone_trains_two_ranks_in_a_clean_venv(tmp_path: Path) ->
             check=True,
         )
         assert where.stdout.startswith(str(venv)), where.stdout
-        cmd = [
-            py,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
-            "-m",
-            "trainer",
+        args = [
             "task=lm",  # its corpus is package data: the wheel must ship it
             "max_steps=4",
             "batch_size=4",
@@ -179,6 +168,7 @@ def test_trainer_extra_alone_trains_two_ranks_in_a_clean_venv(tmp_path: Path) ->
             f"checkpoint.dir={work / 'ckpt'}",
             *(f"{k}={v}" for k, v in CPU.items()),
         ]
+        cmd = torchrun_cmd(2, *args, python=py)
         p = subprocess.run(
             cmd, cwd=work, env=base_env(), capture_output=True, text=True, timeout=300
         )
@@ -187,7 +177,7 @@ def test_trainer_extra_alone_trains_two_ranks_in_a_clean_venv(tmp_path: Path) ->
         assert r.of("start")[0]["world_size"] == 2
         (done,) = r.of("done")
         assert done["reason"] == "completed" and done["step"] == 4
-        assert parse_events(r.stdout)[-1]["event"] == "done"
+        assert r.events[-1]["event"] == "done"
         assert (work / "ckpt" / "step_00000004.pt").is_file()
     finally:
         shutil.rmtree(venv, ignore_errors=True)  # several GiB of torch and CUDA wheels

@@ -187,11 +187,15 @@ def test_trainjob_pod_relaunches_with_the_pet_master(monkeypatch) -> None:
     pod goes through torchrun, pointed at PET_MASTER_ADDR/PORT, not at a default."""
     for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("PET_NNODES", "3")
-    monkeypatch.setenv("PET_NPROC_PER_NODE", "1")
-    monkeypatch.setenv("PET_NODE_RANK", "2")
-    monkeypatch.setenv("PET_MASTER_ADDR", "tj-node-0-0.tj")
-    monkeypatch.setenv("PET_MASTER_PORT", "29500")
+    trainjob = {
+        "PET_NNODES": "3",
+        "PET_NPROC_PER_NODE": "1",
+        "PET_NODE_RANK": "2",
+        "PET_MASTER_ADDR": "tj-node-0-0.tj",
+        "PET_MASTER_PORT": "29500",
+    }
+    for name, value in trainjob.items():
+        monkeypatch.setenv(name, value)
     assert needs_torchrun()
     assert " ".join(torchrun_argv(["lr=1e-3"])[3:]) == (
         "--nnodes 3 --node-rank 2 --nproc-per-node 1 --master-addr tj-node-0-0.tj "
