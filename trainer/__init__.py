@@ -2,7 +2,7 @@
 
 Modules, in the order a run uses them:
 
-- ``__main__``     CLI, exit codes, re-launch under torchrun inside a multi-process Kubeflow pod
+- ``__main__``     CLI, exit codes, re-launch under torchrun in a Kubeflow pod that needs it
 - ``config``       TrainConfig (pydantic, no torch): the one schema of a run
 - ``distributed``  the launcher's env -> rank/device/process group; small collective helpers
 - ``tasks/``       the Task protocol, built-in ``vision`` and ``lm``, loading ``pkg.mod:factory``

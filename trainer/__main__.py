@@ -4,8 +4,11 @@ Runbook::
 
     python -m trainer max_steps=100                                  # one process (CPU or 1 GPU)
     torchrun --nproc-per-node 2 -m trainer task=lm                   # N processes on one machine
-    # A Kubeflow PyTorchJob pod runs exactly `python -m trainer key=value ...`: with
-    # nprocPerNode > 1 it re-launches itself under torchrun (one process per GPU).
+    accelerate launch --multi_gpu --num_processes 2 -m trainer       # the same, through accelerate
+    # A Kubeflow pod runs exactly `python -m trainer key=value ...`. In a PyTorchJob with
+    # nprocPerNode > 1 (or an elastic one) it re-launches itself under torchrun (one process per
+    # GPU). In a Trainer v2 TrainJob, which sets only PET_NNODES, PET_NPROC_PER_NODE (a count or
+    # auto), PET_NODE_RANK and PET_MASTER_ADDR/PORT and starts no torchrun, it always does.
 
 Exit codes: 0 done, 1 failure (NaN/inf loss, an exception), 2 bad configuration,
 138 a peer rank was lost (128 + SIGUSR1: the operator's code for a user-defined retryable

@@ -10,28 +10,22 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import numpy as np  # declared in ddpjob[trainer]: tasks and augmentations may draw from it
 import torch
-
-try:  # numpy is optional for the trainer, but tasks may draw from it
-    import numpy as np
-except ImportError:  # pragma: no cover
-    np = None
 
 
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (CPU and every CUDA device)."""
     random.seed(seed)
-    if np is not None:
-        np.random.seed(seed % 2**32)
+    np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
 
 
 def get_rng_state() -> dict[str, Any]:
     """This process's generator states, in types ``torch.load(weights_only=True)`` accepts."""
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if np is not None:
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
-        state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached)
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached)
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -41,7 +35,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
     """Restore what :func:`get_rng_state` captured."""
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
-    if np is not None and "numpy" in state:
+    if "numpy" in state:  # absent from checkpoints written without numpy
         kind, keys, pos, has_gauss, cached = state["numpy"]
         np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
     if "cuda" in state and torch.cuda.is_available():

@@ -4,7 +4,7 @@ Runbook (all of these run the same code; see trainer/__main__.py for the launch 
 
     python -m trainer task=vision max_steps=200                     # one process
     torchrun --nproc-per-node 2 -m trainer task=lm batch_size=16    # two ranks, one machine
-    python -m trainer --config run.yaml lr=3e-4                     # inside a PyTorchJob pod
+    python -m trainer --config run.yaml lr=3e-4                     # in a PyTorchJob/TrainJob pod
 
 Per optimizer step: ``grad_accum`` micro-batches (all but the last under ``no_sync``, so DDP
 all-reduces gradients once, and the step's [loss, stop flag] ride along in its last bucket so

@@ -22,13 +22,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_LAUNCHER_PREFIXES = ("PET_", "TORCHELASTIC_")
+
+
 def base_env(**extra: str) -> dict[str, str]:
     """The parent's env minus any launcher variables, plus ``extra``."""
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-        and not k.startswith(("PET_", "TORCHELASTIC_"))
+        if k not in _LAUNCHER_VARS and not k.startswith(_LAUNCHER_PREFIXES)
     }
     env |= {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
     return env
@@ -38,9 +41,9 @@ def trainer_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "trainer", *args]
 
 
-def torchrun_cmd(nproc: int, *args: str) -> list[str]:
+def torchrun_cmd(nproc: int, *args: str, python: str = sys.executable) -> list[str]:
     return [
-        sys.executable,
+        python,
         "-m",
         "torch.distributed.run",
         "--nproc-per-node",
@@ -68,6 +71,36 @@ def kubeflow_env(nproc_per_node: int, world_size: int, rank: int = 0) -> dict[st
     )
 
 
+# What Kubeflow Trainer v2's torch plugin injects into a TrainJob's `node` container, and nothing
+# else: no MASTER_ADDR, RANK, WORLD_SIZE or LOCAL_RANK, and no torchrun started.
+TRAINJOB_VARS = {
+    "PET_NNODES",
+    "PET_NPROC_PER_NODE",
+    "PET_NODE_RANK",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+}
+
+
+def trainjob_envs(nnodes: int, nproc_per_node: str) -> list[dict[str, str]]:
+    """The env of each of a TrainJob's ``nnodes`` pods (``PET_MASTER_ADDR`` is rank 0's pod)."""
+    port = str(free_port())
+    envs = [
+        base_env(
+            PET_NNODES=str(nnodes),
+            PET_NPROC_PER_NODE=nproc_per_node,
+            PET_NODE_RANK=str(node),
+            PET_MASTER_ADDR="127.0.0.1",
+            PET_MASTER_PORT=port,
+        )
+        for node in range(nnodes)
+    ]
+    for env in envs:  # exactly the five, nothing else a launcher would set
+        launcher = {k for k in env if k in _LAUNCHER_VARS or k.startswith(_LAUNCHER_PREFIXES)}
+        assert launcher == TRAINJOB_VARS, launcher
+    return envs
+
+
 @dataclass
 class Result:
     rc: int
@@ -86,9 +119,21 @@ def parse_events(stdout: str) -> list[dict]:
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
-def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 120) -> Result:
+def run(
+    cmd: list[str],
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    cpus: set[int] | None = None,
+) -> Result:
+    """Run ``cmd`` to the end; ``cpus`` pins it (and its children) to those CPUs."""
     p = subprocess.run(
-        cmd, cwd=REPO, env=env or base_env(), capture_output=True, text=True, timeout=timeout
+        cmd,
+        cwd=REPO,
+        env=env or base_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
     )
     return Result(p.returncode, p.stdout, p.stderr)
 
@@ -113,9 +158,15 @@ def run_pods(envs: list[dict[str, str]], args: list[str], timeout: float = 180) 
     return results
 
 
+# These tests mean CPU and gloo: on a GPU host `auto` would put every rank of a one-host job on
+# the GPUs (two ranks on one GPU fail under NCCL), and GPU numerics differ from what they pin.
+CPU = {"device": "cpu", "backend": "gloo"}
+
+
 def common_args(tmp: Path, **overrides) -> list[str]:
-    """A fast run of the test task, checkpointing into ``tmp``."""
+    """A fast run of the test task on CPU, checkpointing into ``tmp``."""
     args = {
+        **CPU,
         "task": TEST_TASK,
         "max_steps": 8,
         "batch_size": 8,

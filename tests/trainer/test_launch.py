@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
 
 from tests.trainer.conftest import (
+    CPU,
     base_env,
     common_args,
     free_port,
@@ -13,6 +18,7 @@ from tests.trainer.conftest import (
     run_pods,
     torchrun_cmd,
     trainer_cmd,
+    trainjob_envs,
 )
 
 
@@ -40,6 +46,13 @@ def _check_completed(r, world_size: int) -> None:
     assert r.of("checkpoint")[-1]["step"] == 8
 
 
+def _check_pods(results, world_size: int) -> None:
+    """The pods of one job: all exit 0, and only the pod holding rank 0 (the first) prints."""
+    assert [r.rc for r in results] == [0] * len(results), [r.stderr[-2000:] for r in results]
+    _check_completed(results[0], world_size)
+    assert all(r.events == [] for r in results[1:])
+
+
 def test_standalone(tmp_path) -> None:
     _check_completed(run(trainer_cmd(*common_args(tmp_path))), world_size=1)
 
@@ -54,12 +67,7 @@ def test_kubeflow_env_two_pods(tmp_path) -> None:
     """Two "pods" with RANK 0/1, WORLD_SIZE 2, MASTER_ADDR 127.0.0.1 and no LOCAL_RANK."""
     env0 = kubeflow_env(nproc_per_node=1, world_size=2, rank=0)
     envs = [env0 | {"RANK": str(rank), "PET_NODE_RANK": str(rank)} for rank in (0, 1)]
-    r0, r1 = run_pods(envs, common_args(tmp_path), timeout=120)
-    assert [r0.rc, r1.rc] == [0, 0], r0.stderr[-2000:] + r1.stderr[-2000:]
-    assert r1.events == []  # rank 1 is silent on stdout
-    events = r0.events
-    assert events[0]["event"] == "start" and events[0]["world_size"] == 2
-    assert events[-1]["event"] == "done" and events[-1]["reason"] == "completed"
+    _check_pods(run_pods(envs, common_args(tmp_path), timeout=120), world_size=2)
 
 
 @pytest.mark.slow
@@ -96,6 +104,7 @@ def test_custom_task_plugin_from_the_command_line(tmp_path) -> None:
         trainer_cmd(
             "task=examples.custom_task.my_task:build",
             "task_args.hidden=16",
+            *(f"{k}={v}" for k, v in CPU.items()),
             "max_steps=4",
             "log_every=2",
             "progress=never",
@@ -112,12 +121,7 @@ def test_kubeflow_two_pods_of_two_processes(tmp_path) -> None:
     """nodes=2, nprocPerNode=2: each pod re-launches torchrun; 4 ranks join one group."""
     env0 = kubeflow_env(nproc_per_node=2, world_size=4, rank=0)
     envs = [env0 | {"RANK": str(node), "PET_NODE_RANK": str(node)} for node in (0, 1)]
-    r0, r1 = run_pods(envs, common_args(tmp_path, batch_size=4))
-    assert [r0.rc, r1.rc] == [0, 0], r0.stderr[-2000:] + r1.stderr[-2000:]
-    assert r1.events == []  # node 1 holds ranks 2 and 3: silent
-    events = r0.events
-    assert events[0]["event"] == "start" and events[0]["world_size"] == 4
-    assert events[-1]["event"] == "done" and events[-1]["reason"] == "completed"
+    _check_pods(run_pods(envs, common_args(tmp_path, batch_size=4)), world_size=4)
 
 
 @pytest.mark.slow
@@ -136,3 +140,55 @@ def test_elastic_pods_rendezvous_through_torchrun(tmp_path) -> None:
     # Exactly one pod holds rank 0 and speaks; it saw a world of 2.
     starts = r0.of("start") + r1.of("start")
     assert len(starts) == 1 and starts[0]["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_trainjob_two_pods_of_one_process(tmp_path) -> None:
+    """A Trainer v2 TrainJob: each pod gets only the five PET_ variables and no torchrun, so the
+    trainer must start torchrun itself (no RANK or WORLD_SIZE anywhere) and join one group."""
+    _check_pods(run_pods(trainjob_envs(2, "1"), common_args(tmp_path)), world_size=2)
+
+
+@pytest.mark.slow
+def test_trainjob_two_pods_of_two_processes(tmp_path) -> None:
+    """numNodes=2, numProcPerNode=2: 4 ranks; node 1's pod holds ranks 2 and 3."""
+    envs = trainjob_envs(2, "2")
+    _check_pods(run_pods(envs, common_args(tmp_path, batch_size=4)), world_size=4)
+
+
+@pytest.mark.slow
+def test_trainjob_nproc_auto_on_a_cpu_host(tmp_path) -> None:
+    """numProcPerNode=auto reaches the pod as the word `auto`: torchrun's, one process per GPU
+    or, with none, per CPU the pod may run on (pinned to two here, whatever the host has)."""
+    cpus = set(sorted(os.sched_getaffinity(0))[:2])
+    (env,) = trainjob_envs(1, "auto")
+    env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU pod even on a GPU host, where auto counts GPUs
+    r = run(trainer_cmd(*common_args(tmp_path)), env=env, cpus=cpus)
+    _check_completed(r, world_size=len(cpus))
+
+
+@pytest.mark.slow
+def test_accelerate_launch_multi_gpu_two_processes(tmp_path) -> None:
+    """`accelerate launch --multi_gpu` runs torchrun underneath: the same per-process env."""
+    accelerate = Path(sys.executable).parent / "accelerate"
+    cmd = [
+        str(accelerate),
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        "-m",
+        "trainer",
+        *common_args(tmp_path),
+    ]
+    # HF_HOME: no accelerate config of the developer's (default_config.yaml) changes the launch.
+    r = run(cmd, env=base_env(HF_HOME=str(tmp_path / "hf")))
+    _check_completed(r, world_size=2)

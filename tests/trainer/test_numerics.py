@@ -1,14 +1,22 @@
-"""Mixed precision, loss scaling, EMA, and what happens when the loss goes NaN."""
+"""Mixed precision, loss scaling, EMA, torch.compile, and what happens when the loss goes NaN."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.trainer.conftest import common_args, kubeflow_env, run, torchrun_cmd, trainer_cmd
+from tests.trainer.conftest import (
+    base_env,
+    common_args,
+    kubeflow_env,
+    run,
+    torchrun_cmd,
+    trainer_cmd,
+)
 
 
 def _last_ckpt(tmp: Path) -> dict:
@@ -134,3 +142,18 @@ def test_failure_exit_code_survives_the_kubeflow_relaunch(tmp_path: Path) -> Non
     assert r.rc == 1
     assert "step 2: loss is nan; stopping" in r.stdout
     assert r.of("done")[-1]["reason"] == "nonfinite"
+
+
+@pytest.mark.slow
+def test_compiled_model_trains_to_a_finite_loss(tmp_path: Path) -> None:
+    """compile=true for real: inductor compiles the model (its generated code lands in a fresh
+    cache, so nothing is reused from an earlier run) and two steps end at a finite loss."""
+    cache = tmp_path / "inductor"
+    args = common_args(tmp_path, compile="true", max_steps=2, log_every=1, eval_batches=1)
+    r = run(trainer_cmd(*args), env=base_env(TORCHINDUCTOR_CACHE_DIR=str(cache)), timeout=600)
+    assert r.rc == 0, r.stderr[-3000:]
+    assert r.of("start")[0]["config"]["compile"] is True
+    done = r.of("done")[-1]
+    assert done["reason"] == "completed" and done["step"] == 2
+    assert math.isfinite(done["loss"]) and all(math.isfinite(e["loss"]) for e in r.of("train"))
+    assert list(cache.rglob("*.py")), "inductor generated no code: the model was not compiled"

@@ -115,7 +115,8 @@ def test_checkpoint_falls_back_past_every_unreadable_file(tmp_path: Path) -> Non
     assert mgr.load("never") == (None, None, [])
 
 
-def test_events_are_single_line_json_with_nan_as_null() -> None:
+def test_events_are_single_line_json_with_nan_as_null(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # a host without NVML, even on a GPU host
     out = io.StringIO()
     rep = Reporter(True, 10, "auto", None, stream=out)
     rep.event("train", step=1, loss=float("nan"), lr=1e-3, nested={"x": float("inf")})
@@ -124,8 +125,37 @@ def test_events_are_single_line_json_with_nan_as_null() -> None:
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 and lines[1] == "a human line"
     event = json.loads(lines[0])
+    # No NVML: no GPU keys and no error.
     assert event == {"event": "train", "step": 1, "loss": None, "lr": 1e-3, "nested": {"x": None}}
-    assert "gpus" not in event  # no NVML on this machine: no GPU keys, no error
+
+
+def _nvml_gpu_count() -> int:
+    """How many GPUs NVML itself reports here; 0 where there is no driver (a CPU host)."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return 0
+    try:
+        return pynvml.nvmlDeviceGetCount()
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def test_train_events_carry_one_nvml_reading_per_gpu_of_the_host() -> None:
+    """Correct on both kinds of host: no `gpus` key without a driver, one reading per GPU with."""
+    out = io.StringIO()
+    Reporter(True, 10, "auto", None, stream=out).event("train", step=1)
+    event = json.loads(out.getvalue())
+    gpus = _nvml_gpu_count()
+    if gpus == 0:
+        assert "gpus" not in event
+        return
+    assert [g["index"] for g in event["gpus"]] == list(range(gpus))
+    for g in event["gpus"]:
+        assert 0 <= g["util_pct"] <= 100 and 0 <= g["mem_used_gib"] <= g["mem_total_gib"] > 0
+        assert g["temp_c"] > 0 and g["power_w"] > 0
 
 
 def test_relaunch_decision_and_command(monkeypatch) -> None:
@@ -150,6 +180,30 @@ def test_relaunch_decision_and_command(monkeypatch) -> None:
     assert not needs_torchrun()
     monkeypatch.setenv("PET_NPROC_PER_NODE", "gpu")  # torchrun resolves it: one per GPU
     assert needs_torchrun() and "--nproc-per-node gpu" in " ".join(torchrun_argv([]))
+
+
+def test_trainjob_pod_relaunches_with_the_pet_master(monkeypatch) -> None:
+    """A TrainJob pod has only PET_* (no MASTER_ADDR, RANK, WORLD_SIZE): even one process per
+    pod goes through torchrun, pointed at PET_MASTER_ADDR/PORT, not at a default."""
+    for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    trainjob = {
+        "PET_NNODES": "3",
+        "PET_NPROC_PER_NODE": "1",
+        "PET_NODE_RANK": "2",
+        "PET_MASTER_ADDR": "tj-node-0-0.tj",
+        "PET_MASTER_PORT": "29500",
+    }
+    for name, value in trainjob.items():
+        monkeypatch.setenv(name, value)
+    assert needs_torchrun()
+    assert " ".join(torchrun_argv(["lr=1e-3"])[3:]) == (
+        "--nnodes 3 --node-rank 2 --nproc-per-node 1 --master-addr tj-node-0-0.tj "
+        "--master-port 29500 -m trainer lr=1e-3"
+    )
+    monkeypatch.setenv("LOCAL_RANK", "0")  # torchrun's workers: no second relaunch
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert not needs_torchrun()
 
 
 @pytest.fixture

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import random
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -82,7 +85,14 @@ def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(tmp_path: Path) ->
             p.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
     assert seen[-1]["step"] == n
-    assert not any(e["event"] == "done" for e in seen)
+    # The kill landed mid-run, or the resume below would prove nothing: the launcher died of
+    # SIGKILL (not an exit of its own), only the step-n checkpoint exists, and no rank got
+    # through all of its micro-batches.
+    assert proc.returncode == -signal.SIGKILL
+    ckpts = sorted(p.name for p in (tmp_path / "resumed" / "ckpt").glob("step_*.pt"))
+    assert ckpts == [f"step_{n:08d}.pt"]
+    for rank in (0, 1):
+        assert n * accum <= len(_records(tmp_path / "resumed" / "rec", rank)) < 2 * n * accum
 
     resumed = run(torchrun_cmd(2, *args("resumed")))
     assert resumed.rc == 0, resumed.stderr[-2000:]
@@ -138,10 +148,13 @@ def test_sigterm_checkpoints_exits_143_and_rerun_resumes(tmp_path: Path) -> None
     assert 3 <= ckpt["step"] == done["step"] < 200
     assert Path(ckpt["path"]).is_file()
 
-    rerun = run(trainer_cmd(*common_args(tmp_path, max_steps=ckpt["step"] + 2)), env=env)
+    # log_every=1: one train event per step, whatever the parity of the preempted step (with
+    # log_every=2 an odd step would also log the step after it).
+    rerun_args = common_args(tmp_path, max_steps=ckpt["step"] + 2, log_every=1)
+    rerun = run(trainer_cmd(*rerun_args), env=env)
     assert rerun.rc == 0, rerun.stderr[-2000:]
     assert rerun.of("resume")[0]["step"] == ckpt["step"]
-    assert [e["step"] for e in rerun.of("train")] == [ckpt["step"] + 2]
+    assert [e["step"] for e in rerun.of("train")] == [ckpt["step"] + 1, ckpt["step"] + 2]
 
 
 def test_sigterm_standalone_exits_143(tmp_path: Path) -> None:
@@ -255,3 +268,86 @@ def test_a_lost_peer_under_the_torchrun_relaunch_still_exits_138(tmp_path: Path)
     max(trainers, key=lambda c: c.pid).kill()
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 138, err[-3000:]
+
+
+def _killpoints(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tests.trainer.killpoints", *args]
+
+
+def _read_kill_log(path: Path) -> tuple[list[tuple[int, int, str]], dict[int, str]]:
+    """The points a run passed, as (n, step, kind), and each saved step's fingerprint."""
+    points, states = [], {}
+    for line in path.read_text().splitlines():
+        word, *fields = line.split()
+        if word == "point":
+            points.append((int(fields[0]), int(fields[1]), fields[2]))
+        else:
+            states[int(fields[0])] = fields[1]
+    return points, states
+
+
+@pytest.mark.slow
+def test_sigkill_anywhere_inside_a_checkpoint_write_leaves_the_newest_complete_one(
+    tmp_path: Path,
+) -> None:
+    """The checkpoint promise, tested with real kills: a trainer SIGKILLed at 20 random points
+    inside its checkpoint writes (mid-chunk, before/after fsync, around the rename, while
+    pruning), then a fresh process opens each directory as a restarted pod would. It must load
+    the newest checkpoint whose write completed, intact, and the kill must have lost none of the
+    last ``keep`` good ones."""
+    keep, kills = 2, 20
+    seed = int(os.environ.get("DDPJOB_KILL_SEED", time.time_ns() % 2**32))  # replay a failure
+
+    extra = {"checkpoint.every_steps": 1, "checkpoint.keep": keep, "eval_batches": 1}
+    trainer_args = common_args(tmp_path, max_steps=5, log_every=100, **extra)
+
+    # A full run counts the points (identical in every run: same data, same state sizes).
+    dry = run(_killpoints("run", str(tmp_path), "0", "--", *trainer_args))
+    assert dry.rc == 0 and json.loads(dry.stdout) == {"0": 0}, dry.stderr[-2000:]
+    plan, _ = _read_kill_log(tmp_path / "0" / "log")
+    by_kind: dict[str, list[int]] = {}
+    for n, _step, kind in plan:
+        by_kind.setdefault(kind, []).append(n)
+    assert set(by_kind) == {"write", "write_half", "fsync", "replace", "replaced", "unlink"}
+    assert len(by_kind["replaced"]) == 5 and len(by_kind["write"]) >= 5 * 4  # files, not a stub
+    # Random points taken from each kind in turn: the few points around the rename are hit as
+    # often as the hundreds of data writes (each kind at least 3 times).
+    rng = random.Random(seed)
+    pools = {kind: rng.sample(ns, len(ns)) for kind, ns in sorted(by_kind.items())}
+    picks: list[int] = []
+    while len(picks) < kills:
+        picks += [pool.pop() for pool in pools.values() if pool][: kills - len(picks)]
+
+    kill_runs = _killpoints("run", str(tmp_path), *map(str, picks), "--", *trainer_args)
+    killed = run(kill_runs, timeout=600)
+    assert killed.rc == 0, killed.stderr[-2000:]
+    statuses = {int(n): rc for n, rc in json.loads(killed.stdout).items()}
+    # The next pods: one fresh process, started after every kill, opens each directory.
+    loaded = run(_killpoints("load", str(keep), *(str(tmp_path / str(n) / "ckpt") for n in picks)))
+    assert loaded.rc == 0, loaded.stderr[-2000:]
+    after = {Path(o["dir"]).parent.name: o for o in map(json.loads, loaded.stdout.splitlines())}
+
+    for n in sorted(picks):
+        _, step, kind = plan[n - 1]
+        where = f"seed {seed}, killed at point {n} (step {step}, {kind})"
+        out = (tmp_path / str(n) / "out").read_text()
+        assert statuses[n] == -signal.SIGKILL, f"{where}: {out[-2000:]}"
+        passed, states = _read_kill_log(tmp_path / str(n) / "log")
+        assert passed[-1] == plan[n - 1], where  # it died exactly there
+        completed = [s for _, s, k in passed if k == "replaced"]
+        got = after[str(n)]
+        assert got["skipped"] == [], where  # no torn file ever stood under a checkpoint name
+        on_disk = {int(name[5:13]): fp for name, fp in got["files"].items()}
+        assert set(on_disk) <= set(completed), where
+        assert set(completed[-keep:]) <= set(on_disk), f"{where}: a good checkpoint was lost"
+        assert all(on_disk[s] == states[s] for s in on_disk), f"{where}: {got['files']}"
+        assert got["other"] == [], where  # the restart removed the dead writer's temp file
+        if not completed:
+            assert got["chosen"] is None, where
+            continue
+        newest = completed[-1]
+        assert got["chosen"] == {
+            "name": f"step_{newest:08d}.pt",
+            "step": newest,
+            "fp": states[newest],
+        }, where
