@@ -1,6 +1,6 @@
 """Who am I in the job: read the launcher's environment, set up and tear down the process group.
 
-Four launchers, one contract (see ARCHITECTURE.md, "The launcher contracts"):
+Four launchers, one contract (see docs/architecture.md, "The launcher contracts"):
 
 - nothing at all: one process, world size 1, no process group;
 - torchrun (or ``accelerate launch --multi_gpu``, which runs torchrun): RANK, LOCAL_RANK,

@@ -1,6 +1,6 @@
 """What rank 0 tells the world: JSON-lines events on stdout, a tqdm bar, NVML, TensorBoard.
 
-The events are the trainer's stdout contract with the controller (ARCHITECTURE.md): one JSON
+The events are the trainer's stdout contract with the controller (docs/architecture.md): one JSON
 object per line with an ``"event"`` key, flushed immediately. Keys are added, never renamed.
 Only rank 0 emits; on other ranks every method is a no-op, so the loop needs no ``if rank``.
 """
