@@ -1,14 +1,18 @@
-"""Container images for the local cluster, built on this machine: no registry, no Docker daemon.
+"""Container images built on this machine (no registry, no Docker daemon), and into containerd.
 
-    pause_image()    localhost/pause:<tag>      Kubernetes' pause.c, static, FROM scratch, uid 65535
-    init_image()     localhost/busybox:<ver>    Debian's busybox-static, FROM scratch: the training
-                                                operator's worker init container (sh, seq, nslookup)
+    pause_image()      localhost/pause:<tag>: Kubernetes' pause.c, static, FROM scratch, uid 65535
+    init_image()       localhost/busybox:<version>: busybox-static FROM scratch, for the training
+                       operator's worker init container (sh, seq, nslookup)
+    base_image()       localhost/torch-base:<torch>: the local stand-in for the trainer's base
+    trainer_image()    localhost/ddpjob-trainer:dev-<checkout>: the Dockerfile, for the cluster
+    build_trainer(ref) what `make image` runs when no Docker daemon answers
     import_into_containerd(ref, address, namespace="k8s.io")
 
 Each ``*_image()`` builds with podman when the image is missing or its inputs changed, and returns
 the full reference (never ``:latest``, which would make the kubelet pull). The inputs are hashed
 into the label ``io.ddpjob.inputs``, so a second call builds nothing. podman runs with
-``localkube/containers.conf`` (runc, no default ulimits: see that file).
+``localkube/containers.conf`` (runc, no default ulimits: see that file). docs/image.md has the
+why: the base rule, the stand-in's differences from upstream, buildah's cache bugs.
 
 ``import_into_containerd`` copies a podman image into a containerd and sends only what that
 containerd lacks: the layers it already holds (the multi-GB torch layer of the trainer image)
@@ -16,7 +20,8 @@ become sparse placeholders in a temporary OCI layout, so skopeo skips them and `
 import`` gets an archive with the new layers only. Same image ID already there: nothing to do.
 Nothing there yet: skopeo's docker-archive streams straight into ``ctr images import``.
 
-    python -m localkube.images pause|init
+    python -m localkube.images pause|init|base|wheelhouse|cluster-trainer
+    python -m localkube.images trainer --ref IMAGE:TAG [--version V] [--base REF] [--dry-run]
     python -m localkube.images import REF --address /run/.../containerd.sock [--namespace k8s.io]
 """
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -114,7 +120,8 @@ def _run(
     env: dict[str, str] | None = None,
     hint: str = "",
 ) -> str:
-    """Run ``argv``; return its stdout. With ``log``, stream stdout+stderr there as it comes.
+    """Run ``argv``; return its stdout. With ``log``, stream stdout+stderr there as it comes
+    (and return the last 40 lines of them).
 
     On failure raise :class:`ImageError` with the command, exit status and the output's tail.
     """
@@ -204,11 +211,7 @@ def _podman_build(
     args: Sequence[str] = (),
     log,
 ) -> str:
-    """``podman build`` ``context`` into ``ref`` labelled with ``inputs``; return the image ID.
-
-    The image that held ``ref`` before is removed when nothing else uses it (no dangling
-    7 GB bases after a rebuild); podman refuses, and we carry on, when it is still in use.
-    """
+    """``podman build`` ``context`` into ``ref`` labelled with ``inputs``; return the image ID."""
     _require("podman", "Install podman and buildah: `make node-deps` (root, apt).")
     old = inspect(ref)
     with tempfile.TemporaryDirectory(prefix="ddpjob-iid-") as tmp:
@@ -229,11 +232,17 @@ def _podman_build(
         ]
         _run(argv, log=log)
         image_id = iidfile.read_text().strip().removeprefix("sha256:")
-    if old and old["Id"] != image_id:
+    _remove_replaced(old, image_id)
+    return image_id
+
+
+def _remove_replaced(old: dict | None, new_id: str) -> None:
+    """Remove the image a rebuild took the tag from, unless something still uses it (podman
+    refuses then, and we carry on): no dangling 7 GB images after each rebuild."""
+    if old and old["Id"] != new_id:
         subprocess.run(
             ["podman", "rmi", old["Id"]], env=podman_env(), capture_output=True, check=False
         )
-    return image_id
 
 
 # --- pause ---------------------------------------------------------------------------------------
@@ -538,8 +547,10 @@ def base_image(log=sys.stderr) -> str:
     return ref
 
 
+@functools.lru_cache(maxsize=8)
 def registry_answers(ref: str, timeout_s: float = 30) -> tuple[bool, str]:
-    """Whether ``ref``'s registry serves its manifest now (``skopeo inspect``); and why not."""
+    """Whether ``ref``'s registry serves its manifest now (``skopeo inspect``), and why not;
+    asked once per process."""
     _require("skopeo", "Install it: `make node-deps` (root, apt).")
     try:
         proc = subprocess.run(
@@ -710,10 +721,7 @@ def trainer_image(log=sys.stderr) -> str:
             return ref
         old = inspect(ref)
         build_trainer(ref, base=base_ref, version="dev", log=log)
-        if old and old["Id"] != inspect(ref)["Id"]:
-            subprocess.run(
-                ["podman", "rmi", old["Id"]], env=podman_env(), capture_output=True, check=False
-            )
+        _remove_replaced(old, inspect(ref)["Id"])
     return ref
 
 
