@@ -8,12 +8,24 @@ IMAGE ?= ghcr.io/ddpjob/trainer
 TAG ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 SPEC ?= examples/quickstart.yaml
 # What the local cluster's real node and the image build need from Debian (root, apt). runc, not
-# crun: crun refuses this kernel's hybrid cgroups. See docs/local-cluster.md.
+# crun: crun refuses this kernel's hybrid cgroups. See docs/local-cluster.md. busybox-static and
+# mksh (its static shell) make the operator's init container image (localkube/images.py).
 NODE_PACKAGES := containerd runc containernetworking-plugins iptables conntrack socat \
-	podman buildah skopeo mmdebstrap busybox-static uidmap
+	podman buildah skopeo mmdebstrap busybox-static mksh uidmap
 
-.PHONY: help node-deps venv demo test test-fast lint fmt generate image push cluster-up \
-	cluster-down tools kind-up e2e bench gpu-wheels gpu-dry-run
+# `make image`/`make push` build with docker where a daemon answers (`docker info`), else with
+# podman (localkube/images.py: the upstream base when it can be had, else the local stand-in).
+# Probed once, and only when one of them is asked for; CONTAINER_ENGINE=docker|podman overrides.
+ifneq ($(filter image push,$(MAKECMDGOALS)),)
+ifeq ($(origin CONTAINER_ENGINE),undefined)
+CONTAINER_ENGINE := $(shell docker info >/dev/null 2>&1 && echo docker || echo podman)
+endif
+endif
+# Another base with the same contract (python, pip, CUDA torch 2.8.0); empty = the Dockerfile's.
+BASE_IMAGE ?=
+
+.PHONY: help node-deps venv demo test test-fast lint fmt generate image base-image images push \
+	cluster-up cluster-down tools kind-up e2e bench gpu-wheels gpu-dry-run
 
 # First, so that a bare `make` lists the targets: each one's `## ...` comment is its description.
 help:  ## list the targets and what each does
@@ -31,9 +43,12 @@ $(STAMP): pyproject.toml
 demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 	$(PY) -m controller run $(SPEC) --local
 
-# `tools` first, so a cold machine's one-time Go build (about 20-25 min on 2 cores with Trainer v2
-# and JobSet) prints its progress outside pytest; on a warm machine it builds nothing.
-test: venv tools  ## the whole suite: unit, multi-process DDP, local control plane, end-to-end
+# `tools` and `images` first, so a cold machine's one-time builds (Go: about 20-25 min on 2 cores
+# with Trainer v2 and JobSet; the stand-in torch base: minutes) print their progress outside
+# pytest; on a warm machine they build nothing. Where the images cannot be built (no root or
+# podman), the image tests say why.
+test: venv tools  ## the whole suite: unit, multi-process DDP, local cluster, images, end-to-end
+	@$(MAKE) --no-print-directory images || echo "make test: images not built; see the image tests" >&2
 	$(PY) -m ruff check .
 	$(PY) -m pytest
 
@@ -100,12 +115,27 @@ gpu-wheels:  ## download into .whl/ the wheels a lent GPU machine lacks (docs/gp
 gpu-dry-run: venv  ## bench/gpu_check.py's harness on CPU: the real trainer runs, GPU checks skipped
 	$(PY) bench/gpu_check.py --cpu-dry-run --only fp32,bf16,fp16,resume --steps 8
 
-image:  ## build the CUDA trainer image (needs a Docker engine with BuildKit): make image IMAGE=... TAG=...
-	DOCKER_BUILDKIT=1 docker build \
+# With docker, exactly the build Docker users always had; with podman the same Dockerfile through
+# localkube.images (containers.conf, the host's CA and pip.conf for pip, SOURCE_DIGEST for
+# buildah's cache), which builds the stand-in base first when it has to.
+image: $(if $(filter podman,$(CONTAINER_ENGINE)),$(STAMP))  ## build the CUDA trainer image: make image IMAGE=... TAG=...
+ifeq ($(CONTAINER_ENGINE),docker)
+	DOCKER_BUILDKIT=1 docker build $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE) )\
 		--build-arg VERSION=$(TAG) \
 		--build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
 		--build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ) \
 		-t $(IMAGE):$(TAG) .
+else
+	$(PY) -m localkube.images trainer --ref $(IMAGE):$(TAG) --version $(TAG)$(if $(BASE_IMAGE), --base $(BASE_IMAGE))
+endif
 
-push: image  ## build, then push $(IMAGE):$(TAG) (run `docker login` for the registry first)
-	docker push $(IMAGE):$(TAG)
+base-image: venv  ## build the local stand-in for the trainer image's base (cached by its inputs)
+	$(PY) -m localkube.images base
+
+images: venv  ## build the local images into podman's store (stand-in base, pause, init); cached
+	$(PY) -m localkube.images base
+	$(PY) -m localkube.images pause
+	$(PY) -m localkube.images init
+
+push: image  ## build, then push $(IMAGE):$(TAG) (log in to the registry first)
+	$(CONTAINER_ENGINE) push $(IMAGE):$(TAG)
