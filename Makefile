@@ -8,11 +8,23 @@ IMAGE ?= ghcr.io/ddpjob/trainer
 TAG ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 SPEC ?= examples/quickstart.yaml
 # What the local cluster's real node and the image build need from Debian (root, apt). runc, not
-# crun: crun refuses this kernel's hybrid cgroups. See docs/local-cluster.md.
+# crun: crun refuses this kernel's hybrid cgroups. See docs/local-cluster.md. busybox-static and
+# mksh (its static shell) make the operator's init container image (localkube/images.py).
 NODE_PACKAGES := containerd runc containernetworking-plugins iptables conntrack socat \
-	podman buildah skopeo mmdebstrap busybox-static uidmap
+	podman buildah skopeo mmdebstrap busybox-static mksh uidmap
 
-.PHONY: help node-deps venv demo test test-fast lint fmt generate image push cluster-up \
+# `make image`/`make push` build with docker where a daemon answers (`docker info`), else with
+# podman (localkube/images.py: the upstream base when it can be had, else the local stand-in).
+# Probed once, and only when one of them is asked for; CONTAINER_ENGINE=docker|podman overrides.
+ifneq ($(filter image push,$(MAKECMDGOALS)),)
+ifeq ($(origin CONTAINER_ENGINE),undefined)
+CONTAINER_ENGINE := $(shell docker info >/dev/null 2>&1 && echo docker || echo podman)
+endif
+endif
+# Another base with the same contract (python, pip, CUDA torch 2.8.0); empty = the Dockerfile's.
+BASE_IMAGE ?=
+
+.PHONY: help node-deps venv demo test test-fast lint fmt generate image base-image push cluster-up \
 	cluster-down tools kind-up e2e bench gpu-wheels gpu-dry-run
 
 # First, so that a bare `make` lists the targets: each one's `## ...` comment is its description.
@@ -100,12 +112,22 @@ gpu-wheels:  ## download into .whl/ the wheels a lent GPU machine lacks (docs/gp
 gpu-dry-run: venv  ## bench/gpu_check.py's harness on CPU: the real trainer runs, GPU checks skipped
 	$(PY) bench/gpu_check.py --cpu-dry-run --only fp32,bf16,fp16,resume --steps 8
 
-image:  ## build the CUDA trainer image (needs a Docker engine with BuildKit): make image IMAGE=... TAG=...
-	DOCKER_BUILDKIT=1 docker build \
+# With docker, exactly the build Docker users always had; with podman the same Dockerfile through
+# localkube.images (containers.conf, the host's CA and pip.conf for pip, SOURCE_DIGEST for
+# buildah's cache), which builds the stand-in base first when it has to.
+image: $(if $(filter podman,$(CONTAINER_ENGINE)),$(STAMP))  ## build the CUDA trainer image: make image IMAGE=... TAG=...
+ifeq ($(CONTAINER_ENGINE),docker)
+	DOCKER_BUILDKIT=1 docker build $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE) )\
 		--build-arg VERSION=$(TAG) \
 		--build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
 		--build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ) \
 		-t $(IMAGE):$(TAG) .
+else
+	$(PY) -m localkube.images trainer --ref $(IMAGE):$(TAG) --version $(TAG)$(if $(BASE_IMAGE), --base $(BASE_IMAGE))
+endif
 
-push: image  ## build, then push $(IMAGE):$(TAG) (run `docker login` for the registry first)
-	docker push $(IMAGE):$(TAG)
+base-image: venv  ## build the local stand-in for the trainer image's base (cached by its inputs)
+	$(PY) -m localkube.images base
+
+push: image  ## build, then push $(IMAGE):$(TAG) (log in to the registry first)
+	$(CONTAINER_ENGINE) push $(IMAGE):$(TAG)
