@@ -169,7 +169,10 @@ def find_runs(engine: Engine, run_id: str | None = None) -> Found:
     those of ``run_id``)."""
     selector = f"{LABEL_RUN}={run_id}" if run_id else LABEL_RUN
     found = Found()
-    proc = engine.call("ps", "-a", "--filter", f"label={selector}", "--format", "json")
+    # podman: one JSON array; docker: `{{json .}}` is one object a line (its `--format json`
+    # needs docker 23).
+    fmt = "json" if engine.name == "podman" else "{{json .}}"
+    proc = engine.call("ps", "-a", "--filter", f"label={selector}", "--format", fmt)
     for item in _json_items(proc.stdout if proc.returncode == 0 else ""):
         labels = _labels(item.get("Labels"))
         names = item.get("Names")

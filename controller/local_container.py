@@ -31,6 +31,7 @@ runs whose controller is gone left behind; ``run --cleanup`` does only that.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -311,14 +312,23 @@ def hand_over(volumes: list[Mount], engine: Engine) -> Ownership:
     if (engine.name == "podman" and engine.rootless) or uid == TRAINER_UID or not writable:
         return own
     if uid == 0 and not engine.rootless:
+        try:
+            for d in writable:
+                chown_tree(d, TRAINER_UID, TRAINER_UID)
+            own.hand_back = writable
+            return own
+        except OSError:  # e.g. a root-squashed NFS: fall back to open modes below
+            give_back(Ownership(writable, uid, gid))
+    try:
         for d in writable:
-            chown_tree(d, TRAINER_UID, TRAINER_UID)
-        own.hand_back = writable
-        return own
-    for d in writable:
-        for parent, dirs, _ in os.walk(d):
-            for name in (".", *dirs):
-                os.chmod(os.path.join(parent, name), 0o777)
+            for parent, dirs, _ in os.walk(d):
+                for name in (".", *dirs):
+                    os.chmod(os.path.join(parent, name), 0o777)
+    except OSError as e:
+        raise UserError(
+            f"volumes: {e.filename} cannot be made writable for the image's uid {TRAINER_UID} "
+            f"(got {e.strerror}). Make it writable, or remove it and let the run create it"
+        ) from None
     own.after_note = (
         f"note: what the containers wrote in {', '.join(map(str, writable))} belongs to uid "
         f"{TRAINER_UID}, the image's user as {engine.name} maps it, not to you (uid {uid})"
@@ -327,8 +337,10 @@ def hand_over(volumes: list[Mount], engine: Engine) -> Ownership:
 
 
 def give_back(own: Ownership) -> None:
+    """chown -R the handed-over directories back to the invoker (as far as it goes)."""
     for d in own.hand_back:
-        chown_tree(d, own.uid, own.gid)
+        with contextlib.suppress(OSError):
+            chown_tree(d, own.uid, own.gid)
 
 
 # --------------------------------------------------------------------------------------------

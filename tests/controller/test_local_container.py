@@ -27,7 +27,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.engine import LABEL_JOB, LABEL_OWNER, LABEL_RUN, Engine, owner_id
+from controller.engine import (
+    LABEL_JOB,
+    LABEL_OWNER,
+    LABEL_RUN,
+    Engine,
+    find_runs,
+    owner_alive,
+    owner_id,
+)
 from controller.errors import UserError
 from controller.local_container import (
     Mount,
@@ -153,6 +161,77 @@ def test_a_checkpoint_dir_on_no_volume_is_noted(tmp_path):
     note = checkpoint_note(relative, "/workspace", [ckpt])
     assert note and "runs/x (/workspace/runs/x in the container) is on no volume" in note
     assert checkpoint_note(validate_spec(minimal(args=["x=1"])), "/workspace", []) is None
+
+
+def test_owners_are_alive_while_their_process_runs():
+    host = socket.gethostname()
+    assert owner_alive(owner_id())
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    assert not owner_alive(f"{host}/{dead.pid}/1")  # /proc has no such process
+    assert not owner_alive(f"{host}/{dead.pid}/0")  # no start time: kill(pid, 0) says so
+    assert not owner_alive(f"{host}/{os.getpid()}/1")  # our pid, another start: reused
+    assert owner_alive(f"another-host/{dead.pid}/1")  # not ours to judge
+    assert owner_alive("garbage")
+
+
+class _Canned(Engine):
+    """An engine whose listings are what the real CLIs print (docker cannot run here)."""
+
+    def __init__(self, name: str, outputs: dict[str, str]):
+        super().__init__(name, name)
+        object.__setattr__(self, "outputs", outputs)
+
+    def call(self, *args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+        key = " ".join(args[:2]) if args[0] == "network" else args[0]
+        return subprocess.CompletedProcess(args, 0, self.outputs.get(key, ""), "")
+
+
+def test_runs_are_found_in_podman_and_docker_listings():
+    podman_ps = json.dumps(
+        [
+            {"Names": ["a-r1"], "Labels": {LABEL_RUN: "r1", LABEL_OWNER: "h/1/2"}},
+            {"Names": ["b-r1"], "Labels": {LABEL_RUN: "r1", LABEL_OWNER: "h/1/2"}},
+        ]
+    )
+    podman_net = json.dumps([{"name": "ddpjob-x-r2", "labels": {LABEL_RUN: "r2"}}])
+    docker_ps = "\n".join(
+        json.dumps({"Names": n, "Labels": f"{LABEL_RUN}=r1,{LABEL_OWNER}=h/1/2"})
+        for n in ("a-r1", "b-r1")
+    )
+    docker_net = json.dumps([{"Name": "ddpjob-x-r2", "Labels": {LABEL_RUN: "r2"}}])
+
+    def nets(ids: str, inspect: str) -> dict[str, str]:
+        return {"network ls": ids + "\n", "network inspect": inspect}
+
+    for engine in (
+        _Canned("podman", {"ps": podman_ps, **nets("ddpjob-x-r2", podman_net)}),
+        _Canned("docker", {"ps": docker_ps, **nets("4f2a9c", docker_net)}),
+    ):
+        found = find_runs(engine)
+        assert found.containers == {"r1": ["a-r1", "b-r1"]}, engine.name
+        assert found.owners["r1"] == "h/1/2" and found.runs == ["r1", "r2"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["run", str(QUICKSTART), "--local", "--engine", "podman"],
+         "error: --engine: chooses the engine of --container runs (got --engine podman without "
+         "--container). Add --container, or leave --engine out"),
+        (["run", "--cleanup", str(QUICKSTART)],
+         f"error: run --cleanup: takes no SPEC (got {QUICKSTART}); it removes what any earlier "
+         "run --container left behind. Run `python -m controller run --cleanup` alone"),
+        (["run", "--local", "--container"],
+         "error: run: a SPEC is needed (got none). Run `python -m controller run SPEC --local "
+         "[--container]`"),
+    ],
+)  # fmt: skip
+def test_run_flags_that_do_not_fit_are_one_line(argv, expected, capsys):
+    from controller.cli.main import main
+
+    assert main(argv) == 2
+    assert capsys.readouterr().err == expected + "\n"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,6 +424,20 @@ def test_a_failing_node_is_explained_and_stops_the_other(image, tmp_path):
     marker = tmp_path / "runs" / "ct-fail" / "volumes" / "vol" / "rank0-got-sigterm"
     assert marker.read_text() == "SIGTERM"
     assert leftovers("ct-fail") == []
+
+
+@pytest.mark.slow
+def test_a_command_missing_from_the_image_is_explained(image, tmp_path):
+    spec = write(tmp_path, {"name": "ct-nocmd", "image": image, "command": ["no-such-program"],
+                            "args": []})  # fmt: skip
+    r = ddpjob("run", str(spec), "--local", "--container", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert "error: rank 0 exited with code 127 after " in r.stderr
+    assert "no-such-program" in r.stderr  # the engine's own line, among the last lines
+    assert r.stderr.rstrip().endswith(
+        "exit 127: the spec's command was not found in the image (check command:)"
+    )
+    assert leftovers("ct-nocmd") == []
 
 
 # Each node prints what its pod would see, as one JSON line.
