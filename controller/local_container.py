@@ -18,6 +18,10 @@ network of the run's own, each given what its pod would get:
 - GPUs when the spec asks: node i gets this machine's GPUs i*g .. i*g+g-1, as each pod gets its
   own (podman: CDI ``nvidia.com/gpu=<index>``, docker: ``--gpus device=...``).
 
+A PyTorchJob's workers start once the master's container runs (its name resolves from then on),
+as the operator's init container holds them until ``nslookup <name>-master-0`` answers; an
+elastic job's and a TrainJob's containers start together, as their pods do.
+
 Rank 0 drives the progress bar, every node's output goes to ``runs/<name>/logs/rank-<node>.log``,
 a failing node stops the others and is reported with its exit code and last lines, Ctrl-C or
 SIGTERM stops every container (SIGTERM to its PID 1, SIGKILL after the grace period): the same
@@ -491,9 +495,14 @@ class _ContainerRunner(_Runner):
         self.engine, self.boxes, self.argvs, self.client_env = engine, nodes, argvs, client_env
         self.stopper: threading.Thread | None = None
         self.killed = False
+        # A PyTorchJob's workers wait for the master (the operator's init container); an
+        # elastic job's and a TrainJob's pods start together and meet at the rendezvous.
+        self.master_first = spec.api == "pytorchjob" and not spec.elastic
 
     def start(self) -> None:
         for box, argv in zip(self.boxes, self.argvs, strict=True):
+            if box.index == 1 and self.master_first and not self._master_up():
+                return  # the master failed, or we were told to stop: start no more
             log_path = self.logs / f"rank-{box.index}.log"
             log = open(log_path, "wb")  # noqa: SIM115 - closed in wait()
             try:
@@ -516,6 +525,19 @@ class _ContainerRunner(_Runner):
             self._thread(self._watch, node)
             if box.index == 0:
                 self._thread(self._pump_rank0, node)
+
+    def _master_up(self) -> bool:
+        """Wait until the master's container runs (from then on its name resolves), as the
+        operator's init container holds each worker until ``<name>-master-0`` resolves."""
+        master, name = self.nodes[0], self.boxes[0].container
+        while not self.signalled and master.proc.poll() is None:
+            running = self.engine.call(
+                "container", "inspect", "--format", "{{.State.Running}}", name
+            )
+            if running.stdout.strip() == "true":
+                return True
+            time.sleep(0.2)
+        return not self.signalled and master.proc.poll() == 0
 
     def _terminate(self) -> None:
         # SIGTERM to each container's PID 1, as the kubelet sends it. A container still being
