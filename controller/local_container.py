@@ -363,20 +363,9 @@ def run_container(
     """Run ``spec``'s nodes as containers of its image; 0 when every node exits 0, 128+signal
     when stopped, JobFailed else. UserError (nothing started) for a missing engine, image,
     secret or GPU."""
-    out = out or sys.stdout
     say = _sayer(err or sys.stderr)
     extra_env = spec_env(spec)
-    chosen = find_engine(engine)
-    gpus = gpu_slices(spec, host_gpus() if spec.resources.gpus else 0)
-    if spec.resources.gpus and chosen.name == "podman":
-        check_cdi()
-    workdir = chosen.image_workdir(spec.image)
-    if workdir is None:
-        raise UserError(
-            f"image: {spec.image} is not among {chosen.name}'s local images (got no image by "
-            f"that name; nothing is pulled). Build it (`make image IMAGE=... TAG=...`) or "
-            f"`{chosen.name} pull {spec.image}`, or use another with --set image=REF"
-        )
+    chosen, gpus, workdir = _preflight(spec, engine)
     _say_reaped(reap(chosen), say)
 
     run_id = secrets.token_hex(3)
@@ -387,62 +376,35 @@ def run_container(
     volumes = mounts(spec, Path("runs") / spec.name / "volumes")
     for m in volumes:
         m.source.mkdir(parents=True, exist_ok=True)
-    own = hand_over(volumes, chosen)
-    janitor = Janitor(
-        {
-            "engine": {"name": chosen.name, "path": chosen.path, "rootless": chosen.rootless},
-            "containers": [b.container for b in nodes],
-            "networks": [network],
-            "grace_s": grace_s,
-            "hand_back": {"dirs": [str(d) for d in own.hand_back], "uid": own.uid, "gid": own.gid},
-        }
-    )
+    own, janitor = Ownership([], os.getuid(), os.getgid()), None
     try:
+        own = hand_over(volumes, chosen)
+        janitor = Janitor(
+            {
+                "engine": {"name": chosen.name, "path": chosen.path, "rootless": chosen.rootless},
+                "containers": [b.container for b in nodes],
+                "networks": [network],
+                "grace_s": grace_s,
+                "hand_back": {"dirs": [*map(str, own.hand_back)], "uid": own.uid, "gid": own.gid},
+            }
+        )
         owner = owner_id()
-        proc = chosen.call(
-            "network", "create", "--label", f"{LABEL_RUN}={run_id}",
-            "--label", f"{LABEL_OWNER}={owner}", "--label", f"{LABEL_JOB}={spec.name}", network,
-        )  # fmt: skip
-        if proc.returncode != 0:
-            raise EngineFailed(
-                f"run --container: {chosen.name} network create {network} failed (got "
-                f"{(proc.stderr or proc.stdout).strip()})"
-            )
-        secret_names = [k for k in spec.secret_env]
-        plain = {k: v for k, v in extra_env.items() if k not in spec.secret_env}
+        _create_network(chosen, network, run_id=run_id, owner=owner, job=spec.name)
+        secrets_ = {k: extra_env[k] for k in spec.secret_env}
+        plain = {k: v for k, v in extra_env.items() if k not in secrets_}
         host_cpus = os.cpu_count() or 1
         argvs = [
             run_argv(
                 chosen, spec, box, run_id=run_id, network=network, owner=owner,
-                env={**launcher_env(spec, box.index), **plain}, secret_names=secret_names,
+                env={**launcher_env(spec, box.index), **plain}, secret_names=[*secrets_],
                 volumes=volumes, gpus=gpus[box.index], cpus=cpus(spec, host_cpus),
             )
             for box in nodes
         ]  # fmt: skip
-        client_env = {**os.environ, **{k: extra_env[k] for k in secret_names}}
-
-        master = nodes[0].aliases[-1]
-        port = TRAINJOB_MASTER_PORT if spec.api == "trainjob" else PORT
-        say(
-            f"run --local --container {spec.name}: {spec.nodes} node(s) x "
-            f"{spec.nproc_per_node} process(es), world size {spec.world_size}, image "
-            f"{spec.image} ({chosen.name}{', rootless' if chosen.rootless else ''})"
-        )
-        say(
-            f"network {network}: {'rendezvous' if spec.elastic else 'master'} "
-            f"{master}:{port}; containers {', '.join(b.container for b in nodes)}"
-        )
-        if parse_quantity(spec.resources.cpu) > host_cpus:
-            say(f"cpu: {spec.resources.cpu} per node, capped at this machine's {host_cpus}")
-        for m in volumes:
-            mode = ", read-only" if m.read_only else ""
-            say(f"volume {m.volume}: {_shown(m.source)} at {m.target}{mode}")
-        note = checkpoint_note(spec, workdir, volumes)
-        if note:
-            say(note)
-        say(f"logs: {logs}/rank-{{0..{spec.nodes - 1}}}.log")
-
-        runner = _ContainerRunner(spec, chosen, nodes, argvs, client_env, logs, Progress(out))
+        _say_plan(say, spec, chosen, network, nodes, volumes, workdir, logs)
+        client_env = {**os.environ, **secrets_}  # `--env NAME` takes its value from here
+        progress = Progress(out or sys.stdout)
+        runner = _ContainerRunner(spec, chosen, nodes, argvs, client_env, logs, progress)
         with _signals_to(runner):
             runner.start()
             runner.wait(grace_s)
@@ -450,9 +412,71 @@ def run_container(
     finally:
         remove(chosen, [b.container for b in nodes], [network])
         give_back(own)
-        janitor.dismiss()
+        if janitor is not None:
+            janitor.dismiss()
         if own.after_note:
             say(own.after_note)
+
+
+def _preflight(spec: JobSpec, choice: str) -> tuple[Engine, list[list[int]], str]:
+    """The engine, each node's GPUs and the image's workdir; UserError before anything runs."""
+    engine = find_engine(choice)
+    gpus = gpu_slices(spec, host_gpus() if spec.resources.gpus else 0)
+    if spec.resources.gpus and engine.name == "podman":
+        check_cdi()
+    workdir = engine.image_workdir(spec.image)
+    if workdir is None:
+        raise UserError(
+            f"image: {spec.image} is not among {engine.name}'s local images (got no image by "
+            f"that name; nothing is pulled). Build it (`make image IMAGE=... TAG=...`) or "
+            f"`{engine.name} pull {spec.image}`, or use another with --set image=REF"
+        )
+    return engine, gpus, workdir
+
+
+def _create_network(engine: Engine, network: str, *, run_id: str, owner: str, job: str) -> None:
+    proc = engine.call(
+        "network", "create", "--label", f"{LABEL_RUN}={run_id}",
+        "--label", f"{LABEL_OWNER}={owner}", "--label", f"{LABEL_JOB}={job}", network,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise EngineFailed(
+            f"run --container: {engine.name} network create {network} failed (got "
+            f"{(proc.stderr or proc.stdout).strip()})"
+        )
+
+
+def _say_plan(
+    say: Any,
+    spec: JobSpec,
+    engine: Engine,
+    network: str,
+    nodes: list[Box],
+    volumes: list[Mount],
+    workdir: str,
+    logs: Path,
+) -> None:
+    """What the run is about to do, where its volumes and logs are: a few lines on stderr."""
+    port = TRAINJOB_MASTER_PORT if spec.api == "trainjob" else PORT
+    say(
+        f"run --local --container {spec.name}: {spec.nodes} node(s) x {spec.nproc_per_node} "
+        f"process(es), world size {spec.world_size}, image {spec.image} "
+        f"({engine.name}{', rootless' if engine.rootless else ''})"
+    )
+    say(
+        f"network {network}: {'rendezvous' if spec.elastic else 'master'} "
+        f"{nodes[0].aliases[-1]}:{port}; containers {', '.join(b.container for b in nodes)}"
+    )
+    host_cpus = os.cpu_count() or 1
+    if parse_quantity(spec.resources.cpu) > host_cpus:
+        say(f"cpu: {spec.resources.cpu} per node, capped at this machine's {host_cpus}")
+    for m in volumes:
+        mode = ", read-only" if m.read_only else ""
+        say(f"volume {m.volume}: {_shown(m.source)} at {m.target}{mode}")
+    note = checkpoint_note(spec, workdir, volumes)
+    if note:
+        say(note)
+    say(f"logs: {logs}/rank-{{0..{spec.nodes - 1}}}.log")
 
 
 def cleanup(engine: str = "auto", err: IO[str] | None = None) -> int:
