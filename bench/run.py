@@ -1,11 +1,12 @@
 """Run every benchmark, one after the other, each printing its own side-by-side ratios.
 
-    make bench                      # all four
-    python bench/run.py trainer     # just one: trainer, controller, cluster or image
+    make bench                      # all five
+    python bench/run.py trainer     # just one: trainer, controller, cluster, image or local
 
 The trainer bench needs only CPU; the cluster bench reuses a live `make cluster-up` or starts
-the local control plane itself; the image bench needs root, podman and containerd. Exit status:
-non-zero if any bench missed its target or failed.
+the local control plane itself; the image bench needs root, podman and containerd; the local
+bench builds the trainer image when it is stale. Exit status: non-zero if any bench missed its
+target or failed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ BENCHES = {
     "controller": HERE / "controller_bench.py",
     "cluster": HERE / "cluster_bench.py",
     "image": HERE / "image_bench.py",
+    "local": HERE / "local_bench.py",
 }
 
 

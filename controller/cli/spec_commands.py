@@ -1,4 +1,4 @@
-"""The commands on a spec, no cluster needed: validate, render, schema, run --local.
+"""The commands on a spec, no cluster needed: validate, render, schema, run --local [--container].
 
     python -m controller validate examples/quickstart.yaml
     python -m controller render examples/gpu.yaml | kubectl apply -f -
@@ -6,6 +6,7 @@
     python -m controller render examples/gpu.yaml --set api=trainjob   # a TrainJob instead
     python -m controller schema        # the spec's JSON Schema (make generate checks it in)
     python -m controller run examples/quickstart.yaml --local
+    python -m controller run examples/quickstart.yaml --local --container --set image=REF
 
 Start-up stays cheap: pydantic is imported when a spec is read, torch and the kubernetes client
 never by validate/render/help.
@@ -67,11 +68,35 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.cleanup:
+        if args.spec is not None:
+            raise UserError(
+                f"run --cleanup: takes no SPEC (got {args.spec}); it removes what any earlier "
+                f"run --container left behind. Run `{CLI} run --cleanup` alone"
+            )
+        from controller.local_container import cleanup
+
+        return cleanup(args.engine or "auto")
+    if args.spec is None:
+        raise UserError(
+            f"run: a SPEC is needed (got none). Run `{CLI} run SPEC --local [--container]`"
+        )
     if not args.local:
         raise UserError(
             f"run: only --local is supported here; to run on a cluster use `{CLI} submit SPEC`"
         )
+    if args.engine and not args.container:
+        raise UserError(
+            f"--engine: chooses the engine of --container runs (got --engine {args.engine} "
+            "without --container). Add --container, or leave --engine out"
+        )
     spec = load_spec(args.spec, args.set)
+    if args.container:
+        from controller.local_container import run_container
+
+        return run_container(
+            spec, engine=args.engine or "auto", logs_dir=args.logs_dir, grace_s=args.grace_s
+        )
     from controller.local import run_local
 
     return run_local(spec, logs_dir=args.logs_dir, grace_s=args.grace_s)
@@ -118,9 +143,35 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("schema", help="print the JSON Schema of the spec")
     p.set_defaults(func=cmd_schema)
 
-    p = spec_command("run", "run the job on this machine, one process per node")
+    p = sub.add_parser(
+        "run",
+        help="run the job on this machine: one process, or one container, per node",
+        description=(
+            "Run the job on this machine with the environment its operator would inject: one "
+            "process per node (--local), or one container of the spec's image per node "
+            "(--local --container, with docker or podman)."
+        ),
+    )
+    add_spec_argument(p, required=False)
     p.add_argument(
         "--local", action="store_true", help="run here (required; clusters use `submit`)"
+    )
+    p.add_argument(
+        "--container",
+        action="store_true",
+        help="with --local: each node as a container of the spec's image, on a network of its "
+        "own (docker where a daemon answers, else podman)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("auto", "docker", "podman"),
+        help="with --container: the container engine (default auto)",
+    )
+    p.add_argument(
+        "--cleanup",
+        action="store_true",
+        help="remove the containers and networks that --container runs whose controller was "
+        "killed left behind, then exit (no SPEC)",
     )
     p.add_argument(
         "--logs-dir",
