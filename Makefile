@@ -132,10 +132,11 @@ endif
 base-image: venv  ## build the local stand-in for the trainer image's base (cached by its inputs)
 	$(PY) -m localkube.images base
 
-images: venv  ## build the local images into podman's store (stand-in base, pause, init); cached
+images: venv  ## build the local images into podman's store (base, pause, init, trainer); cached
 	$(PY) -m localkube.images base
 	$(PY) -m localkube.images pause
 	$(PY) -m localkube.images init
+	$(PY) -m localkube.images cluster-trainer
 
 push: image  ## build, then push $(IMAGE):$(TAG) (log in to the registry first)
 	$(CONTAINER_ENGINE) push $(IMAGE):$(TAG)
