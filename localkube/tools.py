@@ -1,9 +1,11 @@
 """Build the Go components of the local control plane, pinned and cached outside the repo.
 
 Everything Go comes from one wrapper module (``localkube/go``) so that kube-apiserver,
-kube-controller-manager, kube-scheduler, etcd, kwok, the training operator and kubectl share one
-dependency graph and one link (a busybox-style multi-call binary ``kube``). helm is built from the
-same module graph, so the packages it shares with Kubernetes come from the Go build cache.
+kube-controller-manager, kube-scheduler, etcd, kwok, the training operator, kubectl and the kubelet
+share one dependency graph and one link (a busybox-style multi-call binary ``kube``). helm is
+built from the same module graph, so the packages it shares with Kubernetes come from the Go
+build cache. CoreDNS is a small module of its own (``go/coredns``): its kubernetes plugin needs
+the client-go it was released with.
 
 The tools folder is versioned by the pinned versions plus a hash of the wrapper's sources, so a
 second ``build()`` builds nothing and a change to the wrapper builds into a fresh folder.
@@ -28,6 +30,7 @@ VERSIONS = {
     "training-operator": "v1.9.2",
     "kwok": "v0.7.0",
     "helm": "v3.18.6",
+    "coredns": "v1.12.0",
 }
 
 GO_DIR = Path(__file__).resolve().parent / "go"
@@ -41,7 +44,12 @@ KUBE_COMPONENTS = (
     "kwok",
     "training-operator",
     "kubectl",
+    "kubelet",
+    "cri-reset",
 )
+
+#: Binaries of their own: name -> (module folder in go/, main package).
+OWN_BINARIES = {"helm": (".", "helm.sh/helm/v3/cmd/helm"), "coredns": ("coredns", ".")}
 
 #: Files copied out of the Go module cache, so that running the cluster needs no Go at all.
 MODULE_FILES = {
@@ -64,7 +72,9 @@ MODULE_FILES = {
 def _source_hash() -> str:
     """Return a short hash of the wrapper module's sources (go.mod, go.sum, *.go)."""
     digest = hashlib.sha256()
-    files = [GO_DIR / "go.mod", GO_DIR / "go.sum", *sorted(GO_DIR.rglob("*.go"))]
+    modules = [GO_DIR, GO_DIR / "coredns"]
+    files = [m / name for m in modules for name in ("go.mod", "go.sum")]
+    files += sorted(GO_DIR.rglob("*.go"))
     for path in files:
         digest.update(str(path.relative_to(GO_DIR)).encode())
         digest.update(path.read_bytes())
@@ -91,7 +101,7 @@ def bin_path(name: str) -> Path:
 def is_built() -> bool:
     """Return True when every binary and copied module file is present."""
     root = tools_dir()
-    names = [*KUBE_COMPONENTS, "kube", "helm"]
+    names = [*KUBE_COMPONENTS, "kube", *OWN_BINARIES]
     if not all((root / "bin" / n).exists() for n in names):
         return False
     return all((root / "manifests" / f).exists() for f in MODULE_FILES.values())
@@ -106,8 +116,8 @@ def _go_env() -> dict[str, str]:
     return env
 
 
-def _run_go(args: list[str], log) -> float:
-    """Run one go command in the wrapper module; return its wall time in seconds."""
+def _run_go(args: list[str], log, module: str = ".") -> float:
+    """Run one go command in a module (a folder of go/); return its wall time in seconds."""
     if shutil.which("go") is None:
         raise RuntimeError(
             "localkube.tools: the go command is missing (got no `go` on PATH). "
@@ -115,7 +125,9 @@ def _run_go(args: list[str], log) -> float:
         )
     start = time.monotonic()
     print(f"[cluster] go {' '.join(args)}", file=log, flush=True)
-    proc = subprocess.run(["go", *args], cwd=GO_DIR, env=_go_env(), capture_output=True, text=True)
+    proc = subprocess.run(
+        ["go", *args], cwd=GO_DIR / module, env=_go_env(), capture_output=True, text=True
+    )
     elapsed = time.monotonic() - start
     if proc.returncode != 0:
         raise RuntimeError(
@@ -202,11 +214,12 @@ def _build_locked(root: Path, log) -> dict[str, float]:
         link = bindir / name
         if not link.exists():
             link.symlink_to("kube")
-    helm = bindir / "helm"
-    if not helm.exists():
-        tmp = bindir / f".helm.tmp{os.getpid()}"
-        times["helm"] = _run_go([*common, "-o", str(tmp), "helm.sh/helm/v3/cmd/helm"], log)
-        tmp.rename(helm)
+    for name, (module, package) in OWN_BINARIES.items():
+        dest = bindir / name
+        if not dest.exists():
+            tmp = bindir / f".{name}.tmp{os.getpid()}"
+            times[name] = _run_go([*common, "-o", str(tmp), package], log, module)
+            tmp.rename(dest)
     _copy_module_files(root / "manifests")
     record = root / "build-times.json"
     old = json.loads(record.read_text()) if record.exists() else {}
