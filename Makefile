@@ -8,9 +8,10 @@ IMAGE ?= ghcr.io/ddpjob/trainer
 TAG ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 SPEC ?= examples/quickstart.yaml
 # What the local cluster's real node and the image build need from Debian (root, apt). runc, not
-# crun: crun refuses this kernel's hybrid cgroups. See docs/local-cluster.md.
+# crun: crun refuses this kernel's hybrid cgroups. See docs/local-cluster.md. busybox-static and
+# mksh (its static shell) make the operator's init container image (localkube/images.py).
 NODE_PACKAGES := containerd runc containernetworking-plugins iptables conntrack socat \
-	podman buildah skopeo mmdebstrap busybox-static uidmap
+	podman buildah skopeo mmdebstrap busybox-static mksh uidmap
 
 .PHONY: node-deps venv demo test test-fast lint fmt image push cluster-up cluster-down tools kind-up e2e bench schema
 
