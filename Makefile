@@ -9,9 +9,13 @@ TAG ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 SPEC ?= examples/quickstart.yaml
 # What the local cluster's real node and the image build need from Debian (root, apt). runc, not
 # crun: crun refuses this kernel's hybrid cgroups. See docs/local-cluster.md. busybox-static and
-# mksh (its static shell) make the operator's init container image (localkube/images.py).
+# mksh (its static shell) make the operator's init container image, gcc and libc6-dev the static
+# pause binary (localkube/images.py).
 NODE_PACKAGES := containerd runc containernetworking-plugins iptables conntrack socat \
-	podman buildah skopeo mmdebstrap busybox-static mksh uidmap
+	podman buildah skopeo mmdebstrap busybox-static mksh uidmap gcc libc6-dev
+
+# The real node's Debian packages come first (a no-op when installed); DDPJOB_NODE=off skips the node.
+NODE_DEPS := $(if $(filter off,$(DDPJOB_NODE)),,node-deps)
 
 .PHONY: node-deps venv demo test test-fast lint fmt image push cluster-up cluster-down tools kind-up e2e bench schema
 
@@ -28,7 +32,7 @@ demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 
 # `tools` first, so a cold machine's one-time Go build (about 10-15 min on 2 cores) prints its
 # progress outside pytest; on a warm machine it builds nothing.
-test: venv tools  ## the whole suite: unit, multi-process DDP, local control plane, end-to-end
+test: venv tools $(NODE_DEPS)  ## the whole suite: unit, multi-process DDP, local control plane, end-to-end
 	$(PY) -m ruff check .
 	$(PY) -m pytest
 
@@ -46,7 +50,7 @@ fmt: venv
 schema: venv  ## regenerate the checked-in JSON Schema of the job spec
 	$(PY) -m controller schema > controller/spec.schema.json
 
-cluster-up: venv  ## build (once, cached) and start a real control plane on 127.0.0.1
+cluster-up: venv $(NODE_DEPS)  ## build (once, cached) and start the local cluster: control plane + a real node
 	$(PY) -m localkube up
 
 cluster-down:  ## stop exactly what cluster-up started and remove its state
@@ -70,7 +74,7 @@ tools: venv  ## build the pinned control-plane binaries into the cache, start no
 kind-up:  ## for machines with Docker: a kind cluster with the Kubeflow training operator
 	$(PY) -m localkube kind-up
 
-e2e: venv
+e2e: venv $(NODE_DEPS)
 	$(PY) -m pytest tests/e2e tests/localkube
 
 bench: venv  ## benchmarks: ratios measured side by side in one run
