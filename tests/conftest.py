@@ -52,12 +52,15 @@ def cluster():
     if os.environ.get("DDPJOB_CLUSTER") == "skip":
         pytest.skip("DDPJOB_CLUSTER=skip: cluster tests disabled")
     _build_outside_test_timeout()
+    # One line that says why and how to fix (no root, missing packages, ...): every test that
+    # needs the cluster fails with it (outside the except block: no chained traceback).
+    handle, error = None, None
     try:
         handle = start_or_reuse()
     except LocalkubeError as exc:
-        # One line that says why and how to fix (no root, missing packages, ...): every test
-        # that needs the cluster fails with it.
-        pytest.fail(str(exc), pytrace=False)
+        error = str(exc)
+    if handle is None:
+        pytest.fail(error, pytrace=False)
     try:
         yield handle
     finally:

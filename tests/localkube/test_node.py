@@ -38,10 +38,13 @@ RESTRICTED_CONTAINER = {
 @pytest.fixture(scope="module")
 def real_node(cluster):
     """The cluster, with its real node Ready (fails with the reason when it has none)."""
+    error = None
     try:
         node.require()
     except LocalkubeError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        error = str(exc)
+    if error:
+        pytest.fail(error, pytrace=False)
     wait_until("node Ready", lambda: _node_ready(cluster), 60)
     return cluster
 
