@@ -242,20 +242,23 @@ def check_owner(repo: Path) -> None:
     if owner is not None:
         raise LocalkubeError(
             f"localkube node: this machine's node belongs to the cluster of {owner[0]} "
-            f"(got its kubelet running, pid {owner[1]}). One node per machine: run "
+            f"(got it running, pid {owner[1]}). One node per machine: run "
             f"`make cluster-down` there, or set DDPJOB_NODE=off here."
         )
 
 
 def _live_other_owner(repo: Path) -> tuple[str, int] | None:
-    """(checkout, kubelet pid) when another checkout's cluster runs the node now."""
+    """(checkout, a live pid of its cluster) when another checkout's cluster holds the node:
+    any of its recorded processes still runs (its kubelet may not have started yet)."""
     rec = read_record()
     if not rec or Path(rec["owner"]) == repo:
         return None
     state = _read_json(Path(rec["owner"]) / ".cluster" / "state.json")
-    info = (state or {}).get("processes", {}).get("kubelet")
-    if info and proc_start_time(info["pid"]) == info["start"]:
-        return rec["owner"], info["pid"]
+    processes = (state or {}).get("processes", {})
+    for name in ("kubelet", *processes):
+        info = processes.get(name)
+        if info and proc_start_time(info["pid"]) == info["start"]:
+            return rec["owner"], info["pid"]
     return None
 
 

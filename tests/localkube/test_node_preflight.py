@@ -81,3 +81,18 @@ def test_up_with_missing_packages_names_them_and_the_fix(scratch_repo):
         assert package in line, line
     assert "no apt-get here" in line  # the hint fits the machine: no apt-get on this PATH
     assert seconds < 20
+
+
+@pytest.mark.cluster
+def test_a_second_checkout_is_refused_while_this_ones_node_runs(cluster, scratch_repo):
+    """One node per machine: another checkout's `up` names the cluster that holds it."""
+    from localkube import host
+
+    record = host.read_record()
+    assert record is not None and record["owner"] == str(REPO), record
+    proc, seconds = _up(scratch_repo, [])
+    line = _one_line(proc)
+    assert line.startswith(f"localkube node: this machine's node belongs to the cluster of {REPO} ")
+    assert "make cluster-down" in line and "DDPJOB_NODE=off" in line
+    assert host.read_record()["owner"] == str(REPO)  # untouched
+    assert seconds < 20
