@@ -17,7 +17,18 @@ NODE_PACKAGES := containerd runc containernetworking-plugins iptables conntrack 
 # The real node's Debian packages come first (a no-op when installed); DDPJOB_NODE=off skips the node.
 NODE_DEPS := $(if $(filter off,$(DDPJOB_NODE)),,node-deps)
 
-.PHONY: node-deps venv demo test test-fast lint fmt image push cluster-up cluster-down tools kind-up e2e bench schema
+# `make image`/`make push` build with docker where a daemon answers (`docker info`), else with
+# podman (localkube/images.py: the upstream base when it can be had, else the local stand-in).
+# Probed once, and only when one of them is asked for; CONTAINER_ENGINE=docker|podman overrides.
+ifneq ($(filter image push,$(MAKECMDGOALS)),)
+ifeq ($(origin CONTAINER_ENGINE),undefined)
+CONTAINER_ENGINE := $(shell docker info >/dev/null 2>&1 && echo docker || echo podman)
+endif
+endif
+# Another base with the same contract (python, pip, CUDA torch 2.8.0); empty = the Dockerfile's.
+BASE_IMAGE ?=
+
+.PHONY: node-deps venv demo test test-fast lint fmt image base-image push cluster-up cluster-down tools kind-up e2e bench schema
 
 venv: $(STAMP)  ## create .venv and install ddpjob with every extra (torch included)
 
@@ -80,12 +91,22 @@ e2e: venv $(NODE_DEPS)
 bench: venv  ## benchmarks: ratios measured side by side in one run
 	$(PY) bench/run.py
 
-image:  ## build the CUDA trainer image (needs a Docker engine with BuildKit): make image IMAGE=... TAG=...
-	DOCKER_BUILDKIT=1 docker build \
+# With docker, exactly the build Docker users always had; with podman the same Dockerfile through
+# localkube.images (containers.conf, the host's CA and pip.conf for pip, SOURCE_DIGEST for
+# buildah's cache), which builds the stand-in base first when it has to.
+image: $(if $(filter podman,$(CONTAINER_ENGINE)),$(STAMP))  ## build the CUDA trainer image: make image IMAGE=... TAG=...
+ifeq ($(CONTAINER_ENGINE),docker)
+	DOCKER_BUILDKIT=1 docker build $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE) )\
 		--build-arg VERSION=$(TAG) \
 		--build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
 		--build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ) \
 		-t $(IMAGE):$(TAG) .
+else
+	$(PY) -m localkube.images trainer --ref $(IMAGE):$(TAG) --version $(TAG)$(if $(BASE_IMAGE), --base $(BASE_IMAGE))
+endif
 
-push: image  ## build, then push $(IMAGE):$(TAG) (run `docker login` for the registry first)
-	docker push $(IMAGE):$(TAG)
+base-image: venv  ## build the local stand-in for the trainer image's base (cached by its inputs)
+	$(PY) -m localkube.images base
+
+push: image  ## build, then push $(IMAGE):$(TAG) (log in to the registry first)
+	$(CONTAINER_ENGINE) push $(IMAGE):$(TAG)

@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -369,6 +370,352 @@ def init_image(log=sys.stderr) -> str:
     return ref
 
 
+# --- the trainer image's base: upstream, or a local stand-in ------------------------------------
+
+ROOT = HERE.parent
+DOCKERFILE = ROOT / "Dockerfile"
+BASE_CONTAINERFILE = HERE / "torch-base.Containerfile"
+#: The stand-in base's packages: torch and its dependencies, pinned with hashes (no numpy).
+BASE_REQUIREMENTS = HERE / "torch-base.txt"
+#: Debian for the stand-in's root filesystem. ca-certificates: pip over HTTPS in derived images;
+#: passwd: the Dockerfile's groupadd/useradd.
+DEBIAN_SUITE = "bookworm"
+DEBIAN_PACKAGES = ("python3", "python3-venv", "ca-certificates", "passwd")
+DEBIAN_MIRRORS = (
+    f"deb http://deb.debian.org/debian {DEBIAN_SUITE} main",
+    f"deb http://deb.debian.org/debian {DEBIAN_SUITE}-updates main",
+    f"deb http://deb.debian.org/debian-security {DEBIAN_SUITE}-security main",
+)
+#: The wheels' target: bookworm's CPython 3.11 on glibc 2.36, x86_64.
+WHEEL_TARGET = (
+    "--only-binary=:all:",
+    "--python-version=3.11",
+    "--implementation=cp",
+    "--abi=cp311",
+    *(f"--platform=manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)),
+    "--platform=manylinux2014_x86_64",
+)
+
+
+def upstream_base() -> str:
+    """The Dockerfile's default ``BASE_IMAGE`` (what Docker users build on)."""
+    match = re.search(r"^ARG BASE_IMAGE=(\S+)$", DOCKERFILE.read_text(), re.M)
+    if not match:
+        raise ImageError(
+            f"localkube.images: no `ARG BASE_IMAGE=...` default in {DOCKERFILE} (got none). "
+            "The stand-in base is named after it."
+        )
+    return match.group(1)
+
+
+def torch_version() -> str:
+    """The torch version the Dockerfile asserts (``torch.__version__.startswith('X')``)."""
+    match = re.search(r"torch\.__version__\.startswith\('([\d.]+)'\)", DOCKERFILE.read_text())
+    if not match:
+        raise ImageError(
+            f"localkube.images: the Dockerfile asserts no torch version (got none in "
+            f"{DOCKERFILE}). Keep its build-time check: the stand-in base is pinned to it."
+        )
+    return match.group(1)
+
+
+def wheelhouse(log=sys.stderr) -> Path:
+    """The stand-in base's wheels in ``~/.cache/ddpjob/wheelhouse/torch-base-<hash>``, filled once.
+
+    ``pip download`` of the pinned requirements (with hashes) for the image's Python, not this
+    one's. Wheels that an older wheelhouse already holds are hard-linked in first (pip checks
+    their hashes and skips them): a machine downloads torch once even where pip's own cache
+    stays empty (a proxy that strips Cache-Control, as on the test machines).
+    """
+    requirements = BASE_REQUIREMENTS.read_bytes()
+    house = cache_dir() / "wheelhouse" / f"torch-base-{_digest(requirements, *WHEEL_TARGET)}"
+    done = house / ".complete"
+    if done.exists():
+        return house
+    with _lock("wheelhouse"):
+        if done.exists():
+            return house
+        start = time.monotonic()
+        house.mkdir(parents=True, exist_ok=True)
+        _link_known_wheels(house)
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--disable-pip-version-check",
+                "--progress-bar=off",
+                "--dest",
+                str(house),
+                *WHEEL_TARGET,
+                "--require-hashes",
+                "--requirement",
+                str(BASE_REQUIREMENTS),
+            ],
+            log=log,
+            hint="Hint: pip needs PyPI (or your index in pip.conf); `make venv` provides pip.",
+        )
+        (house / "requirements.txt").write_bytes(requirements)
+        done.write_text(f"{time.monotonic() - start:.1f}\n")
+        print(f"[images] wheelhouse {house} in {time.monotonic() - start:.0f}s", file=log)
+    return house
+
+
+def _link_known_wheels(house: Path) -> None:
+    """Hard-link into ``house`` the pinned wheels that sibling wheelhouses already hold."""
+    pins = re.findall(r"^([A-Za-z0-9._-]+)==(\S+)", BASE_REQUIREMENTS.read_text(), re.M)
+    prefixes = tuple(f"{re.sub(r'[-_.]+', '_', n).lower()}-{v}-" for n, v in pins)
+    for wheel in house.parent.glob("*/*.whl"):
+        target = house / wheel.name
+        if (
+            wheel.parent != house
+            and wheel.name.lower().startswith(prefixes)
+            and not (target.exists())
+        ):
+            with contextlib.suppress(OSError):
+                os.link(wheel, target)
+
+
+def base_image(log=sys.stderr) -> str:
+    """Build (if missing or stale) the stand-in base; return ``localhost/torch-base:<torch>``.
+
+    Debian bookworm minbase (mmdebstrap) with a venv at /opt/conda on PATH and torch from the
+    :func:`wheelhouse`, fed in as a build volume. Rebuilt only when its inputs change: the
+    Containerfile, the pinned requirements, the Debian suite and packages.
+    """
+    version = torch_version()
+    containerfile = BASE_CONTAINERFILE.read_text()
+    if f"startswith('{version}')" not in containerfile or (
+        f"torch=={version} " not in BASE_REQUIREMENTS.read_text()
+    ):
+        raise ImageError(
+            f"localkube.images: the stand-in base is not torch {version} (got another version "
+            f"in {BASE_CONTAINERFILE.name} or {BASE_REQUIREMENTS.name}). Pin the version the "
+            "Dockerfile asserts in both."
+        )
+    mmdebstrap = [
+        "mmdebstrap",
+        "--variant=minbase",
+        f"--include={','.join(DEBIAN_PACKAGES)}",
+        "--dpkgopt=path-exclude=/usr/share/doc/*",
+        "--dpkgopt=path-exclude=/usr/share/man/*",
+        "--dpkgopt=path-exclude=/usr/share/locale/*",
+        DEBIAN_SUITE,
+    ]
+    inputs = _digest(containerfile, BASE_REQUIREMENTS.read_bytes(), *mmdebstrap, *DEBIAN_MIRRORS)
+    ref = f"localhost/torch-base:{version}"
+    if built_inputs(ref) == inputs:
+        return ref
+    with _lock("torch-base"):
+        if built_inputs(ref) == inputs:
+            return ref
+        _require("mmdebstrap", "Install it: `make node-deps` (root, apt).")
+        house = wheelhouse(log)
+        start = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="ddpjob-base-") as tmp:
+            ctx = Path(tmp)
+            print(f"[images] {' '.join(mmdebstrap)}", file=log, flush=True)
+            _run([*mmdebstrap, str(ctx / "rootfs.tar"), *DEBIAN_MIRRORS], log=log)
+            debian_s = time.monotonic() - start
+            (ctx / "Containerfile").write_text(containerfile)
+            _podman_build(
+                ref,
+                ctx,
+                ctx / "Containerfile",
+                inputs,
+                # --no-cache: the wheels come in by a volume, which buildah's cache ignores.
+                args=["--no-cache", "--volume", f"{house}:/wheels:ro"],
+                log=log,
+            )
+        print(
+            f"[images] built {ref} in {time.monotonic() - start:.0f}s "
+            f"(Debian root filesystem {debian_s:.0f}s)",
+            file=log,
+            flush=True,
+        )
+    return ref
+
+
+def registry_answers(ref: str, timeout_s: float = 30) -> tuple[bool, str]:
+    """Whether ``ref``'s registry serves its manifest now (``skopeo inspect``); and why not."""
+    _require("skopeo", "Install it: `make node-deps` (root, apt).")
+    try:
+        proc = subprocess.run(
+            ["skopeo", "inspect", "--raw", f"docker://{ref}"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return False, f"no answer in {timeout_s:.0f}s"
+    lines = proc.stderr.strip().splitlines() or [""]
+    # skopeo: level=fatal msg="Error parsing image name \"docker://...\": pinging ...: <cause>"
+    match = re.search(r'msg="(.*)"', lines[-1])
+    why = match.group(1).replace('\\"', '"') if match else lines[-1]
+    why = re.sub(r'^Error parsing image name "[^"]*": ', "", why)
+    return proc.returncode == 0, why[:300]
+
+
+def resolve_base(base: str | None = None) -> tuple[str, str]:
+    """The base the trainer image is built on with podman, and why.
+
+    1. ``base`` when given (``make image BASE_IMAGE=...``);
+    2. else upstream's (the Dockerfile default) when podman's store has it;
+    3. else upstream's when its registry answers (podman pulls it);
+    4. else the local stand-in (:func:`base_image`, built if missing).
+
+    Returns (reference, reason); a stand-in not built yet is named, not built.
+    """
+    if base:
+        return base, "asked for"
+    upstream = f"docker.io/{upstream_base()}"
+    if inspect(upstream) is not None:
+        return upstream, "in podman's store"
+    ok, why = registry_answers(upstream)
+    if ok:
+        return upstream, "its registry answers"
+    return f"localhost/torch-base:{torch_version()}", f"{upstream} cannot be pulled: {why}"
+
+
+# --- the trainer image ---------------------------------------------------------------------------
+
+
+def context_files() -> list[Path]:
+    """The build context the Dockerfile sees: .dockerignore's whitelist, caches left out."""
+    allowed = [
+        line[1:].strip().rstrip("/")
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    ]
+    files: list[Path] = []
+    for name in allowed:
+        path = ROOT / name
+        found = sorted(path.rglob("*")) if path.is_dir() else [path]
+        files += [
+            f
+            for f in found
+            if f.is_file()
+            and "__pycache__" not in f.parts
+            and f.suffix != ".pyc"
+            and not any(p.endswith(".egg-info") for p in f.parts)
+        ]
+    return files
+
+
+def source_digest() -> str:
+    """A hash of the build context's files (names and bytes)."""
+    files = context_files()
+    return _digest(*(str(f.relative_to(ROOT)) for f in files), *(f.read_bytes() for f in files))
+
+
+def _git_revision() -> str:
+    proc = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    return proc.stdout.strip() or "unknown"
+
+
+def _trainer_inputs(base_ref: str) -> str:
+    """What the trainer image is built from: context files, Dockerfile, .dockerignore, the base
+    (its image ID when podman has it)."""
+    base_info = inspect(base_ref)
+    return _digest(
+        source_digest(),
+        DOCKERFILE.read_bytes(),
+        (ROOT / ".dockerignore").read_bytes(),
+        base_info["Id"] if base_info else base_ref,
+    )
+
+
+def trainer_build_argv(
+    ref: str, base: str, *, version: str, revision: str, created: str, inputs: str
+) -> list[str]:
+    """The ``podman build`` command line for the project Dockerfile."""
+    volumes = []
+    # pip inside the build reaches PyPI like pip on the host: same trust store (a TLS-
+    # intercepting proxy's CA is trusted on the host only) and the same pip.conf (an index).
+    for path in ("/etc/ssl/certs/ca-certificates.crt", "/etc/pip.conf"):
+        if Path(path).is_file():
+            volumes += ["--volume", f"{path}:{path}:ro"]
+    build_args = {"BASE_IMAGE": base, "VERSION": version, "REVISION": revision, "CREATED": created}
+    return [
+        "podman",
+        "build",
+        # No layer cache: buildah 1.28 mishandles RUN --mount=from=<stage> with it (a stale
+        # install after a code change, or an empty mount when the stage came from the cache),
+        # and caches LABEL steps by their text before ARG substitution. Only the base's layers
+        # are reused, as they are; the trainer's own steps become one layer.
+        "--layers=false",
+        "--file",
+        str(DOCKERFILE),
+        "--tag",
+        ref,
+        "--label",
+        f"{INPUTS_LABEL}={inputs}",
+        *(arg for k, v in build_args.items() for arg in ("--build-arg", f"{k}={v}")),
+        *volumes,
+        str(ROOT),
+    ]
+
+
+def build_trainer(
+    ref: str,
+    *,
+    base: str | None = None,
+    version: str = "dev",
+    dry_run: bool = False,
+    log=sys.stderr,
+) -> str:
+    """Build the project Dockerfile into ``ref`` with podman (what ``make image`` runs without
+    a Docker engine); the base per :func:`resolve_base`. With ``dry_run``, print the command."""
+    base_ref, why = resolve_base(base)
+    print(f"[images] base {base_ref} ({why})", file=log, flush=True)
+    stand_in = base is None and base_ref.startswith("localhost/torch-base:")
+    if stand_in and not dry_run:
+        base_ref = base_image(log)
+    argv = trainer_build_argv(
+        ref,
+        base_ref,
+        version=version,
+        revision=_git_revision(),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        inputs=_trainer_inputs(base_ref),
+    )
+    if dry_run:
+        print(f"CONTAINERS_CONF={CONTAINERS_CONF} {shlex.join(argv)}")
+        return ref
+    start = time.monotonic()
+    _run(argv, log=log)
+    print(f"[images] built {ref} in {time.monotonic() - start:.0f}s", file=log, flush=True)
+    return ref
+
+
+def trainer_image(log=sys.stderr) -> str:
+    """Build (if missing or stale) the trainer image for the local cluster; return its reference.
+
+    ``localhost/ddpjob-trainer:dev-<checkout>``: one tag per checkout, so worktrees beside each
+    other never run each other's code, and a rebuild replaces the image rather than piling up.
+    Stale means: the build context, the Dockerfile or the base image changed.
+    """
+    checkout = hashlib.sha256(str(ROOT).encode()).hexdigest()[:8]
+    ref = f"localhost/ddpjob-trainer:dev-{checkout}"
+    base_ref, _ = resolve_base()
+    with _lock(f"trainer-{checkout}"):
+        if base_ref.startswith("localhost/torch-base:"):
+            base_ref = base_image(log)
+        if built_inputs(ref) == _trainer_inputs(base_ref):
+            return ref
+        old = inspect(ref)
+        build_trainer(ref, base=base_ref, version="dev", log=log)
+        if old and old["Id"] != inspect(ref)["Id"]:
+            subprocess.run(
+                ["podman", "rmi", old["Id"]], env=podman_env(), capture_output=True, check=False
+            )
+    return ref
+
+
 # --- into containerd -----------------------------------------------------------------------------
 
 
@@ -568,28 +915,104 @@ def _ctr_import(ctr: _Ctr, layout: Path, members: list[str]) -> None:
         )
 
 
+@contextlib.contextmanager
+def scratch_containerd(workdir: Path, timeout_s: float = 30) -> Iterator[str]:
+    """A throwaway containerd with its root, state and socket under ``workdir`` (no CRI), for
+    tests and benchmarks; yields its address, then stops it and removes ``workdir``'s contents.
+
+    Never the real node's (its root is /var/lib/ddpjob/containerd). Use a namespace of your own
+    with ``ctr run``: runc keeps its state in /run/containerd/runc/<namespace> for every
+    containerd on the machine.
+    """
+    _require("containerd", "Install it: `make node-deps` (root, apt).")
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = workdir / "config.toml"
+    config.write_text(
+        "version = 2\n"
+        f'root = "{workdir}/root"\n'
+        f'state = "{workdir}/state"\n'
+        'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
+        f'[grpc]\n  address = "{workdir}/containerd.sock"\n'
+        f'[ttrpc]\n  address = "{workdir}/containerd.sock.ttrpc"\n'
+        f'[plugins."io.containerd.internal.v1.opt"]\n  path = "{workdir}/opt"\n'
+    )
+    address = str(workdir / "containerd.sock")
+    log_path = workdir / "containerd.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            ["containerd", "--config", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + timeout_s
+        while subprocess.run(
+            ["ctr", "--address", address, "version"], capture_output=True, check=False
+        ).returncode:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise ImageError(
+                    f"localkube.images: the scratch containerd did not serve on {address} "
+                    f"(got: {log_path.read_text()[-600:]!r})."
+                )
+            time.sleep(0.2)
+        yield address
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for name in ("root", "state", "opt"):
+            shutil.rmtree(workdir / name, ignore_errors=True)
+
+
 # --- command line --------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m localkube.images pause|init|import``; prints the image reference."""
+    """``python -m localkube.images COMMAND``; prints the image reference (or the import's JSON).
+
+    Exit 1 when a build or import fails, 2 for bad arguments (argparse).
+    """
     parser = argparse.ArgumentParser(prog="python -m localkube.images")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("pause", help="build the pause image (if stale); print its reference")
-    sub.add_parser("init", help="build the init container image (if stale); print its reference")
+    sub.add_parser("pause", help="build the pause image (if stale)")
+    sub.add_parser("init", help="build the worker init container image (if stale)")
+    sub.add_parser("base", help="build the stand-in torch base (if stale)")
+    sub.add_parser("wheelhouse", help="fill the stand-in base's wheelhouse (if empty)")
+    sub.add_parser("cluster-trainer", help="build the local cluster's trainer image (if stale)")
+    trainer = sub.add_parser("trainer", help="build the Dockerfile with podman (make image)")
+    trainer.add_argument("--ref", required=True, help="the image reference to tag")
+    trainer.add_argument("--version", default="dev", help="the version label")
+    trainer.add_argument("--base", default="", help="the base image (default: see resolve_base)")
+    trainer.add_argument("--dry-run", action="store_true", help="print the command, build nothing")
     imp = sub.add_parser("import", help="import a podman image into a containerd")
     imp.add_argument("ref")
     imp.add_argument("--address", required=True, help="containerd's socket")
     imp.add_argument("--namespace", default="k8s.io")
     args = parser.parse_args(argv)
     try:
-        if args.command == "pause":
-            print(pause_image())
-        elif args.command == "init":
-            print(init_image())
-        else:
+        if args.command == "import":
             result = import_into_containerd(args.ref, args.address, args.namespace)
             print(json.dumps(result.__dict__ | {"skipped": result.skipped}))
+        elif args.command == "trainer":
+            ref = build_trainer(
+                args.ref, base=args.base or None, version=args.version, dry_run=args.dry_run
+            )
+            if not args.dry_run:
+                print(ref)
+        elif args.command == "wheelhouse":
+            print(wheelhouse())
+        else:
+            build = {
+                "pause": pause_image,
+                "init": init_image,
+                "base": base_image,
+                "cluster-trainer": trainer_image,
+            }[args.command]
+            print(build())
     except ImageError as exc:
         print(exc, file=sys.stderr)
         return 1

@@ -1,26 +1,33 @@
-"""The trainer image, without a Docker engine: hadolint, and what the Dockerfile relies on exists.
+"""The images, built and run for real on this machine (no Docker engine: podman), and the
+promises the Dockerfile makes.
 
-The image itself can't be built on these machines, so these tests pin the promises the
-Dockerfile makes: the base is pinned, the entrypoint module and the extra it installs exist in
-the project, it runs as the uid the chart and `controller render` set, and `make image` / `make
-push` build and push the tag asked for.
+- The Dockerfile: hadolint, a pinned CUDA base whose torch satisfies the trainer extra, the
+  entrypoint, uid 1000, OCI labels, the build context, `make image`/`make push` picking docker
+  or podman.
+- `make image` builds it here (on the local stand-in base); it runs as uid 1000 with the
+  asserted CUDA torch, trains and checkpoints, and torchrun-relaunches to world size 2.
+- The real node's pause and init images, and the import into a throwaway containerd.
+
+Tests that need root, podman or containerd fail with one line when the machine lacks them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import random
 import re
 import shlex
 import shutil
+import signal
 import socket
 import struct
 import subprocess
 import sys
 import threading
-import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,6 +66,13 @@ def dockerfile() -> list[tuple[str, str]]:
 
 def only(dockerfile: list[tuple[str, str]], keyword: str) -> list[str]:
     return [args for kw, args in dockerfile if kw == keyword]
+
+
+@pytest.fixture(scope="module")
+def final_stage(dockerfile) -> list[tuple[str, str]]:
+    """The instructions of the stage that becomes the image (after the last FROM)."""
+    last = max(i for i, (kw, _) in enumerate(dockerfile) if kw == "FROM")
+    return dockerfile[last:]
 
 
 def hadolint_binary() -> str:
@@ -101,9 +115,12 @@ def test_hadolint_bites():
 
 
 def test_base_image_is_a_pinned_cuda_runtime(dockerfile):
-    (base,) = only(dockerfile, "FROM")
-    image, _, tag = base.partition(":")
+    # Every stage starts from BASE_IMAGE, whose default is upstream's pinned runtime image.
+    assert only(dockerfile, "FROM") == ["${BASE_IMAGE} AS wheel", "${BASE_IMAGE}"]
+    (default,) = [a for a in only(dockerfile, "ARG") if a.startswith("BASE_IMAGE=")]
+    image, _, tag = default.removeprefix("BASE_IMAGE=").partition(":")
     assert image == "pytorch/pytorch"
+    assert images.upstream_base() == f"{image}:{tag}"
     # <torch>-cuda<x.y>-cudnn<n>-runtime: a CUDA build of torch, no compiler toolchain.
     assert re.fullmatch(r"\d+\.\d+\.\d+-cuda\d+\.\d+-cudnn\d+-runtime(@sha256:[0-9a-f]{64})?", tag)
     torch_version = tag.split("-")[0]
@@ -117,6 +134,33 @@ def test_base_image_is_a_pinned_cuda_runtime(dockerfile):
     assert as_tuple(lower) <= as_tuple(torch_version) < as_tuple(upper), torch_req
     # ...and the build checks that it was kept.
     assert f"torch.__version__.startswith('{torch_version}')" in DOCKERFILE.read_text()
+    assert images.torch_version() == torch_version
+
+
+def test_stand_in_base_pins_the_asserted_torch_and_leaves_numpy_out():
+    """localkube/torch-base.*: torch at the Dockerfile's version, every wheel pinned with a hash,
+    numpy not among them (the trainer extra must bring what the trainer needs)."""
+    version = images.torch_version()
+    containerfile = images.BASE_CONTAINERFILE.read_text()
+    assert f"startswith('{version}')" in containerfile
+    assert f"PYTORCH_VERSION={version}" in containerfile
+    reqs = re.findall(
+        r"^([a-z0-9-]+)==(\S+) \\\n    --hash=sha256:[0-9a-f]{64}$",
+        images.BASE_REQUIREMENTS.read_text(),
+        re.M,
+    )
+    names = dict(reqs)
+    assert names["torch"] == version
+    assert "numpy" not in names
+    assert any(n.startswith("nvidia-cudnn-cu") for n in names), "not the CUDA build of torch"
+    assert len(reqs) == images.BASE_REQUIREMENTS.read_text().count("--hash=")
+    proc = subprocess.run(
+        [hadolint_binary(), "--format", "json", str(images.BASE_CONTAINERFILE)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert json.loads(proc.stdout or "[]") == [], proc.stdout
 
 
 def test_installs_an_extra_the_project_declares(dockerfile):
@@ -124,36 +168,37 @@ def test_installs_an_extra_the_project_declares(dockerfile):
         "optional-dependencies"
     ]
     run = " ".join(only(dockerfile, "RUN"))
-    installed = re.findall(r'pip install [^"]*"/src\[([\w,]+)\]"', run)
+    installed = re.findall(r"ddpjob\[([\w,]+)\] @ file://", run)
     assert installed == ["trainer"]
+    assert "pip install --no-cache-dir --requirement /wheel/requirements.txt" in run
     for extra in installed[0].split(","):
         assert extra in extras, f"pyproject.toml declares no extra {extra!r}"
     # The controller's client libraries stay out of the trainer image.
     assert "kubernetes" not in " ".join(extras["trainer"])
 
 
-def test_entrypoint_is_the_trainer_module(dockerfile):
-    (entrypoint,) = only(dockerfile, "ENTRYPOINT")
+def test_entrypoint_is_the_trainer_module(final_stage):
+    (entrypoint,) = only(final_stage, "ENTRYPOINT")
     argv = json.loads(entrypoint)  # exec form: signals reach python, not a shell
     assert argv == ["python", "-m", "trainer"]
     main = ROOT / "trainer" / "__main__.py"
     assert main.is_file(), "python -m trainer needs trainer/__main__.py"
-    assert not only(dockerfile, "CMD"), "a CMD would be appended to every `key=value` argv"
+    assert not only(final_stage, "CMD"), "a CMD would be appended to every `key=value` argv"
 
 
-def test_runs_as_uid_1000_with_writable_dirs(dockerfile):
+def test_runs_as_uid_1000_with_writable_dirs(final_stage):
     # Numeric, matching runAsUser/runAsGroup 1000 in the rendered pods.
-    assert only(dockerfile, "USER") == ["1000:1000"]
-    run = " ".join(only(dockerfile, "RUN"))
+    assert only(final_stage, "USER") == ["1000:1000"]
+    run = " ".join(only(final_stage, "RUN"))
     assert "useradd --uid 1000 --gid 1000" in run
     for path in ("/checkpoints", "/workspace"):
         assert re.search(rf"chown 1000:1000 [^&]*{path}\b", run), path
     assert "chmod 1777 /tmp" in run
-    assert only(dockerfile, "WORKDIR") == ["/workspace"]
+    assert only(final_stage, "WORKDIR") == ["/workspace"]
 
 
-def test_oci_labels(dockerfile):
-    labels = " ".join(only(dockerfile, "LABEL"))
+def test_oci_labels(final_stage):
+    labels = " ".join(only(final_stage, "LABEL"))
     for key in ("title", "description", "source", "licenses", "version", "revision", "created"):
         assert f"org.opencontainers.image.{key}=" in labels, key
 
@@ -176,26 +221,255 @@ def test_dockerignore_lets_in_exactly_what_pip_needs():
     }
 
 
-@pytest.mark.parametrize("target", ["image", "push"])
-def test_make_targets_build_and_push_the_requested_tag(target):
-    if not shutil.which("make"):
-        pytest.skip("make is not installed")
+def _make_dry_run(target: str, docker_info_rc: int, tmp_path: Path) -> list[list[str]]:
+    """``make -n TARGET`` with a ``docker`` stub first on PATH whose ``docker info`` exits
+    ``docker_info_rc``; the commands make would run."""
+    stub = tmp_path / "bin" / "docker"
+    stub.parent.mkdir()
+    stub.write_text(f'#!/bin/sh\n[ "$1" = info ] && exit {docker_info_rc}\nexit 0\n')
+    stub.chmod(0o755)
+    # Under `make test` the parent's MAKEFLAGS/MAKELEVEL would add "Entering directory".
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    env.pop("CONTAINER_ENGINE", None)
+    env["PATH"] = f"{stub.parent}:{env['PATH']}"
     proc = subprocess.run(
         ["make", "-n", target, "IMAGE=registry.example/team/ddpjob", "TAG=v9.9.9"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=True,
-        # Under `make test` the parent's MAKEFLAGS/MAKELEVEL would add "Entering directory".
-        env={k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")},
+        env=env,
     )
-    commands = [shlex.split(c) for c in proc.stdout.replace("\\\n", " ").splitlines() if c]
-    build = next(c for c in commands if c[:2] == ["docker", "build"] or "build" in c[:3])
+    return [shlex.split(c) for c in proc.stdout.replace("\\\n", " ").splitlines() if c]
+
+
+@pytest.mark.parametrize("target", ["image", "push"])
+def test_make_uses_docker_where_a_daemon_answers(target, tmp_path):
+    commands = _make_dry_run(target, 0, tmp_path)
+    (build,) = [c for c in commands if c[:3] == ["DOCKER_BUILDKIT=1", "docker", "build"]]
     assert "registry.example/team/ddpjob:v9.9.9" in build
     assert build[-1] == "."
     assert "VERSION=v9.9.9" in build
+    # Docker users build on the Dockerfile's own base, as before.
+    assert not any(a.startswith("BASE_IMAGE=") for a in build)
+    assert not any("localkube.images" in " ".join(c) for c in commands)
     if target == "push":
         assert commands[-1] == ["docker", "push", "registry.example/team/ddpjob:v9.9.9"]
+
+
+@pytest.mark.parametrize("target", ["image", "push"])
+def test_make_uses_podman_when_docker_has_no_daemon(target, tmp_path):
+    commands = _make_dry_run(target, 1, tmp_path)
+    assert not any("docker" in c for c in commands)
+    (build,) = [c for c in commands if c[1:4] == ["-m", "localkube.images", "trainer"]]
+    assert build[build.index("--ref") + 1] == "registry.example/team/ddpjob:v9.9.9"
+    assert build[build.index("--version") + 1] == "v9.9.9"
+    if target == "push":
+        assert commands[-1] == ["podman", "push", "registry.example/team/ddpjob:v9.9.9"]
+
+
+def test_podman_build_command():
+    """What `make image` runs with podman: the project's containers.conf, the base it chose and
+    why, no layer cache, and the host's trust store and pip.conf for pip (when the host has
+    them)."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "localkube.images",
+            "trainer",
+            "--ref",
+            "x.example/t:1",
+            "--dry-run",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    env, *argv = shlex.split(proc.stdout)
+    assert env == f"CONTAINERS_CONF={images.CONTAINERS_CONF}"
+    assert argv[:2] == ["podman", "build"] and argv[-1] == str(ROOT)
+    args = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--build-arg")
+    base, why = images.resolve_base()
+    assert args["BASE_IMAGE"] == base
+    assert f"[images] base {base} ({why})" in proc.stderr
+    assert "--layers=false" in argv  # buildah's layer cache and RUN --mount=from: see images.py
+    assert args["VERSION"] == "dev"
+    volumes = [argv[i + 1] for i, a in enumerate(argv) if a == "--volume"]
+    for path in ("/etc/ssl/certs/ca-certificates.crt", "/etc/pip.conf"):
+        assert (f"{path}:{path}:ro" in volumes) == Path(path).is_file()
+
+
+def test_source_digest_follows_the_package_files_only(tmp_path, monkeypatch):
+    for name in (".dockerignore", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    for rel in ("trainer/a.py", "controller/b.py", "trainer/__pycache__/a.pyc", "docs/c.md"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(rel)
+    monkeypatch.setattr(images, "ROOT", tmp_path)
+    before = images.source_digest()
+    assert {str(f.relative_to(tmp_path)) for f in images.context_files()} == {
+        "pyproject.toml",
+        "README.md",
+        "trainer/a.py",
+        "controller/b.py",
+    }
+    (tmp_path / "docs/c.md").write_text("changed")
+    (tmp_path / "trainer/__pycache__/a.pyc").write_text("changed")
+    assert images.source_digest() == before
+    (tmp_path / "trainer/a.py").write_text("changed")
+    assert images.source_digest() != before
+
+
+# ------------------------------------------------------------------------------------------
+# The trainer image, built here by `make image` and run with podman.
+
+
+@contextlib.contextmanager
+def _no_test_timeout() -> Iterator[None]:
+    """pytest-timeout's SIGALRM timer paused: a cold base build (minutes) is setup, not a test."""
+    paused = None
+    if threading.current_thread() is threading.main_thread():
+        paused = signal.setitimer(signal.ITIMER_REAL, 0)
+    try:
+        yield
+    finally:
+        if paused and paused[0] > 0:
+            signal.setitimer(signal.ITIMER_REAL, *paused)
+
+
+@pytest.fixture(scope="module")
+def built_image() -> Iterator[str]:
+    """`make image` into a tag of this checkout's own (removed afterwards); the reference."""
+    need("podman", "buildah", "skopeo", "mmdebstrap", "make")
+    checkout = hashlib.sha256(str(ROOT).encode()).hexdigest()[:8]
+    image, tag = "localhost/ddpjob-make-image-test", f"t-{checkout}"
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    env.pop("CONTAINER_ENGINE", None)
+    with _no_test_timeout():
+        images.base_image()  # cold: Debian + the wheelhouse + torch, once per machine
+        proc = subprocess.run(
+            ["make", "image", f"IMAGE={image}", f"TAG={tag}"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            check=False,
+        )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    try:
+        yield f"{image}:{tag}"
+    finally:
+        podman("rmi", f"{image}:{tag}", check=False)
+
+
+def test_make_image_builds_here_on_the_stand_in_base(built_image):
+    info = images.inspect(built_image)
+    assert info is not None
+    labels = info["Labels"]
+    base, _ = images.resolve_base()
+    assert labels["org.opencontainers.image.base.name"] == base
+    assert labels["org.opencontainers.image.version"] == built_image.rsplit(":", 1)[1]
+    for key in ("title", "revision", "created", "source", "licenses"):
+        assert labels[f"org.opencontainers.image.{key}"] not in ("", "unknown"), key
+    assert info["Config"]["User"] == "1000:1000"
+    assert info["Config"]["Entrypoint"] == ["python", "-m", "trainer"]
+    assert info["Config"]["WorkingDir"] == "/workspace"
+    # The wheel stage leaves nothing behind: no sources, no wheel, no requirements file.
+    ls = podman("run", "--rm", "--entrypoint", "sh", built_image, "-c", "ls / /src /wheel || true")
+    assert "No such file" in ls.stderr and "ddpjob-" not in ls.stdout
+
+
+@pytest.mark.slow
+def test_a_code_change_reaches_the_image(built_image, tmp_path, monkeypatch):
+    """Build again after changing one trainer file (in a copy of the build context): the new code
+    is in the image. Guards against buildah's layer cache, which would reuse the old install."""
+    for name in ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    for package in ("trainer", "controller"):
+        shutil.copytree(
+            ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    marker = uuid.uuid4().hex
+    (tmp_path / "trainer" / "_code_change.py").write_text(f"MARKER = {marker!r}\n")
+    monkeypatch.setattr(images, "ROOT", tmp_path)
+    monkeypatch.setattr(images, "DOCKERFILE", tmp_path / "Dockerfile")
+    ref = built_image.rsplit(":", 1)[0] + ":code-change"
+    try:
+        with _no_test_timeout():
+            images.build_trainer(ref, log=sys.stderr)
+        probe = "import trainer._code_change as m; print(m.MARKER)"
+        out = podman("run", "--rm", "--entrypoint", "python", ref, "-c", probe).stdout
+        assert out.strip() == marker
+        # Only the trainer's own layer differs from the image built before the change.
+        before, after = (images.inspect(r)["RootFS"]["Layers"] for r in (built_image, ref))
+        assert before[:-1] == after[:-1] and before[-1] != after[-1]
+    finally:
+        podman("rmi", ref, check=False)
+
+
+def test_built_image_runs_as_uid_1000_with_the_asserted_cuda_torch(built_image):
+    check = (
+        "import json, os, torch, trainer;"
+        "print(json.dumps([os.getuid(), os.getgid(), torch.__version__, torch.version.cuda]))"
+    )
+    out = podman("run", "--rm", "--entrypoint", "python", built_image, "-c", check).stdout
+    uid, gid, version, cuda = json.loads(out)
+    assert (uid, gid) == (1000, 1000)
+    assert version.startswith(images.torch_version()), version
+    assert cuda, "torch.version.cuda is empty: a CPU-only torch"
+
+
+def _events(stdout: str) -> list[dict]:
+    out = []
+    for line in stdout.splitlines():
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if isinstance(event, dict) and "event" in event:
+                out.append(event)
+    return out
+
+
+SMALL_RUN = [
+    "batch_size=8",
+    "checkpoint.dir=/checkpoints",
+    "device=cpu",
+    "eval_batches=1",
+    "log_every=1",
+    "max_steps=4",
+    "resume=never",
+    "task=vision",
+    "task_args={image_size: 16}",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_built_image_trains_and_checkpoints_as_uid_1000(built_image, tmp_path, nproc):
+    """`python -m trainer` in the image: JSON events on stdout, checkpoints owned by uid 1000 in
+    a mounted dir. nproc 2: the torchrun re-launch (gloo, world size 2), which needs numpy."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    os.chown(ckpt, 1000, 1000)
+    proc = podman(
+        "run", "--rm", "--network", "none",
+        "-e", f"PET_NPROC_PER_NODE={nproc}",
+        "-v", f"{ckpt}:/checkpoints",
+        built_image, *SMALL_RUN,
+        check=False, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    events = _events(proc.stdout)
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "start" and kinds[-1] == "done", kinds
+    assert "train" in kinds and "checkpoint" in kinds, kinds
+    (start,) = [e for e in events if e["event"] == "start"]
+    assert start["world_size"] == nproc, start
+    written = [p for p in ckpt.rglob("*") if p.is_file()]
+    assert written, "no checkpoint in the mounted dir"
+    assert {(p.stat().st_uid, p.stat().st_gid) for p in written} == {(1000, 1000)}
 
 
 # ------------------------------------------------------------------------------------------
@@ -349,44 +623,10 @@ NAMESPACE = "ddpjob-test"  # not k8s.io: runc state (/run/containerd/runc/<ns>) 
 def containerd(tmp_path_factory) -> Iterator[str]:
     """A throwaway containerd (own root, state and socket; no CRI) for this module's tests."""
     need("containerd", "ctr", "skopeo", "runc")
-    root = tmp_path_factory.mktemp("containerd")
-    config = root / "config.toml"
-    config.write_text(
-        "version = 2\n"
-        f'root = "{root}/root"\n'
-        f'state = "{root}/state"\n'
-        'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
-        f'[grpc]\n  address = "{root}/containerd.sock"\n'
-        f'[ttrpc]\n  address = "{root}/containerd.sock.ttrpc"\n'
-        f'[plugins."io.containerd.internal.v1.opt"]\n  path = "{root}/opt"\n'
-    )
-    address = str(root / "containerd.sock")
-    with open(root / "containerd.log", "wb") as log:
-        proc = subprocess.Popen(
-            ["containerd", "--config", str(config)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
     try:
-        deadline = time.monotonic() + 20
-        while subprocess.run(
-            ["ctr", "--address", address, "version"], capture_output=True
-        ).returncode:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(
-                    f"containerd did not serve: {(root / 'containerd.log').read_text()[-800:]}"
-                )
-            time.sleep(0.2)
-        yield address
+        with images.scratch_containerd(tmp_path_factory.mktemp("containerd")) as address:
+            yield address
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(root, ignore_errors=True)
         with contextlib.suppress(OSError):  # runc's state folder for our namespace, if empty
             Path("/run/containerd/runc", NAMESPACE).rmdir()
 
