@@ -15,17 +15,21 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
+import yaml
 
 from localkube import host, node
 from localkube.handle import temporary_namespace, wait_until
 from localkube.procs import LocalkubeError, proc_start_time
 
 pytestmark = pytest.mark.cluster
+REPO = Path(__file__).resolve().parents[2]
 
 RESTRICTED_CONTAINER = {
     "allowPrivilegeEscalation": False,
@@ -385,6 +389,69 @@ def test_secret_reference_reaches_the_container_env(real_node, ns):
     p = wait_phase(real_node, ns, "env", ("Succeeded", "Failed"))
     assert p["status"]["phase"] == "Succeeded"
     assert logs(real_node, ns, "env").strip() == f"token={token}"
+
+
+# ------------------------------------------------------------------------------------ trainer
+
+
+@pytest.fixture(scope="module")
+def trainer_on_node(real_node):
+    """The project's trainer image, built (if stale) and imported into the node's containerd
+    (only the layers it lacks; the first import of the 7 GB image takes minutes, so outside
+    pytest-timeout's clock like the cluster's own build)."""
+    from localkube import images
+
+    paused = None
+    if threading.current_thread() is threading.main_thread():
+        paused = signal.setitimer(signal.ITIMER_REAL, 0)
+    try:
+        ref = images.trainer_image()
+        images.import_into_containerd(ref, str(host.CONTAINERD_SOCKET))
+    finally:
+        if paused and paused[0] > 0:
+            signal.setitimer(signal.ITIMER_REAL, *paused)
+    return ref
+
+
+def test_trainer_image_trains_across_two_pods(real_node, ns, trainer_on_node):
+    """The quickstart spec, rendered by the controller as for any cluster, on the real node:
+    two pods of the trainer image, DDP over gloo between their bridge IPs, MASTER_ADDR
+    (`<job>-master-0`) through the operator's Service and CoreDNS, rank 0's JSON events."""
+    from controller.render import render_pytorchjob
+    from controller.spec import validate_spec
+
+    data = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+    data.update(
+        name="ddp",
+        namespace=ns,
+        image=trainer_on_node,
+        resources={"cpu": "500m", "memory": "1536Mi"},
+        node_selector={"kubernetes.io/hostname": node.NODE_NAME},
+        tolerations=[{**node.TAINT, "operator": "Equal"}],
+    )
+    data["trainer"].update(
+        max_steps=40, log_every=10, eval_every=1000, checkpoint={"dir": "/checkpoints"}
+    )
+    job = render_pytorchjob(validate_spec(data))
+    create(real_node, job)
+
+    def finished():
+        status = _get(real_node, "pytorchjob", "ddp", "-n", ns).get("status", {})
+        done = [c["type"] for c in status.get("conditions", []) if c["status"] == "True"]
+        return next((c for c in done if c in ("Succeeded", "Failed")), None)
+
+    assert wait_until("job finished", finished, 600, 2) == "Succeeded"
+    out = logs(real_node, ns, "ddp-master-0")
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    kinds = [e.get("event") for e in events]
+    assert "start" in kinds and "done" in kinds, out[-2000:]
+    start = next(e for e in events if e.get("event") == "start")
+    assert start.get("world_size") == 2, start
+    master = pod(real_node, ns, "ddp-master-0")
+    worker = pod(real_node, ns, "ddp-worker-0")
+    assert master["spec"]["nodeName"] == worker["spec"]["nodeName"] == node.NODE_NAME
+    env = {e["name"]: e.get("value") for e in worker["spec"]["containers"][0]["env"]}
+    assert env["MASTER_ADDR"] == "ddp-master-0"  # no rewrite: the name resolves for real
 
 
 # ------------------------------------------------------------------------------------ teardown
