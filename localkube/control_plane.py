@@ -215,6 +215,7 @@ class ControlPlane:
         bootstrap.issue_credentials(self.state_dir, state["server"])
         ctx = self._context(state)
         timings: dict[str, float] = {}
+        started_at: dict[str, float] = {}
         started: list[Component] = []
         later: list[Component] = []
         for entry in SEQUENCE:
@@ -223,6 +224,7 @@ class ControlPlane:
                 entry.run(ctx)
                 timings[entry.name] = time.monotonic() - t
                 continue
+            started_at[entry.name] = round(time.monotonic() - t_ready, 2)
             self._start(state, ctx, entry)
             started.append(entry)
             if entry.wait == "now":
@@ -238,7 +240,8 @@ class ControlPlane:
             self._poll(what, lambda p=probe: p(ctx), 60, started)
         timings["components-ready"] = time.monotonic() - t
         state["timings"] = {k: round(v, 2) for k, v in timings.items()}
-        state["ready_at"] = ready_at  # seconds after the start (tools built) each was ready
+        # Seconds after the start (tools built) each component was started and was ready.
+        state["started_at"], state["ready_at"] = started_at, ready_at
         state["up_seconds"] = round(time.monotonic() - t_ready, 2)
         state["total_seconds"] = round(time.monotonic() - t0, 2)
         self.state.write(state)

@@ -346,6 +346,11 @@ def reset(repo: Path, say: Say, cri_reset: Path | None) -> None:
         rec = read_record()
         if rec is None and not _leftovers():
             return
+        if os.geteuid() != 0:
+            raise LocalkubeError(
+                f"localkube node: putting the machine back needs root (got uid {os.geteuid()}, "
+                f"and the node's changes recorded in {RECORD}). Run `sudo make cluster-down`."
+            )
         _reset(rec, say, cri_reset)
 
 
