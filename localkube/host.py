@@ -338,19 +338,21 @@ def create_bridge() -> None:
 
 def reset(repo: Path, say: Say, cri_reset: Path | None) -> None:
     """Undo everything the node changed on this machine, whether it stopped cleanly or was
-    killed. A no-op when nothing of the node is left. ``cri_reset`` is the built
-    ``kube cri-reset`` (None: remove containers with runc directly)."""
+    killed. A no-op when nothing of the node is left, or when it is another checkout's running
+    node. ``cri_reset`` is the built ``kube cri-reset`` (None: remove containers with runc)."""
+    if (read_record() is None and not _leftovers()) or _live_other_owner(repo) is not None:
+        return
+    if os.geteuid() != 0:
+        raise LocalkubeError(
+            f"localkube node: putting the machine back needs root (got uid {os.geteuid()}, "
+            f"and the node's changes recorded in {RECORD}). Run `sudo make cluster-down`."
+        )
     with machine_lock():
         if _live_other_owner(repo) is not None:
-            return  # another checkout's running node: not ours to undo
+            return  # another checkout's node started meanwhile: not ours to undo
         rec = read_record()
         if rec is None and not _leftovers():
             return
-        if os.geteuid() != 0:
-            raise LocalkubeError(
-                f"localkube node: putting the machine back needs root (got uid {os.geteuid()}, "
-                f"and the node's changes recorded in {RECORD}). Run `sudo make cluster-down`."
-            )
         _reset(rec, say, cri_reset)
 
 
@@ -383,7 +385,10 @@ def _leftovers() -> bool:
 
 def _sandbox_dirs() -> list[Path]:
     root = CONTAINERD_ROOT / "io.containerd.grpc.v1.cri" / "sandboxes"
-    return list(root.iterdir()) if root.is_dir() else []
+    try:
+        return list(root.iterdir())
+    except OSError:  # none, or not ours to read (not root)
+        return []
 
 
 def node_processes() -> dict[str, list[int]]:
