@@ -10,10 +10,10 @@ rootfs and shm, network namespaces under /run/netns), and log entries in /var/lo
 /var/log/containers.
 
 Before the node starts, :func:`record` writes what the machine looked like to :data:`RECORD`
-(in /run: it lives exactly as long as the changes it describes, a reboot clears both). It is
-written once and removed only by a complete :func:`reset`, so a node that was killed with
-``kill -9`` is still undone by the next ``up`` or ``down``, against the values from before the
-first start. There is one node per machine (it owns /kubepods, the bridge, port 53 on the
+(in /run, a tmpfs on most systems, so a reboot clears it with the changes it describes; where
+/run is on disk, the first ``up`` after a reboot restores the same boot values). It is written
+once and removed only by a complete :func:`reset`, so a node that was killed with ``kill -9`` is
+still undone by the next ``up`` or ``down``, against the values from before the first start. There is one node per machine (it owns /kubepods, the bridge, port 53 on the
 gateway); the record names the checkout whose cluster holds it.
 """
 
@@ -34,8 +34,8 @@ from pathlib import Path
 
 from .procs import LocalkubeError, proc_start_time
 
-#: Machine-scoped runtime state (sockets, configs, IPAM leases, the record): tmpfs, like the
-#: kernel state it goes with.
+#: Machine-scoped runtime state (sockets, configs, IPAM leases, the record): usually a tmpfs,
+#: like the kernel state it goes with.
 RUN_DIR = Path("/run/ddpjob")
 #: On disk: containerd's root (imported images survive ``down``) and the kubelet's root-dir
 #: (emptyDir volumes live on disk, not in memory).
