@@ -13,8 +13,9 @@ Before the node starts, :func:`record` writes what the machine looked like to :d
 (in /run, a tmpfs on most systems, so a reboot clears it with the changes it describes; where
 /run is on disk, the first ``up`` after a reboot restores the same boot values). It is written
 once and removed only by a complete :func:`reset`, so a node that was killed with ``kill -9`` is
-still undone by the next ``up`` or ``down``, against the values from before the first start. There is one node per machine (it owns /kubepods, the bridge, port 53 on the
-gateway); the record names the checkout whose cluster holds it.
+still undone by the next ``up`` or ``down``, against the values from before the first start.
+There is one node per machine (it owns /kubepods, the bridge, port 53 on the gateway); the
+record names the checkout whose cluster holds it.
 """
 
 from __future__ import annotations
