@@ -116,8 +116,8 @@ def _go_env() -> dict[str, str]:
     return env
 
 
-def _run_go(args: list[str], log, module: str = ".") -> float:
-    """Run one go command in a module (a folder of go/); return its wall time in seconds."""
+def _run_go(args: list[str], log, cwd: Path = GO_DIR) -> float:
+    """Run one go command in the wrapper module (or ``cwd``); return its wall time in seconds."""
     if shutil.which("go") is None:
         raise RuntimeError(
             "localkube.tools: the go command is missing (got no `go` on PATH). "
@@ -125,9 +125,7 @@ def _run_go(args: list[str], log, module: str = ".") -> float:
         )
     start = time.monotonic()
     print(f"[cluster] go {' '.join(args)}", file=log, flush=True)
-    proc = subprocess.run(
-        ["go", *args], cwd=GO_DIR / module, env=_go_env(), capture_output=True, text=True
-    )
+    proc = subprocess.run(["go", *args], cwd=cwd, env=_go_env(), capture_output=True, text=True)
     elapsed = time.monotonic() - start
     if proc.returncode != 0:
         raise RuntimeError(
@@ -218,7 +216,7 @@ def _build_locked(root: Path, log) -> dict[str, float]:
         dest = bindir / name
         if not dest.exists():
             tmp = bindir / f".{name}.tmp{os.getpid()}"
-            times[name] = _run_go([*common, "-o", str(tmp), package], log, module)
+            times[name] = _run_go([*common, "-o", str(tmp), package], log, GO_DIR / module)
             tmp.rename(dest)
     _copy_module_files(root / "manifests")
     record = root / "build-times.json"
