@@ -28,7 +28,7 @@ endif
 # Another base with the same contract (python, pip, CUDA torch 2.8.0); empty = the Dockerfile's.
 BASE_IMAGE ?=
 
-.PHONY: node-deps venv demo test test-fast lint fmt image base-image push cluster-up cluster-down tools kind-up e2e bench schema
+.PHONY: node-deps venv demo test test-fast lint fmt image base-image images push cluster-up cluster-down tools kind-up e2e bench schema
 
 venv: $(STAMP)  ## create .venv and install ddpjob with every extra (torch included)
 
@@ -41,9 +41,11 @@ $(STAMP): pyproject.toml
 demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 	$(PY) -m controller run $(SPEC) --local
 
-# `tools` first, so a cold machine's one-time Go build (about 10-15 min on 2 cores) prints its
-# progress outside pytest; on a warm machine it builds nothing.
-test: venv tools $(NODE_DEPS)  ## the whole suite: unit, multi-process DDP, local control plane, end-to-end
+# `tools` and `images` first, so a cold machine's one-time builds (Go: about 10-15 min on 2 cores;
+# the stand-in torch base: minutes) print their progress outside pytest; on a warm machine they
+# build nothing. Where the images cannot be built (no root or podman), the image tests say why.
+test: venv tools $(NODE_DEPS)  ## the whole suite: unit, multi-process DDP, local control plane, images, end-to-end
+	@$(MAKE) --no-print-directory images || echo "make test: images not built; see the image tests" >&2
 	$(PY) -m ruff check .
 	$(PY) -m pytest
 
@@ -107,6 +109,11 @@ endif
 
 base-image: venv  ## build the local stand-in for the trainer image's base (cached by its inputs)
 	$(PY) -m localkube.images base
+
+images: venv  ## build the local images into podman's store (stand-in base, pause, init); cached
+	$(PY) -m localkube.images base
+	$(PY) -m localkube.images pause
+	$(PY) -m localkube.images init
 
 push: image  ## build, then push $(IMAGE):$(TAG) (log in to the registry first)
 	$(CONTAINER_ENGINE) push $(IMAGE):$(TAG)

@@ -1,21 +1,27 @@
-"""Container images for the local cluster, built on this machine: no registry, no Docker daemon.
+"""Container images built on this machine (no registry, no Docker daemon), and into containerd.
 
-    pause_image()    localhost/pause:<tag>      Kubernetes' pause.c, static, FROM scratch, uid 65535
-    init_image()     localhost/busybox:<ver>    Debian's busybox-static, FROM scratch: the training
-                                                operator's worker init container (sh, seq, nslookup)
+    pause_image()      localhost/pause:<tag>: Kubernetes' pause.c, static, FROM scratch, uid 65535
+    init_image()       localhost/busybox:<version>: busybox-static FROM scratch, for the training
+                       operator's worker init container (sh, seq, nslookup)
+    base_image()       localhost/torch-base:<torch>: the local stand-in for the trainer's base
+    trainer_image()    localhost/ddpjob-trainer:dev-<checkout>: the Dockerfile, for the cluster
+    build_trainer(ref) what `make image` runs when no Docker daemon answers
     import_into_containerd(ref, address, namespace="k8s.io")
 
 Each ``*_image()`` builds with podman when the image is missing or its inputs changed, and returns
 the full reference (never ``:latest``, which would make the kubelet pull). The inputs are hashed
 into the label ``io.ddpjob.inputs``, so a second call builds nothing. podman runs with
-``localkube/containers.conf`` (runc, no default ulimits: see that file).
+``localkube/containers.conf`` (runc, no default ulimits: see that file). docs/image.md has the
+why: the base rule, the stand-in's differences from upstream, buildah's cache bugs.
 
 ``import_into_containerd`` copies a podman image into a containerd and sends only what that
 containerd lacks: the layers it already holds (the multi-GB torch layer of the trainer image)
 become sparse placeholders in a temporary OCI layout, so skopeo skips them and ``ctr images
 import`` gets an archive with the new layers only. Same image ID already there: nothing to do.
+Nothing there yet: skopeo's docker-archive streams straight into ``ctr images import``.
 
-    python -m localkube.images pause|init
+    python -m localkube.images pause|init|base|wheelhouse|cluster-trainer
+    python -m localkube.images trainer --ref IMAGE:TAG [--version V] [--base REF] [--dry-run]
     python -m localkube.images import REF --address /run/.../containerd.sock [--namespace k8s.io]
 """
 
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -113,7 +120,8 @@ def _run(
     env: dict[str, str] | None = None,
     hint: str = "",
 ) -> str:
-    """Run ``argv``; return its stdout. With ``log``, stream stdout+stderr there as it comes.
+    """Run ``argv``; return its stdout. With ``log``, stream stdout+stderr there as it comes
+    (and return the last 40 lines of them).
 
     On failure raise :class:`ImageError` with the command, exit status and the output's tail.
     """
@@ -203,11 +211,7 @@ def _podman_build(
     args: Sequence[str] = (),
     log,
 ) -> str:
-    """``podman build`` ``context`` into ``ref`` labelled with ``inputs``; return the image ID.
-
-    The image that held ``ref`` before is removed when nothing else uses it (no dangling
-    7 GB bases after a rebuild); podman refuses, and we carry on, when it is still in use.
-    """
+    """``podman build`` ``context`` into ``ref`` labelled with ``inputs``; return the image ID."""
     _require("podman", "Install podman and buildah: `make node-deps` (root, apt).")
     old = inspect(ref)
     with tempfile.TemporaryDirectory(prefix="ddpjob-iid-") as tmp:
@@ -228,11 +232,17 @@ def _podman_build(
         ]
         _run(argv, log=log)
         image_id = iidfile.read_text().strip().removeprefix("sha256:")
-    if old and old["Id"] != image_id:
+    _remove_replaced(old, image_id)
+    return image_id
+
+
+def _remove_replaced(old: dict | None, new_id: str) -> None:
+    """Remove the image a rebuild took the tag from, unless something still uses it (podman
+    refuses then, and we carry on): no dangling 7 GB images after each rebuild."""
+    if old and old["Id"] != new_id:
         subprocess.run(
             ["podman", "rmi", old["Id"]], env=podman_env(), capture_output=True, check=False
         )
-    return image_id
 
 
 # --- pause ---------------------------------------------------------------------------------------
@@ -537,8 +547,10 @@ def base_image(log=sys.stderr) -> str:
     return ref
 
 
+@functools.lru_cache(maxsize=8)
 def registry_answers(ref: str, timeout_s: float = 30) -> tuple[bool, str]:
-    """Whether ``ref``'s registry serves its manifest now (``skopeo inspect``); and why not."""
+    """Whether ``ref``'s registry serves its manifest now (``skopeo inspect``), and why not;
+    asked once per process."""
     _require("skopeo", "Install it: `make node-deps` (root, apt).")
     try:
         proc = subprocess.run(
@@ -709,10 +721,7 @@ def trainer_image(log=sys.stderr) -> str:
             return ref
         old = inspect(ref)
         build_trainer(ref, base=base_ref, version="dev", log=log)
-        if old and old["Id"] != inspect(ref)["Id"]:
-            subprocess.run(
-                ["podman", "rmi", old["Id"]], env=podman_env(), capture_output=True, check=False
-            )
+        _remove_replaced(old, inspect(ref)["Id"])
     return ref
 
 
@@ -788,9 +797,12 @@ def import_into_containerd(
 ) -> ImportResult:
     """Make the containerd at ``address`` hold podman's ``ref`` under the same name and ID.
 
-    Sends only the layers containerd lacks (their sizes come from the manifests it already
-    holds; presence from its content store), and nothing when ``ref`` there already is this
-    image ID and is unpacked. Unpacks into the default snapshotter, so CRI can run it.
+    - ``ref`` there already is this image ID, unpacked: nothing to do.
+    - containerd holds some of its layers (the sizes come from the manifests it holds, the
+      presence from its content store): only the others are sent.
+    - none: skopeo's docker-archive is streamed straight in, with no copy on disk.
+
+    Unpacks into the default snapshotter, so CRI can run it.
     """
     start = time.monotonic()
     for tool in ("ctr", "skopeo"):
@@ -804,57 +816,47 @@ def import_into_containerd(
     image_id = "sha256:" + info["Id"]
     diff_ids: list[str] = info["RootFS"]["Layers"]
     ctr = _Ctr(address, namespace)
-    images = ctr.images()
+    targets = ctr.images()
     snapshot = chain_id(diff_ids)
-    if ref in images:
-        configs = {m["config"]["digest"] for m in ctr.manifests(images[ref])}
+    if ref in targets:
+        configs = {m["config"]["digest"] for m in ctr.manifests(targets[ref])}
         if configs == {image_id} and ctr.ok("snapshots", "info", snapshot):
             return ImportResult(ref, image_id, 0, 0, 0, 0, time.monotonic() - start)
-    sizes = {
+    known = {
         layer["digest"]: layer["size"]
-        for target in images.values()
+        for target in targets.values()
         for manifest in ctr.manifests(target)
         for layer in manifest.get("layers", [])
     }
     held = ctr.blobs()
-    reuse = {d: sizes[d] for d in diff_ids if d in held and d in sizes}
-    with tempfile.TemporaryDirectory(prefix="ddpjob-import-") as tmp:
-        layout = Path(tmp)
-        blobdir = layout / "blobs" / "sha256"
-        blobdir.mkdir(parents=True)
-        for digest, size in reuse.items():
-            # A sparse file of the right size: skopeo's OCI destination takes an existing blob
-            # of that digest as already copied (and reads its size for the manifest).
-            with open(blobdir / digest.removeprefix("sha256:"), "wb") as handle:
-                handle.truncate(size)
-        _run(
-            [
-                "skopeo",
-                "copy",
-                "--quiet",
-                "--dest-oci-accept-uncompressed-layers",
-                f"containers-storage:{ref}@{info['Id']}",
-                f"oci:{layout}:{ref}",
-            ]
-        )
-        manifest_desc, manifest = _read_layout(layout, image_id, diff_ids)
-        send = ["oci-layout", "index.json"] + [
-            f"blobs/sha256/{p.name}" for p in blobdir.iterdir() if f"sha256:{p.name}" not in reuse
-        ]
-        _ctr_import(ctr, layout, send)
-    now = ctr.images().get(ref)
-    if now != manifest_desc["digest"] or not ctr.ok("snapshots", "info", snapshot):
+    reuse = {d: known[d] for d in diff_ids if d in held and d in known}
+    # Import under a name of its own, then move ``ref``: replacing ``ref`` first would leave
+    # the reused layers' snapshots referenced by nothing while the new image unpacks on top of
+    # them, and containerd's GC removes them under it ("parent snapshot ... does not exist").
+    staging = f"{ref}-importing-{os.getpid()}"
+    try:
+        if reuse:
+            _import_missing_layers(staging, info["Id"], reuse, ctr)
+        else:
+            _import_whole(staging, info["Id"], ctr)
+        ctr.run("images", "tag", "--force", staging, ref)
+    finally:
+        ctr.ok("images", "rm", staging)
+    manifests = ctr.manifests(ctr.images().get(ref, ""))
+    if {m["config"]["digest"] for m in manifests} != {image_id} or not ctr.ok(
+        "snapshots", "info", snapshot
+    ):
         raise ImageError(
-            f"localkube.images: {ref} is not in containerd as imported (got target {now}, "
-            f"expected {manifest_desc['digest']} with snapshot {snapshot}). "
-            "Hint: did something delete it meanwhile? Import again."
+            f"localkube.images: {ref} is not in containerd as imported (got "
+            f"{[m['config']['digest'] for m in manifests]}, expected config {image_id} with "
+            f"snapshot {snapshot}). Hint: did something delete it meanwhile? Import again."
         )
-    sent = [layer for layer in manifest["layers"] if layer["digest"] not in reuse]
+    sent = [(d, layer["size"]) for d, layer in zip(diff_ids, manifests[0]["layers"], strict=True)]
     result = ImportResult(
         ref,
         image_id,
-        layers_sent=len(sent),
-        bytes_sent=sum(layer["size"] for layer in sent),
+        layers_sent=len(diff_ids) - len(reuse),
+        bytes_sent=sum(size for d, size in sent if d not in reuse),
         layers_reused=len(reuse),
         bytes_reused=sum(reuse.values()),
         seconds=time.monotonic() - start,
@@ -869,49 +871,91 @@ def import_into_containerd(
     return result
 
 
-def _read_layout(layout: Path, image_id: str, diff_ids: list[str]) -> tuple[dict, dict]:
-    """Check skopeo's OCI layout is podman's image; name it in index.json; return the manifest.
+def _import_whole(name: str, image_id: str, ctr: _Ctr) -> None:
+    """Nothing to reuse: stream skopeo's docker-archive straight into ``ctr images import``.
 
-    The name goes into both annotations containerd reads, so ``ctr images import`` creates the
-    image under exactly ``ref`` (not ``import-<date>``).
+    No temporary copy of the layers on disk. skopeo keeps the config bytes (the image ID) and
+    the uncompressed layers (digest = diff ID), so a later import finds them reusable.
+    """
+    _pipe_into_ctr(
+        ["skopeo", "copy", "--quiet", f"containers-storage:{image_id}",
+         f"docker-archive:/dev/stdout:{name}"],
+        ctr,
+        env=podman_env(),
+    )  # fmt: skip
+
+
+def _import_missing_layers(name: str, image_id: str, reuse: dict[str, int], ctr: _Ctr) -> None:
+    """skopeo into a temporary OCI layout where the reused layers are sparse placeholders (its
+    OCI destination takes an existing blob of that digest as copied, and reads its size for the
+    manifest); ``ctr images import`` of that layout without them."""
+    with tempfile.TemporaryDirectory(prefix="ddpjob-import-") as tmp:
+        layout = Path(tmp)
+        blobdir = layout / "blobs" / "sha256"
+        blobdir.mkdir(parents=True)
+        for digest, size in reuse.items():
+            with open(blobdir / digest.removeprefix("sha256:"), "wb") as handle:
+                handle.truncate(size)
+        _run(
+            [
+                "skopeo",
+                "copy",
+                "--quiet",
+                "--dest-oci-accept-uncompressed-layers",
+                f"containers-storage:{image_id}",
+                f"oci:{layout}:{name}",
+            ]
+        )
+        _name_and_check_layout(layout, "sha256:" + image_id)
+        send = ["oci-layout", "index.json"] + [
+            f"blobs/sha256/{p.name}" for p in blobdir.iterdir() if f"sha256:{p.name}" not in reuse
+        ]
+        _pipe_into_ctr(
+            ["tar", "--create", "--file", "-", "--directory", str(layout), "--", *send], ctr
+        )
+
+
+def _name_and_check_layout(layout: Path, image_id: str) -> None:
+    """Check skopeo's OCI layout holds podman's image (config = image ID); name it for containerd.
+
+    The reference goes into both annotations ``ctr images import`` reads, so the image is
+    created under exactly that name (not ``import-<date>``).
     """
     index_path = layout / "index.json"
     index = json.loads(index_path.read_text())
     (desc,) = index["manifests"]
     manifest = json.loads((layout / "blobs" / "sha256" / desc["digest"][7:]).read_text())
-    layers = [layer["digest"] for layer in manifest["layers"]]
-    if manifest["config"]["digest"] != image_id or layers != diff_ids:
+    if manifest["config"]["digest"] != image_id:
         raise ImageError(
-            f"localkube.images: the OCI copy differs from podman's image (got config "
-            f"{manifest['config']['digest']}, layers {layers}; expected {image_id}, {diff_ids})."
+            f"localkube.images: the OCI copy is not podman's image (got config "
+            f"{manifest['config']['digest']}, expected {image_id}). Hint: was it rebuilt meanwhile?"
         )
     ref = desc["annotations"]["org.opencontainers.image.ref.name"]
     desc["annotations"]["io.containerd.image.name"] = ref
     index_path.write_text(json.dumps(index))
-    return desc, manifest
 
 
-def _ctr_import(ctr: _Ctr, layout: Path, members: list[str]) -> None:
-    """Stream ``members`` of the OCI layout as a tar into ``ctr images import -``."""
-    tar = subprocess.Popen(
-        ["tar", "--create", "--file", "-", "--directory", str(layout), "--", *members],
-        stdout=subprocess.PIPE,
+def _pipe_into_ctr(producer: list[str], ctr: _Ctr, env: dict[str, str] | None = None) -> None:
+    """Run ``producer`` (an image archive on stdout) into ``ctr images import -``."""
+    source = subprocess.Popen(
+        producer, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env or os.environ
     )
-    assert tar.stdout is not None
+    assert source.stdout is not None and source.stderr is not None
     proc = subprocess.run(
         [*ctr.base, "images", "import", "-"],
-        stdin=tar.stdout,
+        stdin=source.stdout,
         capture_output=True,
         text=True,
         check=False,
     )
-    tar.stdout.close()
-    tar_rc = tar.wait()
-    if proc.returncode != 0 or tar_rc != 0:
+    source.stdout.close()
+    source_err = source.stderr.read().decode(errors="replace")
+    source_rc = source.wait()
+    if proc.returncode != 0 or source_rc != 0:
         raise ImageError(
-            f"localkube.images: ctr images import failed (got exit {proc.returncode}, tar exit "
-            f"{tar_rc}): {proc.stderr.strip()[-2000:]}. Hint: is containerd serving on "
-            f"{ctr.address}, with room on its disk?"
+            f"localkube.images: {Path(producer[0]).name} | ctr images import failed (got exit "
+            f"{source_rc} | {proc.returncode}): {(source_err + proc.stderr).strip()[-2000:]}. "
+            f"Hint: is containerd serving on {ctr.address}, with room on its disk?"
         )
 
 

@@ -627,13 +627,14 @@ def containerd(tmp_path_factory) -> Iterator[str]:
         with images.scratch_containerd(tmp_path_factory.mktemp("containerd")) as address:
             yield address
     finally:
-        with contextlib.suppress(OSError):  # runc's state folder for our namespace, if empty
-            Path("/run/containerd/runc", NAMESPACE).rmdir()
+        for namespace in (NAMESPACE, f"{NAMESPACE}-update"):
+            with contextlib.suppress(OSError):  # runc's state folder for it, if empty
+                Path("/run/containerd/runc", namespace).rmdir()
 
 
-def ctr(address: str, *args: str) -> str:
+def ctr(address: str, *args: str, ns: str = NAMESPACE) -> str:
     return subprocess.run(
-        ["ctr", "--address", address, "--namespace", NAMESPACE, *args],
+        ["ctr", "--address", address, "--namespace", ns, *args],
         capture_output=True,
         text=True,
         check=True,
@@ -652,16 +653,22 @@ def test_import_into_containerd_sends_only_missing_layers(
     again = images.import_into_containerd(init_ref, containerd, NAMESPACE)
     assert again.skipped and again.bytes_sent == 0
     # A changed layer on top of one containerd holds: only the new layer travels, and it runs.
+    # In a namespace of its own, so the shared layer is referenced only by the image it replaces
+    # (the import must not let containerd's GC take that layer's snapshot meanwhile).
+    namespace = f"{NAMESPACE}-update"
     ref = "localhost/ddpjob-import-test:1"
     (tmp_path / "Containerfile").write_text(f"FROM {init_ref}\nCOPY msg /msg\n")
+    built = []
     try:
-        for text in ("first", "second"):
+        for i, text in enumerate(("first", "second")):
             (tmp_path / "msg").write_text(text)
             podman("build", "--quiet", "--tag", ref, str(tmp_path))
-            result = images.import_into_containerd(ref, containerd, NAMESPACE)
-            assert (result.layers_sent, result.layers_reused) == (1, 1), result
-            assert result.bytes_sent < 10_000 and result.bytes_reused > 1_000_000, result
-            out = ctr(containerd, "run", "--rm", ref, f"msg-{text}", "cat", "/msg")
+            built.append(images.inspect(ref)["Id"])
+            result = images.import_into_containerd(ref, containerd, namespace)
+            assert (result.layers_sent, result.layers_reused) == ((2, 0) if i == 0 else (1, 1))
+            assert result.bytes_sent < (3_000_000 if i == 0 else 10_000), result
+            out = ctr(containerd, "run", "--rm", ref, f"msg-{text}", "cat", "/msg", ns=namespace)
             assert out == text
+        assert ctr(containerd, "images", "ls", "--quiet", ns=namespace).split() == [ref]
     finally:
-        podman("rmi", "--force", ref, check=False)
+        podman("rmi", "--force", *built, check=False)
