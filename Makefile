@@ -9,9 +9,13 @@ TAG ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 SPEC ?= examples/quickstart.yaml
 # What the local cluster's real node and the image build need from Debian (root, apt). runc, not
 # crun: crun refuses this kernel's hybrid cgroups. See docs/local-cluster.md. busybox-static and
-# mksh (its static shell) make the operator's init container image (localkube/images.py).
+# mksh (its static shell) make the operator's init container image, gcc and libc6-dev the static
+# pause binary (localkube/images.py).
 NODE_PACKAGES := containerd runc containernetworking-plugins iptables conntrack socat \
-	podman buildah skopeo mmdebstrap busybox-static mksh uidmap
+	podman buildah skopeo mmdebstrap busybox-static mksh uidmap gcc libc6-dev
+
+# The real node's Debian packages come first (a no-op when installed); DDPJOB_NODE=off skips the node.
+NODE_DEPS := $(if $(filter off,$(DDPJOB_NODE)),,node-deps)
 
 # `make image`/`make push` build with docker where a daemon answers (`docker info`), else with
 # podman (localkube/images.py: the upstream base when it can be had, else the local stand-in).
@@ -43,11 +47,11 @@ $(STAMP): pyproject.toml
 demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 	$(PY) -m controller run $(SPEC) --local
 
-# `tools` and `images` first, so a cold machine's one-time builds (Go: about 20-25 min on 2 cores
-# with Trainer v2 and JobSet; the stand-in torch base: minutes) print their progress outside
-# pytest; on a warm machine they build nothing. Where the images cannot be built (no root or
-# podman), the image tests say why.
-test: venv tools  ## the whole suite: unit, multi-process DDP, local cluster, images, end-to-end
+# `tools`, the node's Debian packages and `images` first, so a cold machine's one-time builds (Go:
+# about 20-25 min on 2 cores with Trainer v2 and JobSet; the stand-in torch base: minutes) print
+# their progress outside pytest; on a warm machine they build nothing. Where the images cannot be
+# built (no root or podman), the image tests say why.
+test: venv tools $(NODE_DEPS)  ## the whole suite: unit, multi-process DDP, local cluster, images, end-to-end
 	@$(MAKE) --no-print-directory images || echo "make test: images not built; see the image tests" >&2
 	$(PY) -m ruff check .
 	$(PY) -m pytest
@@ -66,7 +70,7 @@ fmt: venv  ## ruff: fix what it can and format
 generate: venv  ## write every generated file: JSON Schemas, chart CI values, k8s example, goldens
 	$(PY) -m controller.generate
 
-cluster-up: venv  ## build (once, cached) and start a real control plane on 127.0.0.1
+cluster-up: venv $(NODE_DEPS)  ## build (once, cached) and start the local cluster: control plane + a real node
 	$(PY) -m localkube up
 
 cluster-down:  ## stop exactly what cluster-up started and remove its state
@@ -90,7 +94,7 @@ tools: venv  ## build the pinned control-plane binaries into the cache, start no
 kind-up:  ## for machines with Docker: a kind cluster with the Kubeflow training operator
 	$(PY) -m localkube kind-up
 
-e2e: venv  ## the end-to-end and local-cluster tests only
+e2e: venv $(NODE_DEPS)  ## the end-to-end and local-cluster tests only
 	$(PY) -m pytest tests/e2e tests/localkube
 
 bench: venv  ## benchmarks: ratios measured side by side in one run

@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from . import tools
+from . import node, tools
 from .control_plane import ControlPlane
 from .procs import LocalkubeError
 
@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                         "tools": str(tools.tools_dir()),
                         "rss_mib": cp.rss_mib(),
                         "pss_mib": cp.pss_mib(),
+                        "node_shims": node.shim_memory_mib() if node.ENABLED else None,
                     },
                     indent=2,
                 )

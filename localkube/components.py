@@ -18,10 +18,12 @@ import sys
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
-from . import bootstrap, trainer_v2
+from . import bootstrap, node, trainer_v2
 from .context import Context
+from .host import CONTAINERD_CONFIG, COREDNS_CONFIG, GATEWAY, KUBELET_ROOT
 
 
 def http_get(url: str, ctx: ssl.SSLContext | None = None, timeout_s: float = 2.0) -> str:
@@ -317,6 +319,9 @@ def _training_operator(ctx: Context) -> list[str]:
         # built-in one sets no securityContext, so PodSecurity refuses Worker pods.
         "--pytorch-init-container-template-file",
         str(ctx.repo / "k8s" / "operator" / "init-container-restricted.yaml"),
+        # The template's {{.InitContainerImage}}: the local init image (upstream: alpine:3.10,
+        # which no registry serves here).
+        *(["--pytorch-init-container-image", node.images()["init"]] if node.ENABLED else []),
         "--zap-log-level",
         "info",
     ]
@@ -373,6 +378,76 @@ def _pod_agent(ctx: Context) -> list[str]:
 
 POD_AGENT = Component("pod-agent", _pod_agent, lambda ctx: (ctx.state_dir / "agent.ready").exists())
 
+# ------------------------------------------------------------------------------------ real node
+
+
+def _containerd(_ctx: Context) -> list[str]:
+    return ["containerd", "--config", str(CONTAINERD_CONFIG)]
+
+
+CONTAINERD = Component(
+    "containerd",
+    _containerd,
+    node.containerd_ready,
+    wait="now",
+    timeout_s=30,
+    prepare=node.prepare_host,
+)
+
+
+def _kubelet(ctx: Context) -> list[str]:
+    return [
+        str(ctx.bindir / "kubelet"),
+        "--config",
+        str(ctx.state_dir / "kubelet.yaml"),
+        "--kubeconfig",
+        ctx.kubeconfig("kubelet"),
+        f"--root-dir={KUBELET_ROOT}",
+        "--hostname-override",
+        node.NODE_NAME,
+        "--node-ip",
+        GATEWAY,
+        "--node-labels",
+        "ddpjob.local/node=real",
+        # Only tells image GC to keep it; the sandbox image itself is containerd's setting.
+        "--pod-infra-container-image",
+        node.images()["pause"],
+        "--v",
+        "1",
+    ]
+
+
+KUBELET = Component(
+    "kubelet",
+    _kubelet,
+    node.node_ready,
+    timeout_s=90,
+    prepare=node.prepare_kubelet,
+    ports=("kubelet", "kubelet-healthz"),
+)
+
+
+def _coredns(ctx: Context) -> list[str]:
+    return [str(ctx.bindir / "coredns"), "-conf", str(COREDNS_CONFIG)]
+
+
+COREDNS = Component(
+    "coredns",
+    _coredns,
+    node.coredns_ready,
+    prepare=node.prepare_coredns,
+    ports=("coredns-health", "coredns-ready"),
+)
+
+#: The real node, after the control plane (it registers with the API server).
+NODE: tuple[Component | Step, ...] = (
+    CONTAINERD,
+    Step("node-images", node.import_images),
+    Step("node-objects", node.apply_objects),
+    KUBELET,
+    COREDNS,
+)
+
 # ------------------------------------------------------------------------------------ the order
 
 
@@ -395,7 +470,15 @@ SEQUENCE: tuple[Component | Step, ...] = (
     TRAINER_CONTROLLER,
     Step("torch-distributed-runtime", trainer_v2.install_runtime),
     POD_AGENT,
+    *(NODE if node.ENABLED else ()),
 )
+
+#: Checks before anything is built or started: each raises a one-line LocalkubeError when this
+#: machine cannot run the cluster.
+HOST_CHECKS: tuple[Callable[[Path], None], ...] = (node.preflight,)
+#: Undo what the cluster changed on the machine outside its processes and state folder; run by
+#: ``down`` after the processes stop and by ``up`` before it starts (what a killed run left).
+HOST_RESETS: tuple[Callable[[Path, Callable[[str], None]], None], ...] = (node.reset,)
 
 #: Cluster-wide conditions checked after every component is ready: (what, probe).
 FINAL_PROBES: tuple[tuple[str, Callable[[Context], bool]], ...] = (

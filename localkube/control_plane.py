@@ -26,6 +26,8 @@ from pathlib import Path
 from . import bootstrap, procs, tools
 from .components import (
     FINAL_PROBES,
+    HOST_CHECKS,
+    HOST_RESETS,
     SEQUENCE,
     Component,
     Step,
@@ -187,10 +189,13 @@ class ControlPlane:
 
     def _up(self, owner: str = "cli") -> dict:
         t0 = time.monotonic()
+        for check in HOST_CHECKS:
+            check(self.repo)
         built = tools.build(self.log)
         if built:
             self.say("built " + ", ".join(f"{k} {v:.0f}s" for k, v in built.items()))
         t_ready = time.monotonic()
+        self._reset_host()
         if self.state_dir.exists():
             shutil.rmtree(self.state_dir)
         self.state_dir.mkdir(parents=True)
@@ -210,6 +215,7 @@ class ControlPlane:
         bootstrap.issue_credentials(self.state_dir, state["server"])
         ctx = self._context(state)
         timings: dict[str, float] = {}
+        started_at: dict[str, float] = {}
         started: list[Component] = []
         later: list[Component] = []
         for entry in SEQUENCE:
@@ -218,6 +224,7 @@ class ControlPlane:
                 entry.run(ctx)
                 timings[entry.name] = time.monotonic() - t
                 continue
+            started_at[entry.name] = round(time.monotonic() - t_ready, 2)
             self._start(state, ctx, entry)
             started.append(entry)
             if entry.wait == "now":
@@ -225,12 +232,16 @@ class ControlPlane:
             else:
                 later.append(entry)
         t = time.monotonic()
+        ready_at: dict[str, float] = {}
         for entry in later:
             self._wait(entry.name, entry, ctx, started)
+            ready_at[entry.name] = round(time.monotonic() - t_ready, 2)
         for what, probe in FINAL_PROBES:
             self._poll(what, lambda p=probe: p(ctx), 60, started)
         timings["components-ready"] = time.monotonic() - t
         state["timings"] = {k: round(v, 2) for k, v in timings.items()}
+        # Seconds after the start (tools built) each component was started and was ready.
+        state["started_at"], state["ready_at"] = started_at, ready_at
         state["up_seconds"] = round(time.monotonic() - t_ready, 2)
         state["total_seconds"] = round(time.monotonic() - t0, 2)
         self.state.write(state)
@@ -344,8 +355,10 @@ class ControlPlane:
         state = self.read_state()
         if state:
             self._stop(state)
-        elif self.state_dir.exists():
-            self.say("no state.json; removing the state folder only")
+        else:
+            if self.state_dir.exists():
+                self.say("no state.json; removing the state folder")
+            self._reset_host()
         keep = os.environ.get("DDPJOB_CLUSTER_KEEP_LOGS") == "1"
         if keep and (self.state_dir / "logs").exists():
             dest = procs.cache_dir() / "cluster-logs" / time.strftime("%Y%m%d-%H%M%S")
@@ -370,7 +383,12 @@ class ControlPlane:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(info["pid"], signal.SIGKILL)
                 self.say(f"killed leftover pod process {key} (pid {info['pid']})")
+        self._reset_host()
         self.say("stopped")
+
+    def _reset_host(self) -> None:
+        for reset in HOST_RESETS:
+            reset(self.repo, self.say)
 
     # ------------------------------------------------------------------ figures
 
@@ -388,13 +406,7 @@ def _harness_hash() -> str:
     started from other code is restarted by the next ``up``."""
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for name in (
-        "agent.py",
-        "bootstrap.py",
-        "components.py",
-        "control_plane.py",
-        "pki.py",
-        "trainer_v2.py",
-    ):
+    names = ("agent.py", "bootstrap.py", "components.py", "control_plane.py", "pki.py")
+    for name in (*names, "trainer_v2.py", "node.py", "host.py"):
         digest.update((here / name).read_bytes())
     return digest.hexdigest()[:10]

@@ -1,9 +1,11 @@
 """Build the Go components of the local control plane, pinned and cached outside the repo.
 
 Everything Go comes from one wrapper module (``localkube/go``) so that kube-apiserver,
-kube-controller-manager, kube-scheduler, etcd, kwok, the training operator and kubectl share one
-dependency graph and one link (a busybox-style multi-call binary ``kube``). helm is built from the
-same module graph, so the packages it shares with Kubernetes come from the Go build cache.
+kube-controller-manager, kube-scheduler, etcd, kwok, the training operator, kubectl and the kubelet
+share one dependency graph and one link (a busybox-style multi-call binary ``kube``). helm is
+built from the same module graph, so the packages it shares with Kubernetes come from the Go
+build cache. CoreDNS is a small module of its own (``go/coredns``): its kubernetes plugin needs
+the client-go it was released with.
 
 Kubeflow Trainer v2 and JobSet need k8s.io v0.36: a second module (``localkube/go-trainer``,
 see ``trainer_v2.py``) builds their two commands into the same folder.
@@ -33,6 +35,7 @@ VERSIONS = {
     "training-operator": "v1.9.2",
     "kwok": "v0.7.0",
     "helm": "v3.18.6",
+    "coredns": "v1.12.0",
     **trainer_v2.VERSIONS,  # built from localkube/go-trainer
 }
 
@@ -47,7 +50,12 @@ KUBE_COMPONENTS = (
     "kwok",
     "training-operator",
     "kubectl",
+    "kubelet",
+    "cri-reset",
 )
+
+#: Binaries of their own: name -> (module folder in go/, main package).
+OWN_BINARIES = {"helm": (".", "helm.sh/helm/v3/cmd/helm"), "coredns": ("coredns", ".")}
 
 #: Files copied out of the Go module cache, so that running the cluster needs no Go at all.
 MODULE_FILES = {
@@ -70,7 +78,9 @@ MODULE_FILES = {
 def _source_hash() -> str:
     """Return a short hash of the wrapper module's sources (go.mod, go.sum, *.go)."""
     digest = hashlib.sha256()
-    files = [GO_DIR / "go.mod", GO_DIR / "go.sum", *sorted(GO_DIR.rglob("*.go"))]
+    modules = [GO_DIR, GO_DIR / "coredns"]
+    files = [m / name for m in modules for name in ("go.mod", "go.sum")]
+    files += sorted(GO_DIR.rglob("*.go"))
     for path in files:
         digest.update(str(path.relative_to(GO_DIR)).encode())
         digest.update(path.read_bytes())
@@ -98,7 +108,7 @@ def bin_path(name: str) -> Path:
 def is_built() -> bool:
     """Return True when every binary and copied module file is present."""
     root = tools_dir()
-    names = [*KUBE_COMPONENTS, "kube", "helm"]
+    names = [*KUBE_COMPONENTS, "kube", *OWN_BINARIES]
     if not all((root / "bin" / n).exists() for n in names):
         return False
     if not trainer_v2.is_built(root):
@@ -183,11 +193,12 @@ def _build_locked(root: Path, log) -> dict[str, float]:
         link = bindir / name
         if not link.exists():
             link.symlink_to("kube")
-    helm = bindir / "helm"
-    if not helm.exists():
-        tmp = bindir / f".helm.tmp{os.getpid()}"
-        times["helm"] = _run_go([*common, "-o", str(tmp), "helm.sh/helm/v3/cmd/helm"], log)
-        tmp.rename(helm)
+    for name, (module, package) in OWN_BINARIES.items():
+        dest = bindir / name
+        if not dest.exists():
+            tmp = bindir / f".{name}.tmp{os.getpid()}"
+            times[name] = _run_go([*common, "-o", str(tmp), package], log, GO_DIR / module)
+            tmp.rename(dest)
     _copy_module_files(root / "manifests")
     times.update(trainer_v2.build(root, log))  # after kubectl: it renders their manifests
     record = root / "build-times.json"

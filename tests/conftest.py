@@ -22,6 +22,7 @@ if _ROOT not in sys.path:  # `localkube` and `tests.*` importable whatever the i
 
 from localkube import tools  # noqa: E402
 from localkube.handle import start_or_reuse  # noqa: E402
+from localkube.procs import LocalkubeError  # noqa: E402
 
 
 def _build_outside_test_timeout() -> None:
@@ -51,7 +52,15 @@ def cluster():
     if os.environ.get("DDPJOB_CLUSTER") == "skip":
         pytest.skip("DDPJOB_CLUSTER=skip: cluster tests disabled")
     _build_outside_test_timeout()
-    handle = start_or_reuse()
+    # One line that says why and how to fix (no root, missing packages, ...): every test that
+    # needs the cluster fails with it (outside the except block: no chained traceback).
+    handle, error = None, None
+    try:
+        handle = start_or_reuse()
+    except LocalkubeError as exc:
+        error = str(exc)
+    if handle is None:
+        pytest.fail(error, pytrace=False)
     try:
         yield handle
     finally:

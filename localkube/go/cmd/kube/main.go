@@ -1,8 +1,8 @@
 // Command kube is one multi-call binary for the local control plane of ddpjob's tests.
 //
 // Usage: kube <component> [flags...] where component is one of etcd, kube-apiserver,
-// kube-controller-manager, kube-scheduler, kwok, training-operator, kubectl. The binary can also be
-// invoked through a symlink named after the component (busybox style).
+// kube-controller-manager, kube-scheduler, kwok, training-operator, kubectl, kubelet, cri-reset.
+// The binary can also be invoked through a symlink named after the component (busybox style).
 //
 // Linking the components into one binary compiles and links the shared Kubernetes packages
 // once, which is what keeps a cold build on a 2-core CI machine short.
@@ -46,6 +46,8 @@ var components = map[string]func() int{
 		return 0
 	},
 	"training-operator": runTrainingOperator,
+	"kubelet":           runKubelet,
+	"cri-reset":         runCRIReset,
 }
 
 func names() string {
