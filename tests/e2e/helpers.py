@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,14 +105,20 @@ def get_json(cluster, *args: str) -> Any:
     return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
 
 
-def latest_step(cluster, name: str, namespace: str) -> int:
-    """The last step rank 0 reported (its `train` events), 0 if none yet."""
+def latest_step(cluster, name: str, namespace: str, pod: str | None = None) -> int:
+    """The last step rank 0 reported (its `train` events), 0 while its pod does not exist or its
+    container has not started. Any other API failure raises: a check like ``< max_steps`` must
+    not pass because the question could not be asked."""
+    from kubernetes.client.exceptions import ApiException
+
     try:
         text = cluster.core_api().read_namespaced_pod_log(
-            f"{name}-master-0", namespace, container="pytorch", tail_lines=50
+            pod or f"{name}-master-0", namespace, container="pytorch", tail_lines=50
         )
-    except Exception:  # not created or not started yet
-        return 0
+    except ApiException as e:
+        if e.status in (400, 404):  # container not started / pod not created yet
+            return 0
+        raise
     step = 0
     for line in text.splitlines():
         if line.startswith('{"event": "train"'):
@@ -121,6 +128,38 @@ def latest_step(cluster, name: str, namespace: str) -> int:
 
 def restart_apiserver(cluster, down_s: float = 2.0) -> float:
     """Stop kube-apiserver, keep it down ``down_s`` seconds, start it again (the local cluster
-    records the new pid, so `make cluster-down` still stops it). Returns the seconds it was
-    unavailable."""
-    return cluster.control_plane.restart_component("kube-apiserver", down_s=down_s)
+    records the new pid, so `make cluster-down` still stops it).
+
+    Returns the longest time a client probing ``/version`` every 0.1 s got no answer: measured
+    from outside, so a restart that did not really stop the server returns about 0."""
+    import threading
+
+    from kubernetes import client
+
+    api = client.VersionApi(cluster.api_client())
+    stop = threading.Event()
+    longest = [0.0]
+
+    def probe() -> None:
+        failing_since = None
+        while not stop.is_set():
+            t = time.monotonic()
+            try:
+                api.get_code(_request_timeout=0.5)
+                if failing_since is not None:
+                    longest[0] = max(longest[0], t - failing_since)
+                failing_since = None
+            except Exception:  # refused, reset, timed out: unavailable
+                if failing_since is None:
+                    failing_since = t
+            stop.wait(0.1)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    try:
+        cluster.control_plane.restart_component("kube-apiserver", down_s=down_s)
+        time.sleep(0.3)  # one more probe sees it answer
+    finally:
+        stop.set()
+        thread.join(5)
+    return longest[0]

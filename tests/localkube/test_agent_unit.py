@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -80,7 +81,9 @@ def test_pinned_versions_match_the_go_module():
     assert f"sigs.k8s.io/kwok {tools.VERSIONS['kwok']}" in gomod
     assert f"helm.sh/helm/v3 {tools.VERSIONS['helm']}" in gomod
     assert f"go.etcd.io/etcd/server/v3 {tools.VERSIONS['etcd']}" in gomod
-    assert json.dumps(tools.VERSIONS)  # serialisable into build-times.json
+    # Written into build-times.json and the tools digest: plain version strings, round-trip.
+    assert all(re.fullmatch(r"v\d+\.\d+\.\d+", v) for v in tools.VERSIONS.values())
+    assert json.loads(json.dumps(tools.VERSIONS)) == tools.VERSIONS
 
 
 def test_expand_follows_kubelet_rules():
