@@ -7,11 +7,11 @@ import json
 
 import pytest
 
+from localkube.handle import wait_until
 from tests.e2e.helpers import (
     QUICKSTART,
     ddpjob,
     get_json,
-    wait_until,
     write_spec,
 )
 
