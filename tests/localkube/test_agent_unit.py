@@ -38,6 +38,7 @@ def test_rewrite_env_points_replicas_at_loopback_and_the_job_port():
         "SVC": "metrics.monitoring.svc:9090",
         "RANK": "1",
         "TEXT": "hello myjob-master-0 world",
+        "HOSTNAME": "myjob-worker-1",
     }
     out = rewrite_env(env, 41000)
     assert out["MASTER_ADDR"] == "127.0.0.1"
@@ -47,6 +48,7 @@ def test_rewrite_env_points_replicas_at_loopback_and_the_job_port():
     assert out["SVC"] == "127.0.0.1:9090"
     assert out["RANK"] == "1"
     assert out["TEXT"] == "hello myjob-master-0 world"  # only whole host values change
+    assert out["HOSTNAME"] == "myjob-worker-1"  # the pod's own name, as in a container
 
 
 def test_cri_log_writer_writes_full_and_partial_lines(tmp_path):
