@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from controller.errors import ClusterError, NotFound, Unreachable
+from controller.kube import tally
 from controller.kube.errors import api_message, short_reason, translate
 from controller.kube.logstream import LogStream, LogStreamBroken
 from controller.kube.watch import watch
@@ -109,7 +110,9 @@ class Cluster:
             raise Unreachable(f"kubeconfig: {e}", reason="NoKubeconfig") from None
         # Fail fast while the API server is away; watches and log streams retry on their own.
         configuration.retries = 1
-        return client.ApiClient(configuration)
+        api = client.ApiClient(configuration)
+        api.rest_client.request = tally.counting(api.rest_client.request)  # --debug prints it
+        return api
 
     def _call(
         self, where: str, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
