@@ -1,10 +1,11 @@
 """Run every benchmark, one after the other, each printing its own side-by-side ratios.
 
-    make bench                      # all three
-    python bench/run.py trainer     # just one: trainer, controller or cluster
+    make bench                      # all four
+    python bench/run.py trainer     # just one: trainer, controller, cluster or logs
 
-The trainer bench needs only CPU; the cluster bench reuses a live `make cluster-up` or starts
-the local control plane itself. Exit status: non-zero if any bench missed its target or failed.
+The trainer bench needs only CPU; the cluster and logs benches reuse a live `make cluster-up`
+or start the local control plane themselves. Exit status: non-zero if any bench missed its
+target or failed.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ BENCHES = {
     "trainer": HERE / "trainer_bench.py",
     "controller": HERE / "controller_bench.py",
     "cluster": HERE / "cluster_bench.py",
+    "logs": HERE / "logs_bench.py",
 }
 
 

@@ -86,13 +86,27 @@ def error_lines(err: DdpjobError) -> list[str]:
     return [f"error: {first}", *rest]
 
 
-def kubectl_hints(name: str, namespace: str) -> str:
-    """The commands to inspect a submitted PyTorchJob, one per line."""
+def kubectl_hints(name: str, namespace: str, *, elastic: bool = False, max_pods: int = 1) -> str:
+    """The commands to inspect a submitted PyTorchJob, one per line.
+
+    Every pod named exists: an elastic job (Workers only, up to ``max_pods``) has no master,
+    and which worker runs rank 0 is the rendezvous's choice, so its logs are named by label and
+    ``logs -f`` (which finds rank 0) is offered beside them."""
+    selector = f"{LABEL_JOB_NAME}={name}"
+    if elastic:
+        logs = [
+            f"  kubectl logs -f -l {selector} -c {CONTAINER} -n {namespace} --prefix "
+            f"--max-log-requests {max(max_pods, 1)}",
+            f"  {CLI} logs -f {name} -n {namespace}   # rank 0, on the worker the rendezvous "
+            "picked",
+        ]
+    else:
+        logs = [f"  kubectl logs -f {name}-master-0 -c {CONTAINER} -n {namespace}"]
     return "\n".join(
         [
             f"  kubectl get pytorchjob {name} -n {namespace}",
-            f"  kubectl get pods -l {LABEL_JOB_NAME}={name} -n {namespace}",
-            f"  kubectl logs -f {name}-master-0 -c {CONTAINER} -n {namespace}",
+            f"  kubectl get pods -l {selector} -n {namespace}",
+            *logs,
             f"  kubectl describe pytorchjob {name} -n {namespace}",
             f"  {CLI} status {name} -n {namespace}",
         ]

@@ -108,12 +108,17 @@ def cmd_submit(args: argparse.Namespace) -> int:
             pass
     if not args.no_preflight:
         preflight(cluster, manifest, force=args.force, say=_say)
+    from controller.jobs.explain import is_elastic, max_pods
+
     cluster.create_job(manifest)
+    elastic = is_elastic(manifest)
     print(f"submitted pytorchjob {namespace}/{name}")
-    print(kubectl_hints(name, namespace))
+    print(kubectl_hints(name, namespace, elastic=elastic, max_pods=max_pods(manifest)))
     sys.stdout.flush()
     if args.follow:
-        return _follow_to_end(cluster, name, namespace, rank=0, timeout_s=args.timeout)
+        return _follow_to_end(
+            cluster, name, namespace, rank=0, timeout_s=args.timeout, elastic=elastic
+        )
     if args.wait:
         job = wait_for_job(cluster, name, namespace, timeout_s=args.timeout, on_change=_announce)
         return _outcome(cluster, job, namespace)
@@ -121,7 +126,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _follow_to_end(
-    cluster: Cluster, name: str, namespace: str, *, rank: int, timeout_s: float | None
+    cluster: Cluster,
+    name: str,
+    namespace: str,
+    *,
+    rank: int,
+    timeout_s: float | None,
+    elastic: bool,
 ) -> int:
     import time
 
@@ -130,7 +141,9 @@ def _follow_to_end(
     from controller.progress import Progress
 
     with Progress(sys.stdout, label=name) as progress:
-        follower = RankFollower(cluster, namespace, name, rank, progress.feed, _say)
+        follower = RankFollower(
+            cluster, namespace, name, rank, progress.feed_lines, _say, elastic=elastic
+        )
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         job = follower.follow(deadline)
     if job is None:
@@ -192,51 +205,92 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     import time
 
-    from controller.errors import NotFound
+    from controller.errors import Unreachable, UserError
+    from controller.jobs.explain import is_elastic, pending_reason
     from controller.jobs.follow import RankFollower
-    from controller.kubeflow import (
-        CONTAINER,
-        LABEL_JOB_NAME,
-        LABEL_REPLICA_INDEX,
-        LABEL_REPLICA_TYPE,
-    )
+    from controller.kube.logstream import LogStreamBroken
+    from controller.kubeflow import CONTAINER, LABEL_JOB_NAME
 
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
-    cluster.get_job(args.name, namespace)  # NotFound early, in plain words
+    job = cluster.get_job(args.name, namespace)  # NotFound early, in plain words
+    elastic = is_elastic(job)
+    if elastic and args.rank != 0:
+        raise UserError(
+            f"--rank: job {namespace}/{args.name} is elastic: the rendezvous numbers its nodes, "
+            f"so only rank 0 can be found (got --rank {args.rank}). See every worker with "
+            f"`kubectl logs -l {LABEL_JOB_NAME}={args.name} -c {CONTAINER} -n {namespace} "
+            "--prefix`"
+        )
     if args.follow:
         out = sys.stdout
 
-        def emit(line: str) -> None:
-            out.write(line + "\n")
+        def emit(lines: list[str]) -> None:
+            out.write("\n".join(lines) + "\n")
             out.flush()
 
-        follower = RankFollower(cluster, namespace, args.name, args.rank, emit, _say)
+        follower = RankFollower(
+            cluster, namespace, args.name, args.rank, emit, _say, elastic=elastic
+        )
         deadline = None if args.timeout is None else time.monotonic() + args.timeout
         job = follower.follow(deadline)
         return 0 if job is not None else 1
-    rtype, index = ("master", 0) if args.rank == 0 else ("worker", args.rank - 1)
-    selector = (
-        f"{LABEL_JOB_NAME}={args.name},{LABEL_REPLICA_TYPE}={rtype},{LABEL_REPLICA_INDEX}={index}"
-    )
-    pods = cluster.list_pods(namespace, selector)
-    if not pods:
-        raise NotFound(
-            f"logs: job {namespace}/{args.name} has no pod for rank {args.rank} "
-            f"(got none with {selector}). See `{CLI} status {args.name} -n {namespace}`"
-        )
-    from controller.jobs.explain import pending_reason
-
-    pod = pods[-1]
+    pod = _rank_pod(cluster, job, namespace, args.rank)
     if pod.get("status", {}).get("phase") == "Pending":
         events = cluster.list_events(namespace)
         _say(f"logs: {pod['metadata']['name']} is pending: {pending_reason(pod, events)}")
         return 0
-    text = cluster.read_log(
-        pod["metadata"]["name"], namespace, container=CONTAINER, tail_lines=args.tail
-    )
-    sys.stdout.write(text)
+    pod_name = pod["metadata"]["name"]
+    try:
+        stream = cluster.stream_log(
+            pod_name,
+            namespace,
+            container=CONTAINER,
+            follow=False,
+            timestamps=False,
+            tail_lines=args.tail,
+        )
+        try:
+            for batch in stream.batches():  # as it comes: memory stays flat whatever the size
+                sys.stdout.write("\n".join(batch) + "\n")
+        finally:
+            stream.close()
+    except LogStreamBroken as e:
+        raise Unreachable(
+            f"logs: the log of pod {namespace}/{pod_name} broke off (got {e})", reason="NoAnswer"
+        ) from None
     return 0
+
+
+def _rank_pod(cluster: Cluster, job: dict[str, Any], namespace: str, rank: int) -> dict[str, Any]:
+    """The pod of node ``rank`` (rank 0 of an elastic job: where the rendezvous put it)."""
+    from controller.errors import NotFound
+    from controller.jobs.explain import is_elastic
+    from controller.jobs.rank0 import rank0_pod
+    from controller.kubeflow import LABEL_JOB_NAME, LABEL_REPLICA_INDEX, LABEL_REPLICA_TYPE
+
+    name = job["metadata"]["name"]
+    if rank == 0:
+        pod, _ = rank0_pod(cluster, namespace, job, scan=True)
+        if pod is not None:
+            return pod
+        got = (
+            "no worker whose log shows the trainer's events yet"
+            if is_elastic(job)
+            else f"no pod with {LABEL_JOB_NAME}={name},{LABEL_REPLICA_TYPE}=master"
+        )
+    else:
+        selector = (
+            f"{LABEL_JOB_NAME}={name},{LABEL_REPLICA_TYPE}=worker,{LABEL_REPLICA_INDEX}={rank - 1}"
+        )
+        pods = cluster.list_pods(namespace, selector)
+        if pods:
+            return pods[-1]
+        got = f"none with {selector}"
+    raise NotFound(
+        f"logs: job {namespace}/{name} has no pod for rank {rank} (got {got}). "
+        f"See `{CLI} status {name} -n {namespace}`"
+    )
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -317,16 +371,17 @@ def cmd_events(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from controller.errors import NotFound
-    from controller.kubeflow import CONTAINER, LABEL_JOB_NAME, LABEL_JOB_ROLE
+    from controller.jobs.rank0 import rank0_pod
+    from controller.kubeflow import CONTAINER
     from controller.plot import plot_curves
 
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
-    cluster.get_job(args.name, namespace)
-    pods = cluster.list_pods(namespace, f"{LABEL_JOB_NAME}={args.name},{LABEL_JOB_ROLE}=master")
-    if not pods:
-        raise NotFound(f"plot: job {namespace}/{args.name} has no master pod (got none)")
-    text = cluster.read_log(pods[0]["metadata"]["name"], namespace, container=CONTAINER)
+    job = cluster.get_job(args.name, namespace)
+    pod, _ = rank0_pod(cluster, namespace, job, scan=True)
+    if pod is None:
+        raise NotFound(f"plot: job {namespace}/{args.name} has no pod of rank 0 (got none)")
+    text = cluster.read_log(pod["metadata"]["name"], namespace, container=CONTAINER)
     n = plot_curves(text.splitlines(), args.output, title=f"{namespace}/{args.name}")
     print(f"wrote {args.output} ({n} train events)")
     return 0
@@ -392,7 +447,8 @@ def add_commands(sub: Any) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="node rank: 0 = master, i = worker i-1 (default 0)",
+        help="node rank: 0 = master (elastic jobs: the worker running global rank 0), "
+        "i = worker i-1 (default 0)",
     )
     p.add_argument("--tail", type=int, metavar="N", help="without -f: only the last N lines")
     p.add_argument("--timeout", type=float, metavar="S", help="with -f: give up (exit 1)")

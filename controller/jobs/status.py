@@ -20,8 +20,9 @@ from controller.jobs.explain import (
     replica_rows,
     sort_events,
 )
+from controller.jobs.rank0 import rank0_pod
 from controller.kube.client import Cluster
-from controller.kubeflow import CONTAINER, LABEL_JOB_NAME, LABEL_JOB_ROLE
+from controller.kubeflow import CONTAINER, LABEL_JOB_NAME
 
 #: Log lines shown for a failed replica.
 DEFAULT_TAIL_LINES = 20
@@ -63,13 +64,18 @@ def job_status(cluster: Cluster, name: str, namespace: str) -> dict[str, Any]:
             about = [e for e in job_events if pod_name in (e.get("message") or "")]
             reason = pending_reason(None, about or job_events) or "not created yet"
             out["pending"].append({"pod": pod_name, "reason": f"no pod: {reason}"})
-    master = [p for p in pods if p["metadata"].get("labels", {}).get(LABEL_JOB_ROLE) == "master"]
-    if master and master[0].get("status", {}).get("phase") != "Pending":
+    # Progress from rank 0's latest events: the Master's log, or in an elastic job the log of
+    # the worker the rendezvous made rank 0 (found by its events).
+    rank0, tail = rank0_pod(cluster, namespace, job, tail_lines=200)
+    out["rank0_pod"] = rank0["metadata"]["name"] if rank0 is not None else None
+    if rank0 is not None and rank0.get("status", {}).get("phase") != "Pending":
         try:
-            text = cluster.read_log(
-                master[0]["metadata"]["name"], namespace, container=CONTAINER, tail_lines=200
-            )
-            out["progress"] = latest_progress(text.splitlines())
+            if tail is None:
+                text = cluster.read_log(
+                    rank0["metadata"]["name"], namespace, container=CONTAINER, tail_lines=200
+                )
+                tail = text.splitlines()
+            out["progress"] = latest_progress(tail)
         except ClusterError:
             pass
     return out
