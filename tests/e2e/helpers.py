@@ -126,19 +126,24 @@ def latest_step(cluster, name: str, namespace: str, pod: str | None = None) -> i
     return step
 
 
-def restart_apiserver(cluster, down_s: float = 2.0) -> float:
+def restart_apiserver(cluster, down_s: float = 2.0, while_down=None) -> float:
     """Stop kube-apiserver, keep it down ``down_s`` seconds, start it again (the local cluster
-    records the new pid, so `make cluster-down` still stops it).
+    records the new pid, so `make cluster-down` still stops it). ``while_down()``, if given, runs
+    once the server has stopped answering, before it starts again.
 
     Returns the longest time a client probing ``/version`` every 0.1 s got no answer: measured
     from outside, so a restart that did not really stop the server returns about 0."""
     import threading
 
-    from kubernetes import client
+    from kubernetes import client, config
 
-    api = client.VersionApi(cluster.api_client())
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(cluster.kubeconfig), client_configuration=configuration)
+    configuration.retries = False  # one try per probe: an outage is what is being measured
+    api = client.VersionApi(client.ApiClient(configuration))
     stop = threading.Event()
     longest = [0.0]
+    called: list[BaseException | None] = []
 
     def probe() -> None:
         failing_since = None
@@ -152,6 +157,12 @@ def restart_apiserver(cluster, down_s: float = 2.0) -> float:
             except Exception:  # refused, reset, timed out: unavailable
                 if failing_since is None:
                     failing_since = t
+                if while_down is not None and not called:
+                    try:
+                        while_down()
+                        called.append(None)
+                    except BaseException as e:  # re-raised in the test's thread
+                        called.append(e)
             stop.wait(0.1)
 
     thread = threading.Thread(target=probe, daemon=True)
@@ -162,4 +173,53 @@ def restart_apiserver(cluster, down_s: float = 2.0) -> float:
     finally:
         stop.set()
         thread.join(5)
+    if while_down is not None:
+        assert called, "the API server never stopped answering: while_down did not run"
+        if called[0] is not None:
+            raise called[0]
     return longest[0]
+
+
+def etcd_move_on_and_compact(cluster) -> int:
+    """Write a key straight into etcd, so its revision passes every resourceVersion the API
+    server has handed out, and compact etcd's history up to there (etcd's v3 JSON API). A watch
+    resumed from an older resourceVersion then gets 410 Gone. Returns the compacted revision."""
+    import base64
+    import urllib.request
+
+    port = cluster.control_plane.read_state()["ports"]["etcd"]
+
+    def call(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v3/{path}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    key = base64.b64encode(b"/ddpjob-test/compaction").decode()
+    put = call("kv/put", {"key": key, "value": base64.b64encode(b"x").decode()})
+    revision = int(put["header"]["revision"])
+    call("kv/compaction", {"revision": revision, "physical": True})
+    return revision
+
+
+def etcd_compacted(cluster, revision: int) -> bool:
+    """True when etcd refuses to read at ``revision``: its history there was compacted."""
+    import base64
+    import urllib.error
+    import urllib.request
+
+    port = cluster.control_plane.read_state()["ports"]["etcd"]
+    body = {"key": base64.b64encode(b"/ddpjob-test/compaction").decode(), "revision": revision}
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v3/kv/range",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10):
+            return False
+    except urllib.error.HTTPError as e:
+        return "compacted" in e.read().decode(errors="replace")
