@@ -38,15 +38,22 @@ def counting(request: Any) -> Any:
         try:
             return request(method, url, query_params, *args, **kwargs)
         except Exception as e:
-            if getattr(e, "status", None) == 403:
+            if getattr(e, "status", None) == 403 and _by_rbac(getattr(e, "body", None)):
                 count(FORBIDDEN)
             raise
 
     return counted
 
 
+def _by_rbac(body: Any) -> bool:
+    """A 403 from the authorizer ("User ... cannot list resource ..."), not an admission
+    webhook's denial, which is a 403 too."""
+    text = body.decode(errors="replace") if isinstance(body, bytes) else str(body or "")
+    return "admission webhook" not in text
+
+
 def summary() -> str:
-    """``7 API requests (get 3, log 1, watch 3); 1 re-list after 410 Gone; 0 refused (403)``."""
+    """``7 API requests (get 3, log 1, watch 3); 1 re-list after 410 Gone; 0 refused by RBAC``."""
     with _lock:
         counts = dict(_counts)
     relists = counts.pop(RELIST, 0)
@@ -55,4 +62,4 @@ def summary() -> str:
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(counts.items()))
     text = f"{total} API request{'s' if total != 1 else ''}" + (f" ({kinds})" if kinds else "")
     text += f"; {relists} re-list{'s' if relists != 1 else ''} after 410 Gone"
-    return text + f"; {forbidden} refused (403)"
+    return text + f"; {forbidden} refused by RBAC"

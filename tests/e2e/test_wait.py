@@ -25,7 +25,8 @@ from tests.e2e.helpers import (
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 DEBUG = re.compile(
-    r"^debug: (\d+) API requests? \(([^)]*)\); (\d+) re-lists? after 410 Gone; \d+ refused",
+    r"^debug: (\d+) API requests? \(([^)]*)\); (\d+) re-lists? after 410 Gone; "
+    r"\d+ refused by RBAC$",
     re.MULTILINE,
 )
 
