@@ -19,6 +19,7 @@ RSS grows by less than 10 MiB from LINES/10 to LINES lines.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import subprocess
 import sys
@@ -77,12 +78,12 @@ def _peak_rss_mib(pid: int, stop: threading.Event, out: list[float]) -> None:
 
 
 def measure(
-    argv: list[str], env: dict[str, str], out_path: Path
+    argv: list[str], env: dict[str, str], cwd: Path, out_path: Path
 ) -> tuple[float, float, float, int]:
     """Run ``argv`` with stdout to ``out_path``: (wall s, CPU s, peak RSS MiB, lines written)."""
     with open(out_path, "wb") as out:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=out, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.PIPE)
         stop, peak = threading.Event(), [0.0]
         poller = threading.Thread(target=_peak_rss_mib, args=(proc.pid, stop, peak))
         poller.start()
@@ -99,46 +100,44 @@ def measure(
     return wall, usage.ru_utime + usage.ru_stime, peak[0], count
 
 
-def follow_both(
-    handle: Any, name: str, namespace: str, lines: int, rounds: int, tmp: Path
+KUBECTL, OURS, BASELINE = "kubectl logs -f", "python -m controller logs -f", "baseline logs -f"
+
+
+def follow_all(
+    handle: Any,
+    name: str,
+    namespace: str,
+    lines: int,
+    rounds: int,
+    tmp: Path,
+    baseline: Path | None,
 ) -> dict[str, dict[str, float]]:
-    env = {**handle.env, "PYTHONPATH": str(REPO)}
-    clients = {
-        "kubectl logs -f": [
-            str(handle.kubectl_path),
-            "logs",
-            "-f",
-            f"{name}-master-0",
-            "-c",
-            "pytorch",
-            "-n",
-            namespace,
-        ],
-        "python -m controller logs -f": [
-            sys.executable,
-            "-m",
-            "controller",
-            "logs",
-            "-f",
-            name,
-            "-n",
-            namespace,
-        ],
+    """Each client follows the finished job's log ``rounds`` times, in rotating order."""
+    ours = [sys.executable, "-m", "controller", "logs", "-f", name, "-n", namespace]
+    kubectl = [str(handle.kubectl_path), "logs", "-f", f"{name}-master-0", "-c", "pytorch"]
+    clients: dict[str, tuple[list[str], Path]] = {
+        KUBECTL: ([*kubectl, "-n", namespace], REPO),
+        OURS: (ours, REPO),
     }
+    if baseline is not None:  # another checkout's controller, e.g. before a change
+        clients[BASELINE] = (ours, baseline)
     best: dict[str, dict[str, float]] = {}
     for r in range(rounds):
-        order = list(clients) if r % 2 == 0 else list(reversed(clients))
+        order = list(clients)[r % len(clients) :] + list(clients)[: r % len(clients)]
+        texts = set()
         for who in order:
-            out_path = tmp / f"out-{who.split()[0]}.txt"
-            wall, cpu, rss, count = measure(clients[who], env, out_path)
+            argv, cwd = clients[who]
+            env = {**handle.env, "PYTHONPATH": str(cwd)}
+            out_path = tmp / "out.txt"
+            wall, cpu, rss, count = measure(argv, env, cwd, out_path)
             if count != lines:
                 raise SystemExit(f"{who}: wrote {count} lines, the pod printed {lines}")
+            texts.add(hashlib.sha256(out_path.read_bytes()).hexdigest())
             b = best.setdefault(who, {"wall_s": wall, "cpu_s": cpu, "rss_mib": rss})
             b["wall_s"], b["cpu_s"] = min(b["wall_s"], wall), min(b["cpu_s"], cpu)
             b["rss_mib"] = max(b["rss_mib"], rss)
-        a, b = (tmp / f"out-{who.split()[0]}.txt" for who in clients)
-        if a.read_bytes() != b.read_bytes():
-            raise SystemExit(f"round {r}: the two clients printed different text")
+        if len(texts) != 1:
+            raise SystemExit(f"round {r}: the clients printed different text")
     for b in best.values():
         b["lines_per_s"] = lines / b["wall_s"]
     return best
@@ -158,6 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, default=300_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="DIR",
+        help="also measure the controller of another checkout (e.g. `git archive` of a base)",
+    )
     args = parser.parse_args(argv)
 
     from kubernetes import client
@@ -184,12 +189,14 @@ def main(argv: list[str] | None = None) -> int:
             for lines in (args.lines // 10, args.lines):
                 name = f"printer-{lines}"
                 run_job(handle, ours, namespace, name, lines)
-                results[lines] = follow_both(handle, name, namespace, lines, args.rounds, Path(tmp))
+                results[lines] = follow_all(
+                    handle, name, namespace, lines, args.rounds, Path(tmp), args.baseline
+                )
     finally:
         core.delete_namespace(namespace)
         handle.control_plane.release()
 
-    ours_name, theirs = "python -m controller logs -f", "kubectl logs -f"
+    ours_name, theirs = OURS, KUBECTL
     print(f"follow a finished pod's log to its end ({LINE_BYTES} bytes a line; best of ", end="")
     print(f"{args.rounds} rounds, peak RSS the highest)")
     print(
@@ -197,8 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'peak RSS':>10s}"
     )
     for lines, rows in results.items():
-        for who in (theirs, ours_name):
-            r = rows[who]
+        for who, r in rows.items():
             print(
                 f"  {lines:8d}  {who:30s} {r['wall_s']:7.2f}s {r['lines_per_s']:10.0f} "
                 f"{r['cpu_s']:6.2f}s {r['rss_mib']:8.1f}MiB"
@@ -210,6 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  ddpjob / kubectl at {args.lines} lines: lines/s x{speed:.2f}, peak RSS x{rss_ratio:.2f}"
     )
+    if BASELINE in big:
+        before = big[BASELINE]
+        print(
+            f"  baseline / kubectl at {args.lines} lines: lines/s "
+            f"x{before['lines_per_s'] / big[theirs]['lines_per_s']:.2f}, peak RSS "
+            f"x{before['rss_mib'] / big[theirs]['rss_mib']:.2f}"
+        )
     print(
         f"  ddpjob peak RSS from {args.lines // 10} to {args.lines} lines: {growth:+.1f} MiB "
         f"(target < {RSS_GROWTH_LIMIT_MIB:g})"
