@@ -197,6 +197,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(format_table(rows))
     for p in st["pending"]:
         print(f"pending: {p['pod']}: {p['reason'] or 'no reason reported yet'}")
+    if st["elastic"] and st["rank0_pod"]:
+        print(f"rank 0: pod {st['rank0_pod']} (the rendezvous placed it)")
     if st["progress"]:
         print(f"progress: {format_progress(st['progress'])}")
     return 0

@@ -13,6 +13,7 @@ from controller.jobs.explain import (
     age,
     condition_message,
     explain_failure,
+    is_elastic,
     job_condition,
     job_terminal,
     latest_progress,
@@ -68,6 +69,7 @@ def job_status(cluster: Cluster, name: str, namespace: str) -> dict[str, Any]:
     # the worker the rendezvous made rank 0 (found by its events).
     rank0, tail = rank0_pod(cluster, namespace, job, tail_lines=200)
     out["rank0_pod"] = rank0["metadata"]["name"] if rank0 is not None else None
+    out["elastic"] = is_elastic(job)
     if rank0 is not None and rank0.get("status", {}).get("phase") != "Pending":
         try:
             if tail is None:

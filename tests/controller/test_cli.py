@@ -205,3 +205,24 @@ def test_help_lists_every_command(capsys):
     out = capsys.readouterr().out
     for command in ("validate", "render", "schema", "run"):
         assert command in out
+
+
+def test_hints_after_submit_name_only_pods_that_exist():
+    from controller.cli.advice import kubectl_hints
+    from controller.jobs.explain import is_elastic, max_pods
+
+    fixed = render_pytorchjob(load_spec(QUICKSTART))
+    elastic = render_pytorchjob(
+        load_spec(QUICKSTART, ["nodes=3", "elastic.min_nodes=2", "elastic.max_nodes=4"])
+    )
+    assert (is_elastic(fixed), is_elastic(elastic), max_pods(elastic)) == (False, True, 4)
+    assert "kubectl logs -f quickstart-master-0 -c pytorch -n default" in kubectl_hints(
+        "quickstart", "default"
+    )
+    text = kubectl_hints("quickstart", "default", elastic=True, max_pods=max_pods(elastic))
+    assert "master" not in text
+    assert (
+        "kubectl logs -f -l training.kubeflow.org/job-name=quickstart -c pytorch -n default "
+        "--prefix --max-log-requests 4"
+    ) in text
+    assert "python -m controller logs -f quickstart -n default" in text

@@ -62,7 +62,9 @@ def test_an_elastic_job_is_followed_on_the_worker_that_runs_rank_0(cluster, name
     assert once.returncode == 0, once.stderr
     assert once.stdout == f.stdout
     st = json.loads(ddpjob(cluster, "status", name, "-n", namespace, "-o", "json").stdout)
-    assert st["rank0_pod"] == rank0
+    assert st["rank0_pod"] == rank0 and st["elastic"] is True
+    text = ddpjob(cluster, "status", name, "-n", namespace).stdout
+    assert f"rank 0: pod {rank0} (the rendezvous placed it)" in text
     assert st["progress"]["step"] == MAX_STEPS
     png = tmp_path / "curves.png"
     plot = ddpjob(cluster, "plot", name, "-n", namespace, "-o", str(png))
