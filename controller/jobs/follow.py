@@ -492,6 +492,11 @@ class RankFollower:
                 settled = pods_listed and all(self._settled(p) for p in pods.values())
                 if settled or time.monotonic() - ended_at > END_GRACE_S:
                     self._end_all()
+                    if not self.runs:  # say why nothing was printed
+                        self.say(
+                            f"logs: the job ended and no pod of rank {self.rank} is left to read "
+                            "(its pods were removed, e.g. by cleanPodPolicy or the TTL)"
+                        )
                     return job
 
     def _settled(self, pod: dict[str, Any]) -> bool:

@@ -327,3 +327,14 @@ def test_an_ended_runs_read_that_breaks_off_is_read_again_without_a_line_twice()
     assert out == [f"line {i}" for i in range(10)]
     assert [follow for _, follow, _ in c.opened] == [False, False]
     assert any("broke off" in n for n in notes)
+
+
+def test_a_job_that_ended_without_a_pod_left_says_so():
+    c = FakeCluster()
+    c.job_event("Succeeded")
+    notes: list[str] = []
+    out: list[str] = []
+    t, result = _follow_in_thread(RankFollower(c, "ns", "j", 0, out.extend, notes.append))
+    t.join(timeout=20)
+    assert result["job"] is not None and out == []
+    assert any("no pod of rank 0 is left" in n for n in notes), notes
