@@ -176,7 +176,7 @@ def bench_logs(cluster_handle: Any, ours: Any, namespace: str, tmp: Path) -> dic
     # exits 1 today and the job fails; see tests/e2e/test_recovery.py).
     ours.create_job(job_manifest(name, namespace, tmp / "ckpt-logs", 600, nodes=1))
     got: list[str] = []
-    follower = RankFollower(ours, namespace, name, 0, got.append, lambda s: None)
+    follower = RankFollower(ours, namespace, name, 0, got.extend, lambda s: None)
     done = threading.Event()
 
     def follow() -> None:

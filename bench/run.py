@@ -1,10 +1,10 @@
 """Run every benchmark, one after the other, each printing its own side-by-side ratios.
 
-    make bench                      # all five
-    python bench/run.py trainer     # just one: trainer, controller, cluster, image or local
+    make bench                      # all six
+    python bench/run.py trainer     # just one: trainer, controller, cluster, logs, image or local
 
-The trainer bench needs only CPU; the cluster bench reuses a live `make cluster-up` or starts
-the local control plane itself; the image bench needs root, podman and containerd; the local
+The trainer bench needs only CPU; the cluster and logs benches reuse a live `make cluster-up` or
+start the local cluster themselves; the image bench needs root, podman and containerd; the local
 bench builds the trainer image when it is stale. Exit status: non-zero if any bench missed its
 target or failed.
 """
@@ -20,6 +20,7 @@ BENCHES = {
     "trainer": HERE / "trainer_bench.py",
     "controller": HERE / "controller_bench.py",
     "cluster": HERE / "cluster_bench.py",
+    "logs": HERE / "logs_bench.py",
     "image": HERE / "image_bench.py",
     "local": HERE / "local_bench.py",
 }

@@ -4,7 +4,9 @@ Each node is ``python -m trainer <args>`` (or the spec's command) started in its
 group with exactly what the Kubeflow operator injects into a pod (MASTER_ADDR=127.0.0.1, a free
 MASTER_PORT, RANK = node rank, WORLD_SIZE = nodes x nproc_per_node, PET_NNODES, PET_NODE_RANK,
 PET_NPROC_PER_NODE, PYTHONUNBUFFERED) plus the spec's env. With nproc_per_node > 1 the trainer
-re-launches itself under torchrun, as it does in a pod.
+re-launches itself under torchrun, as it does in a pod. The command finds the executables the
+image would have (``torchrun``, other console scripts of this environment): this interpreter's
+own bin directory comes first on PATH, as if its virtualenv were activated.
 
 Rank 0's output drives the progress bar; every node's output is kept in
 ``runs/<name>/logs/rank-<node>.log``. The first node to exit non-zero fails the job: the others
@@ -110,6 +112,15 @@ def spec_env(spec: JobSpec, environ: dict[str, str] | None = None) -> dict[str, 
     return env
 
 
+def node_path(environ: dict[str, str] | None = None) -> str:
+    """PATH for a node: this interpreter's bin directory first (its venv's console scripts,
+    ``torchrun`` among them, as the image has them on PATH), then the caller's PATH."""
+    environ = os.environ if environ is None else environ
+    here = str(Path(sys.executable).parent)  # not resolved: a venv's python is a symlink
+    rest = [p for p in environ.get("PATH", os.defpath).split(os.pathsep) if p and p != here]
+    return os.pathsep.join([here, *rest])
+
+
 def node_command(spec: JobSpec) -> list[str]:
     """The container's command + args, with this interpreter standing in for ``python``."""
     command = list(spec.command or DEFAULT_COMMAND)
@@ -178,6 +189,7 @@ class _Runner:
             for k, v in os.environ.items()
             if k not in _SCRUB and not k.startswith(_SCRUB_PREFIXES)
         }
+        base["PATH"] = node_path()
         for index in range(self.spec.nodes):
             env = {**base, **operator_env(self.spec, index, self.port), **self.extra_env}
             log_path = self.logs / f"rank-{index}.log"
@@ -195,8 +207,8 @@ class _Runner:
                 log.close()
                 self._kill()
                 raise UserError(
-                    f"command: cannot start {self.command[0]!r} ({e.strerror}). Check the "
-                    "spec's command"
+                    f"command: cannot start {self.command[0]!r} ({e.strerror}; searched "
+                    f"{Path(sys.executable).parent} first, then PATH). Check the spec's command"
                 ) from None
             node = Node(index, proc, log_path, log)
             self.nodes.append(node)

@@ -118,6 +118,21 @@ class Progress:
             self._show(event)
         return event
 
+    def feed_lines(self, lines: list[str]) -> None:
+        """Take a batch of lines (what one read of a log delivered): the same as ``feed`` on
+        each, with one write and one flush for the whole batch when not on a terminal."""
+        if self.live:
+            for line in lines:
+                self.feed(line)
+            return
+        lines = [line.rstrip("\r\n") for line in lines]
+        for line in lines:
+            event = parse_event(line)
+            if event is not None:
+                self._track(event)
+        self.out.write("\n".join(lines) + "\n")
+        self.out.flush()
+
     def note(self, text: str) -> None:
         """A message of the caller's own (restarts, pod events): above the bar on a terminal,
         on stderr otherwise, so the passthrough on ``out`` stays the trainer's lines only."""

@@ -87,9 +87,12 @@ def expand(value: str, env: dict[str, str]) -> str:
 
 
 def rewrite_env(env: dict[str, str], port: int) -> dict[str, str]:
-    """Point replica host names at 127.0.0.1 and the rendezvous port at this job's port."""
+    """Point replica host names at 127.0.0.1 and the rendezvous port at this job's port.
+    HOSTNAME stays: it is the pod's own name (a container's hostname), not an address."""
     out = dict(env)
     for key, value in env.items():
+        if key == "HOSTNAME":
+            continue
         replica = _REPLICA_RE.match(value or "")
         service = _SERVICE_RE.match(value or "")
         if replica:

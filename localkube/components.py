@@ -15,21 +15,14 @@ from __future__ import annotations
 import json
 import ssl
 import sys
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from . import bootstrap, node, trainer_v2
-from .context import Context
+from .context import Context, http_get
 from .host import CONTAINERD_CONFIG, COREDNS_CONFIG, GATEWAY, KUBELET_ROOT
-
-
-def http_get(url: str, ctx: ssl.SSLContext | None = None, timeout_s: float = 2.0) -> str:
-    """The body of a GET (health endpoints), as text."""
-    with urllib.request.urlopen(url, context=ctx, timeout=timeout_s) as resp:
-        return resp.read().decode()
 
 
 def _insecure() -> ssl.SSLContext:

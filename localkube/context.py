@@ -4,6 +4,7 @@ certificates, kubectl."""
 from __future__ import annotations
 
 import ssl
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,3 +38,9 @@ class Context:
         ctx = ssl.create_default_context(cafile=str(self.pki.path("ca.crt")))
         ctx.load_cert_chain(str(self.pki.path("admin.crt")), str(self.pki.path("admin.key")))
         return ctx
+
+
+def http_get(url: str, ctx: ssl.SSLContext | None = None, timeout_s: float = 2.0) -> str:
+    """The body of a GET (health endpoints), as text."""
+    with urllib.request.urlopen(url, context=ctx, timeout=timeout_s) as resp:
+        return resp.read().decode()

@@ -32,10 +32,9 @@ from .components import (
     Component,
     Step,
     components,
-    http_get,
     port_names,
 )
-from .context import Context
+from .context import Context, http_get
 from .procs import LocalkubeError, StateFile, proc_start_time, state_lock
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING
 import yaml
 
 from . import host, procs, tools
+from .context import http_get
 from .procs import LocalkubeError
 
 if TYPE_CHECKING:
-    from .components import Context
+    from .context import Context
 
 NODE_NAME = "localkube-node"
 #: Keeps pods that do not ask for the real node off it (they belong to kwok and the agent).
@@ -325,8 +326,6 @@ def prepare_coredns(ctx: Context) -> None:
 
 
 def coredns_ready(ctx: Context) -> bool:
-    from .components import http_get
-
     return http_get(f"http://127.0.0.1:{ctx.ports['coredns-ready']}/ready").strip() == "OK"
 
 

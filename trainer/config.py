@@ -240,21 +240,107 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 
 
 def read_yaml(path: str | Path) -> Any:
-    """Read a YAML file; a missing file or a syntax error becomes a ConfigError."""
+    """Read a YAML file; a missing or unreadable file, text that is not UTF-8, a syntax error
+    or a duplicate key becomes a ConfigError naming the file (and the line)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        raw = p.read_bytes()
     except FileNotFoundError:
         raise ConfigError([f"{p}: no such file. Check the path."]) from None
     except OSError as e:
         raise ConfigError([f"{p}: cannot read ({e.strerror})"]) from None
     try:
-        return yaml.safe_load(text)
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            [
+                f"{p}: not a UTF-8 text file (got byte 0x{raw[e.start]:02x} at offset {e.start}). "
+                "Pass the YAML file itself, saved as UTF-8"
+            ]
+        ) from None
+    return parse_yaml(text, str(p))
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """Parse one YAML document like ``yaml.safe_load``, except that a key written twice in one
+    mapping is an error (PyYAML keeps the last value silently). ``where`` names the source."""
+    loader = None
+    try:
+        loader = yaml.SafeLoader(text)  # refuses control characters here, before parsing
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        problems = _duplicate_keys(loader, node, where)
+        if problems:
+            raise ConfigError(problems)
+        return loader.construct_document(node)
+    except yaml.reader.ReaderError as e:
+        line = text.count("\n", 0, e.position) + 1
+        raise ConfigError(
+            [
+                f"{where}:{line}: not YAML text (got the special character #x{e.character:04x}). "
+                "Pass the YAML file itself"
+            ]
+        ) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
-        problem = getattr(e, "problem", None) or str(e)
-        raise ConfigError([f"{where}: YAML syntax error: {problem}"]) from None
+        at = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark else where
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError([f"{at}: YAML syntax error: {problem}"]) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _duplicate_keys(loader: yaml.SafeLoader, root: yaml.Node, where: str) -> list[str]:
+    """One line per key written twice in the same mapping, at any depth, in file order. Merge
+    keys (``<<: *defaults``) may be overridden: that is what they are for."""
+    found: list[tuple[int, str]] = []
+    seen_nodes: set[int] = set()  # an alias points at a node already walked
+    todo: list[tuple[yaml.Node, str]] = [(root, "")]
+    while todo:
+        node, path = todo.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            todo.extend((item, _join(path, i)) for i, item in enumerate(node.value))
+        if not isinstance(node, yaml.MappingNode):
+            continue
+        first: dict[Any, int] = {}  # key -> line of its first occurrence
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG:
+                todo.append((value_node, path))
+                continue
+            key: Any = key_node.value
+            if isinstance(key_node, yaml.ScalarNode):
+                key = loader.construct_object(key_node)  # `yes`/`true`, `1`/`0x1`: one key
+            line = key_node.start_mark.line + 1
+            name = _join(path, key_node.value if isinstance(key_node, yaml.ScalarNode) else key)
+            todo.append((value_node, name))
+            try:
+                before = first.get(key)
+            except TypeError:  # an unhashable (complex) key: the constructor refuses it anyway
+                continue
+            if before is None:
+                first[key] = line
+                continue
+            lines = f"twice on line {line}" if before == line else f"on lines {before} and {line}"
+            found.append(
+                (
+                    line,
+                    f"{where}:{line}: duplicate key {name} (got it {lines}). "
+                    "Keep one: YAML would silently use the last",
+                )
+            )
+    return [text for _, text in sorted(found)]
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
 
 
 def build_config(data: dict[str, Any] | None, overrides: list[str] | None = None) -> TrainConfig:

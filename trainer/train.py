@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -272,6 +273,8 @@ class Trainer:
             device=str(dev),
             step=self.step,
             config=cfg.model_dump(mode="json"),
+            # Which pod runs global rank 0: in an elastic job the rendezvous decides it.
+            hostname=os.environ.get("HOSTNAME") or socket.gethostname(),
         )
         started = time.perf_counter()
         window = Throughput()

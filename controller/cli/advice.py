@@ -104,18 +104,41 @@ def error_lines(err: DdpjobError) -> list[str]:
     return [f"error: {first}", *rest]
 
 
-def kubectl_hints(name: str, namespace: str, kind: JobKind | None = None) -> str:
+def kubectl_hints(
+    name: str,
+    namespace: str,
+    kind: JobKind | None = None,
+    *,
+    elastic: bool = False,
+    max_pods: int = 1,
+) -> str:
     """The commands to inspect a submitted job (a PyTorchJob unless ``kind`` says), one per
-    line."""
+    line.
+
+    Every pod named exists: an elastic job (Workers only, up to ``max_pods``) has no master,
+    and which worker runs rank 0 is the rendezvous's choice, so its logs are named by label and
+    ``logs -f`` (which finds rank 0) is offered beside them."""
     from controller.jobs.apis import PYTORCHJOB_KIND
 
     kind = kind or PYTORCHJOB_KIND
+    if elastic:
+        logs = [
+            f"  kubectl logs -f -l {kind.pods_selector(name)} -c {kind.container} -n {namespace} "
+            f"--prefix --max-log-requests {max(max_pods, 1)}",
+            f"  {CLI} logs -f {name} -n {namespace}   # rank 0, on the worker the rendezvous "
+            "picked",
+        ]
+    elif kind.name == PYTORCHJOB_KIND.name:  # the operator names the master pod exactly
+        logs = [f"  kubectl logs -f {name}-master-0 -c {kind.container} -n {namespace}"]
+    else:  # a Job's pods carry a random suffix: by label
+        logs = [
+            f"  kubectl logs -f -l {kind.rank_selector(name, 0)} -c {kind.container} -n {namespace}"
+        ]
     return "\n".join(
         [
             f"  kubectl get {kind.name} {name} -n {namespace}",
             f"  kubectl get pods -l {kind.pods_selector(name)} -n {namespace}",
-            f"  kubectl logs -f -l {kind.rank_selector(name, 0)} -c {kind.container} "
-            f"-n {namespace}",
+            *logs,
             f"  kubectl describe {kind.name} {name} -n {namespace}",
             f"  {CLI} status {name} -n {namespace}",
         ]

@@ -122,12 +122,17 @@ def cmd_submit(args: argparse.Namespace) -> int:
             pass
     if not args.no_preflight:
         preflight(cluster, manifest, force=args.force, say=_say)
+    from controller.jobs.explain import is_elastic, max_pods
+
     cluster.create_job(manifest)
+    elastic = is_elastic(manifest)
     print(f"submitted {kind.name} {namespace}/{name}")
-    print(kubectl_hints(name, namespace, kind))
+    print(kubectl_hints(name, namespace, kind, elastic=elastic, max_pods=max_pods(manifest)))
     sys.stdout.flush()
     if args.follow:
-        return _follow_to_end(cluster, kind, name, namespace, rank=0, timeout_s=args.timeout)
+        return _follow_to_end(
+            cluster, kind, name, namespace, rank=0, timeout_s=args.timeout, elastic=elastic
+        )
     if args.wait:
         seen = PodHistory()
         job = wait_for_job(
@@ -151,6 +156,7 @@ def _follow_to_end(
     *,
     rank: int,
     timeout_s: float | None,
+    elastic: bool,
 ) -> int:
     import time
 
@@ -159,7 +165,9 @@ def _follow_to_end(
     from controller.progress import Progress
 
     with Progress(sys.stdout, label=name) as progress:
-        follower = RankFollower(cluster, namespace, name, rank, progress.feed, _say, kind)
+        follower = RankFollower(
+            cluster, namespace, name, rank, progress.feed_lines, _say, kind, elastic=elastic
+        )
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         job = follower.follow(deadline)
     if job is None:
@@ -224,6 +232,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(format_table(rows))
     for p in st["pending"]:
         print(f"pending: {p['pod']}: {p['reason'] or 'no reason reported yet'}")
+    if st["elastic"] and st["rank0_pod"]:
+        print(f"rank 0: pod {st['rank0_pod']} (the rendezvous placed it)")
     if st["progress"]:
         print(f"progress: {format_progress(st['progress'])}")
     return 0
@@ -232,42 +242,90 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     import time
 
-    from controller.errors import NotFound
+    from controller.errors import Unreachable, UserError
+    from controller.jobs.explain import is_elastic, pending_reason
     from controller.jobs.follow import RankFollower
+    from controller.kube.logstream import LogStreamBroken
 
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
-    kind, _ = _find(args, cluster, namespace)  # NotFound early, in plain words
+    kind, job = _find(args, cluster, namespace)  # NotFound early, in plain words
+    elastic = is_elastic(job)
+    if elastic and args.rank != 0:
+        raise UserError(
+            f"--rank: job {namespace}/{args.name} is elastic: the rendezvous numbers its nodes, "
+            f"so only rank 0 can be found (got --rank {args.rank}). See every worker with "
+            f"`kubectl logs -l {kind.pods_selector(args.name)} -c {kind.container} "
+            f"-n {namespace} --prefix`"
+        )
     if args.follow:
         out = sys.stdout
 
-        def emit(line: str) -> None:
-            out.write(line + "\n")
+        def emit(lines: list[str]) -> None:
+            out.write("\n".join(lines) + "\n")
             out.flush()
 
-        follower = RankFollower(cluster, namespace, args.name, args.rank, emit, _say, kind)
+        follower = RankFollower(
+            cluster, namespace, args.name, args.rank, emit, _say, kind, elastic=elastic
+        )
         deadline = None if args.timeout is None else time.monotonic() + args.timeout
         job = follower.follow(deadline)
         return 0 if job is not None else 1
-    selector = kind.rank_selector(args.name, args.rank)
-    pods = cluster.list_pods(namespace, selector)
-    if not pods:
-        raise NotFound(
-            f"logs: job {namespace}/{args.name} has no pod for rank {args.rank} "
-            f"(got none with {selector}). See `{CLI} status {args.name} -n {namespace}`"
-        )
-    from controller.jobs.explain import pending_reason
-
-    pod = pods[-1]
+    pod = _rank_pod(cluster, kind, job, namespace, args.rank)
     if pod.get("status", {}).get("phase") == "Pending":
         events = cluster.list_events(namespace)
         _say(f"logs: {pod['metadata']['name']} is pending: {pending_reason(pod, events)}")
         return 0
-    text = cluster.read_log(
-        pod["metadata"]["name"], namespace, container=kind.container, tail_lines=args.tail
-    )
-    sys.stdout.write(text)
+    pod_name = pod["metadata"]["name"]
+    try:
+        stream = cluster.stream_log(
+            pod_name,
+            namespace,
+            container=kind.container,
+            follow=False,
+            timestamps=False,
+            tail_lines=args.tail,
+        )
+        try:
+            for batch in stream.batches():  # as it comes: memory stays flat whatever the size
+                sys.stdout.write("\n".join(batch) + "\n")
+        finally:
+            stream.close()
+    except LogStreamBroken as e:
+        raise Unreachable(
+            f"logs: the log of pod {namespace}/{pod_name} broke off (got {e})", reason="NoAnswer"
+        ) from None
     return 0
+
+
+def _rank_pod(
+    cluster: Cluster, kind: JobKind, job: dict[str, Any], namespace: str, rank: int
+) -> dict[str, Any]:
+    """The pod of node ``rank`` (rank 0 of an elastic job: where the rendezvous put it)."""
+    from controller.errors import NotFound
+    from controller.jobs.explain import is_elastic
+    from controller.jobs.rank0 import rank0_pod
+
+    name = job["metadata"]["name"]
+    if rank == 0:
+        pod, _ = rank0_pod(cluster, namespace, job, kind, scan=True)
+        if pod is not None:
+            return pod
+        got = (
+            "no worker whose log shows the trainer's events yet"
+            if is_elastic(job)
+            else f"none with {kind.rank_selector(name, 0)}"
+        )
+    else:
+        selector = kind.rank_selector(name, rank)
+        pods = cluster.list_pods(namespace, selector)
+        if pods:
+            return pods[-1]
+        got = f"none with {selector}"
+    raise NotFound(
+        f"logs: job {namespace}/{name} has no pod for rank {rank} (got {got}). "
+        f"See `{CLI} status {name} -n {namespace}`"
+    )
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -360,15 +418,16 @@ def cmd_events(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from controller.errors import NotFound
+    from controller.jobs.rank0 import rank0_pod
     from controller.plot import plot_curves
 
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
-    kind, _ = _find(args, cluster, namespace)
-    pods = cluster.list_pods(namespace, kind.rank_selector(args.name, 0))
-    if not pods:
-        raise NotFound(f"plot: job {namespace}/{args.name} has no rank-0 pod (got none)")
-    text = cluster.read_log(pods[-1]["metadata"]["name"], namespace, container=kind.container)
+    kind, job = _find(args, cluster, namespace)
+    pod, _ = rank0_pod(cluster, namespace, job, kind, scan=True)
+    if pod is None:
+        raise NotFound(f"plot: job {namespace}/{args.name} has no pod of rank 0 (got none)")
+    text = cluster.read_log(pod["metadata"]["name"], namespace, container=kind.container)
     n = plot_curves(text.splitlines(), args.output, title=f"{namespace}/{args.name}")
     print(f"wrote {args.output} ({n} train events)")
     return 0
@@ -440,7 +499,8 @@ def add_commands(sub: Any) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="node rank: 0 = master (TrainJob: node 0), i = worker i-1 (node i) (default 0)",
+        help="node rank: 0 = master (TrainJob: node 0; elastic jobs: the worker running global "
+        "rank 0), i = worker i-1 (node i) (default 0)",
     )
     p.add_argument("--tail", type=int, metavar="N", help="without -f: only the last N lines")
     p.add_argument("--timeout", type=float, metavar="S", help="with -f: give up (exit 1)")

@@ -56,3 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # `render ... | head`: the reader left; not an error of ours
         return 0
+    finally:
+        if args.debug and "controller.kube.tally" in sys.modules:  # it talked to a cluster
+            from controller.kube import tally
+
+            print(f"debug: {tally.summary()}", file=sys.stderr, flush=True)

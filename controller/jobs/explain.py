@@ -62,6 +62,21 @@ def job_terminal(job: dict[str, Any]) -> str | None:
     return job_kind(job).terminal(job)
 
 
+def is_elastic(job: dict[str, Any]) -> bool:
+    """Workers only, no Master: an elastic job, whose global rank 0 the rendezvous places."""
+    specs = job.get("spec", {}).get("pytorchReplicaSpecs") or {}
+    return bool(specs) and "Master" not in specs
+
+
+def max_pods(job: dict[str, Any]) -> int:
+    """The most pods the job can have at once (an elastic job's maxReplicas)."""
+    spec = job.get("spec", {})
+    replicas = sum(
+        int(r.get("replicas", 1)) for r in (spec.get("pytorchReplicaSpecs") or {}).values()
+    )
+    return max(replicas, int((spec.get("elasticPolicy") or {}).get("maxReplicas") or 0))
+
+
 def condition_message(job: dict[str, Any], ctype: str) -> str:
     return job_kind(job).condition_message(job, ctype)
 

@@ -5,28 +5,43 @@ A container run is identified by (pod UID, restartCount): a pod the operator re-
 new UID and its log starts from line 0; a container restarted in place gets restartCount + 1
 and its predecessor's log stays readable with ``previous=true``. Within one run the log is
 streamed with timestamps; when a stream breaks (API server restart, network) it is re-opened
-from the start and a ``LineCursor`` drops what was already printed, by timestamp (and, for
-lines sharing one timestamp, by how many of those were printed). When a run ends its log is
-read once more without ``follow`` so the tail the stream had not delivered yet is not lost.
+from the second of the last line printed (``sinceTime``) and a ``LineCursor`` drops what was
+already printed, by timestamp (and, for lines sharing one timestamp, by how many of those were
+printed). When a run ends its log is read once more without ``follow``, from that second on, so
+the tail the stream had not delivered yet is not lost; a run that had already ended when it
+was first seen is read that way only, once.
+
+Lines travel in batches (what one network read delivered): one cursor step, one write and one
+flush per batch, and memory bounded by a batch whatever the log's length.
 
 The kubelet (and kwok) keep a followed stream open after the container exits, so the end of a
 run is learned from the pod watch, never from the stream.
+
+Rank 0 of a fixed-size job is the Master pod. An elastic job (Workers only) has no such pod:
+the rendezvous decides which worker runs global rank 0, and may decide again after a restart.
+There every worker's log is followed and the lines of the run whose latest ``start`` event
+(printed by global rank 0 only, with its pod's ``hostname``) is the newest are the ones printed;
+the lines a worker printed before it turned out to be rank 0 (the launcher's banner) are kept,
+up to ``HELD_LINES``, and printed first.
 """
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from controller.errors import ClusterError, Forbidden, NotFound
+from controller.errors import ClusterError, Forbidden, NotFound, Unreachable
 from controller.jobs.apis import PYTORCHJOB_KIND, JobKind
 from controller.jobs.explain import container_status, job_terminal, pending_reason
 from controller.kube.client import Cluster
 from controller.kube.logstream import LogStreamBroken
 from controller.kube.watch import RESYNC
+from controller.kubeflow import LABEL_JOB_NAME, LABEL_REPLICA_TYPE
 
 # While a pod stays pending with no reason on the pod itself, look at events this often.
 PENDING_EVENTS_EVERY_S = 5.0
@@ -34,8 +49,14 @@ PENDING_EVENTS_EVERY_S = 5.0
 END_GRACE_S = 15.0
 # A finished run's stream is closed once it has been quiet this long (at most QUIET_MAX_S).
 QUIET_S, QUIET_MAX_S = 0.5, 3.0
+# A finished run's last read is tried again this often when it breaks off (API server restart).
+FINAL_READ_TRIES = 20
 # When the followed rank has printed nothing this long, look for Warning events of the job.
 QUIET_JOB_S = 10.0
+# Elastic jobs: lines a worker printed before its start event, kept in case it is rank 0.
+HELD_LINES = 1000
+# How global rank 0 announces itself (trainer/train.py, the `start` event; keys only added).
+START_PREFIX = '{"event": "start"'
 
 
 def split_timestamp(line: str) -> tuple[tuple[str, int] | None, str]:
@@ -55,28 +76,43 @@ def split_timestamp(line: str) -> tuple[tuple[str, int] | None, str]:
 
 
 class LineCursor:
-    """What has been printed of one container run; ``accept`` says whether a line is new.
+    """What has been printed of one container run; ``take`` keeps the lines that are new.
 
-    Call ``restart_pass()`` before re-reading the run's log from its beginning.
+    Call ``restart_pass()`` before re-reading the run's log (from its beginning, or from
+    ``since()``). Within a pass, once one line was new every later one is (a log's timestamps
+    do not go back), so from there on lines are taken without parsing their timestamps.
+
+    ``timestamps=False``: the log is read without timestamps (a third fewer bytes for the API
+    server to send) and a re-read from the beginning skips the lines already printed by count.
+    Only for a run that has ended: its log no longer grows or rotates.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, timestamps: bool = True) -> None:
+        self.timestamps = timestamps
         self.count = 0  # lines printed from this run
         self.last_ts: tuple[str, int] | None = None
         self.at_last_ts = 0  # lines printed that carry exactly last_ts
         self._pass_lines = 0
         self._pass_at_ts = 0
+        self._caught_up = True  # this pass is past what was printed before
 
     def restart_pass(self) -> None:
         self._pass_lines = 0
         self._pass_at_ts = 0
+        self._caught_up = self.count == 0
+
+    def since(self) -> str | None:
+        """RFC 3339 second of the last line printed: a re-read from there misses nothing."""
+        return None if self.last_ts is None else f"{self.last_ts[0]}Z"
 
     def accept(self, ts: tuple[str, int] | None) -> bool:
+        """One line of the pass, by its timestamp: True if it was not printed before."""
         self._pass_lines += 1
         if ts is None:  # no timestamps: count lines
             if self._pass_lines <= self.count:
                 return False
             self.count += 1
+            self._caught_up = True
             return True
         if self.last_ts is not None and ts < self.last_ts:
             return False
@@ -88,21 +124,62 @@ class LineCursor:
         else:
             self.last_ts, self.at_last_ts, self._pass_at_ts = ts, 1, 1
         self.count += 1
+        self._caught_up = True
         return True
+
+    def take(self, raw: list[str]) -> list[str]:
+        """The texts (timestamps cut off) of the lines in ``raw`` not printed before."""
+        if not self.timestamps:
+            skip = min(len(raw), max(0, self.count - self._pass_lines))
+            self._pass_lines += len(raw)
+            new = raw[skip:] if skip else raw
+            self.count += len(new)
+            return new
+        out: list[str] = []
+        i = 0
+        while i < len(raw) and not self._caught_up:
+            ts, text = split_timestamp(raw[i])
+            i += 1
+            if self.accept(ts):
+                out.append(text)
+        rest = raw[i:] if i else raw
+        if not rest:
+            return out
+        last_ts, _ = split_timestamp(rest[-1])
+        if last_ts is None or split_timestamp(rest[0])[0] is None:  # not timestamped: slowly
+            for line in rest:
+                ts, text = split_timestamp(line)
+                if self.accept(ts):
+                    out.append(text)
+            return out
+        out.extend([line.partition(" ")[2] for line in rest])
+        head = rest[-1].partition(" ")[0]
+        same = 1  # lines at the end of the batch sharing the last one's timestamp
+        while same < len(rest) and rest[-1 - same].partition(" ")[0] == head:
+            same += 1
+        if same == len(rest) and last_ts == self.last_ts:
+            self.at_last_ts += same
+        else:
+            self.last_ts, self.at_last_ts = last_ts, same
+        self._pass_at_ts = self.at_last_ts
+        self.count += len(rest)
+        self._pass_lines += len(rest)
+        return out
 
 
 class _Run:
     """One container run being followed: its cursor, its reader thread, its stream."""
 
-    def __init__(self, pod: str, uid: str, restart: int):
+    def __init__(self, pod: str, uid: str, restart: int, *, ended: bool = False):
         self.pod, self.uid, self.restart = pod, uid, restart
-        self.cursor = LineCursor()
+        self.cursor = LineCursor(timestamps=not ended)  # an ended run's log is read once
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.stream: Any = None
         self.thread: threading.Thread | None = None
         self.done = False
         self.last_line_at = time.monotonic()  # when the stream last delivered a line
+        self.held: deque[str] = deque(maxlen=HELD_LINES)  # elastic: not (yet) rank 0's lines
 
     @property
     def key(self) -> tuple[str, int]:
@@ -112,9 +189,11 @@ class _Run:
 class RankFollower:
     """Follow the pod of one node rank of a job until the job ends.
 
-    ``emit(text)`` gets each log line (without its timestamp), from reader threads but never
-    concurrently; ``say(text)`` gets status notes (pending reasons, re-attaching). ``kind`` is
-    the job's API (``controller.jobs.apis``): how to find the rank's pod and its container.
+    ``emit(lines)`` gets the log lines (without their timestamps) in batches, from reader
+    threads but never concurrently; ``say(text)`` gets status notes (pending reasons,
+    re-attaching). ``kind`` is the job's API (``controller.jobs.apis``): how to find the rank's
+    pod and its container. ``elastic``: the job has Workers only and rank 0 (the only rank it can
+    follow) is wherever the rendezvous put it.
     """
 
     def __init__(
@@ -123,15 +202,20 @@ class RankFollower:
         namespace: str,
         job: str,
         rank: int,
-        emit: Callable[[str], None],
+        emit: Callable[[list[str]], None],
         say: Callable[[str], None],
         kind: JobKind = PYTORCHJOB_KIND,
+        *,
+        elastic: bool = False,
     ):
+        if elastic and rank != 0:
+            raise ValueError("an elastic job's node ranks are the rendezvous's: follow rank 0")
         self.cluster, self.namespace, self.job, self.rank = cluster, namespace, job, rank
         self.kind = kind
-        self.emit, self.say = emit, say
+        self.emit, self.say, self.elastic = emit, say, elastic
         self.runs: dict[tuple[str, int], _Run] = {}
-        self.current: _Run | None = None
+        self.latest: dict[str, _Run] = {}  # pod name -> its newest run
+        self.lead: _Run | None = None  # elastic: the run printing as rank 0
         self.events: queue.Queue[tuple[str, str, dict[str, Any]]] = queue.Queue()
         self._emit_lock = threading.Lock()
         self._last_pending = ""
@@ -143,6 +227,8 @@ class RankFollower:
     # -- selection -------------------------------------------------------------------------
 
     def _selector(self) -> str:
+        if self.elastic:
+            return f"{LABEL_JOB_NAME}={self.job},{LABEL_REPLICA_TYPE}=worker"
         return self.kind.rank_selector(self.job, self.rank)
 
     # -- threads feeding the main loop ------------------------------------------------------
@@ -182,7 +268,10 @@ class RankFollower:
         while not run.stop.is_set():
             try:
                 stream = self.cluster.stream_log(
-                    run.pod, self.namespace, container=self.kind.container
+                    run.pod,
+                    self.namespace,
+                    container=self.kind.container,
+                    since_time=run.cursor.since(),
                 )
             except (LogStreamBroken, ClusterError) as e:
                 failures += 1
@@ -191,17 +280,17 @@ class RankFollower:
                 run.stop.wait(min(2.0, 0.1 * failures))
                 continue
             run.stream = stream
-            if not self._same_pod(run):  # re-created under the same name: not our run's log
+            if self._same_pod(run) is False:  # re-created under its name: not our run's log
                 stream.close()
                 return
             with run.lock:
                 run.cursor.restart_pass()
             broke = False
             try:
-                for raw in stream:
+                for batch in stream.batches():
                     if run.stop.is_set():
                         break
-                    self._offer(run, raw)
+                    self._offer(run, batch)
                 failures = 0
             except LogStreamBroken:
                 broke = True
@@ -213,15 +302,46 @@ class RankFollower:
                     self.say(f"logs: stream of {run.pod} broke; re-attaching")
                 run.stop.wait(min(2.0, 0.1 * failures))
 
-    def _offer(self, run: _Run, raw: str) -> None:
-        ts, text = split_timestamp(raw)
+    def _offer(self, run: _Run, batch: list[str], *, final: bool = False) -> None:
+        """Lines read from ``run``'s log: print the new ones (elastic: if ``run`` is rank 0's).
+        Once the run is stopped only its final read may offer (a slow reader thread may not)."""
         run.last_line_at = self._last_line_at = time.monotonic()
         with run.lock:
-            if not run.cursor.accept(ts):
+            if run.stop.is_set() and not final:
+                return
+            new = run.cursor.take(batch)
+            if not new:
                 return
             with self._emit_lock:
-                self.lines += 1
-                self.emit(text)
+                if self.elastic:
+                    new = self._as_rank0(run, new)
+                if new:
+                    self.lines += len(new)
+                    self.emit(new)
+
+    def _as_rank0(self, run: _Run, new: list[str]) -> list[str]:
+        """Elastic jobs: the part of ``new`` to print. A run whose log shows a ``start`` event
+        hosts global rank 0 from there on; it prints what it held first."""
+        starts = [i for i, text in enumerate(new) if text.startswith(START_PREFIX)]
+        if not starts:
+            if run is self.lead:
+                return new
+            run.held.extend(new)
+            return []
+        if run is self.lead:
+            return new
+        cut = starts[0]
+        run.held.extend(new[:cut])
+        out = [*run.held, *new[cut:]]
+        run.held.clear()
+        previous, self.lead = self.lead, run
+        where = _start_hostname(new[starts[-1]])
+        self.say(
+            f"logs: global rank 0 is in pod {run.pod}"
+            + (f" (hostname {where})" if where and where != run.pod else "")
+            + (f"; it was in {previous.pod}" if previous is not None else "")
+        )
+        return out
 
     # -- run lifecycle ---------------------------------------------------------------------
 
@@ -231,14 +351,17 @@ class RankFollower:
         key = (meta["uid"], restart)
         if key in self.runs:
             return
-        run = _Run(meta["name"], meta["uid"], restart)
+        ended = _terminated(pod)
+        run = _Run(meta["name"], meta["uid"], restart, ended=ended)
         self.runs[key] = run
-        if self.current is not None and not self.current.done:
-            same_pod = self.current.uid == run.uid
-            self._finish(self.current, previous=same_pod)
-        self.current = run
-        if self.lines:
+        before = self.latest.get(run.pod)
+        if before is not None and not before.done:
+            self._finish(before, previous=before.uid == run.uid)
+        self.latest[run.pod] = run
+        if self.lines and not self.elastic:
             self.say(f"logs: following {run.pod} (attempt {len(self.runs)})")
+        if ended:  # ended already: one read of its log is all it takes
+            return
         run.thread = threading.Thread(
             target=self._read, args=(run,), daemon=True, name=f"log-{run.pod}"
         )
@@ -249,40 +372,63 @@ class RankFollower:
         if run.done:
             return
         run.done = True
-        # The process has exited and its output is in the log file; give the open stream a
-        # moment to deliver the tail (a deleted pod's log cannot be read again afterwards).
-        deadline = time.monotonic() + QUIET_MAX_S
-        while time.monotonic() < deadline and time.monotonic() - run.last_line_at < QUIET_S:
-            time.sleep(0.05)
+        if run.thread is not None:
+            # The process has exited and its output is in the log file; give the open stream
+            # a moment to deliver the tail (a deleted pod's log cannot be read again after).
+            deadline = time.monotonic() + QUIET_MAX_S
+            while time.monotonic() < deadline and time.monotonic() - run.last_line_at < QUIET_S:
+                time.sleep(0.05)
         run.stop.set()
         if run.stream is not None:
             run.stream.close()
         if run.thread is not None:
             run.thread.join(timeout=5)
-        try:
-            text = self.cluster.read_log(
-                run.pod,
-                self.namespace,
-                container=self.kind.container,
-                previous=previous,
-                timestamps=True,
-            )
-        except (NotFound, ClusterError):
-            return  # the pod is gone: what the stream delivered is all there is
-        # Logs are read by pod name; if the operator re-created the pod meanwhile, the text may
-        # be the new pod's (its own run prints it). Checked after the read, so no race.
-        if not self._same_pod(run):
-            return
+        # Logs are read by pod name: if the operator re-created the pod, the name is another
+        # run's (which prints its own log).
+        for attempt in range(FINAL_READ_TRIES):
+            if attempt:
+                time.sleep(min(2.0, 0.2 * attempt))
+            same = self._same_pod(run)
+            if same is False:
+                return
+            try:
+                if same:
+                    self._read_to_end(run, previous)
+                    return
+            except LogStreamBroken as e:  # the API server went away mid-read: read again
+                if attempt == 0:
+                    self.say(f"logs: reading {run.pod} broke off ({e}); reading again")
+            except ClusterError:
+                return  # the pod is gone: what the stream delivered is all there is
+
+    def _read_to_end(self, run: _Run, previous: bool) -> None:
+        """One read of the run's log (not followed), from where the cursor can resume."""
+        timestamps = run.cursor.timestamps
+        stream = self.cluster.stream_log(
+            run.pod,
+            self.namespace,
+            container=self.kind.container,
+            previous=previous,
+            follow=False,
+            since_time=run.cursor.since() if timestamps else None,
+            timestamps=timestamps,
+        )
         with run.lock:
             run.cursor.restart_pass()
-        for raw in text.splitlines():
-            self._offer(run, raw)
+        try:
+            for batch in stream.batches():
+                self._offer(run, batch, final=True)
+        finally:
+            stream.close()
 
-    def _same_pod(self, run: _Run) -> bool:
+    def _same_pod(self, run: _Run) -> bool | None:
+        """Is ``run``'s pod still the one under its name? None while the API cannot say."""
         try:
             pod = self.cluster.get_pod(run.pod, self.namespace)
         except Forbidden:  # `get pods` is optional (doctor does not require it): trust the name
             return True
+        except Unreachable:
+            return None
         except ClusterError:
             return False
         return pod.get("metadata", {}).get("uid") == run.uid
@@ -303,7 +449,7 @@ class RankFollower:
 
     def _follow(self, deadline: float | None) -> dict[str, Any] | None:
         job: dict[str, Any] | None = None
-        pod: dict[str, Any] | None = None
+        pods: dict[str, dict[str, Any]] = {}  # uid -> the pod as last seen
         ended_at: float | None = None
         pods_listed = False  # the pod watch's first list has been seen
         next_events = time.monotonic() + PENDING_EVENTS_EVERY_S
@@ -328,42 +474,50 @@ class RankFollower:
             elif kind == "pod" and etype == RESYNC:
                 pods_listed = True
             elif kind == "pod":
+                uid = obj["metadata"]["uid"]
                 if etype == "DELETED":
-                    if pod is not None and pod["metadata"]["uid"] == obj["metadata"]["uid"]:
-                        pod = None
-                    run = self.current
-                    if run is not None and run.uid == obj["metadata"]["uid"]:
+                    pods.pop(uid, None)
+                    run = self.latest.get(obj["metadata"]["name"])
+                    if run is not None and run.uid == uid:
                         self._finish(run)
                 else:
-                    pod = self._on_pod(obj)
-            if (pod is None or not _started(pod)) and time.monotonic() >= next_events:
-                self._explain_pending(pod)
+                    pods[uid] = obj
+                    self._on_pod(obj)
+            started = [p for p in pods.values() if _started(p)]
+            if not started and time.monotonic() >= next_events:
+                self._explain_pending(next(iter(pods.values()), None))
                 next_events = time.monotonic() + PENDING_EVENTS_EVERY_S
-            elif time.monotonic() - self._last_line_at >= QUIET_JOB_S and ended_at is None:
+            elif started and time.monotonic() - self._last_line_at >= QUIET_JOB_S and not ended_at:
                 # Our rank runs but prints nothing: often another replica cannot start (its
                 # pod is refused or unschedulable) and rank 0 waits for it. Say so.
                 self._last_line_at = time.monotonic()
                 self._job_warnings()
             if ended_at is not None:
-                run = self.current
-                settled = pods_listed and (
-                    (run is None and pod is None)
-                    or (run is not None and run.done)
-                    or (pod is not None and _terminated(pod))
-                )
+                settled = pods_listed and all(self._settled(p) for p in pods.values())
                 if settled or time.monotonic() - ended_at > END_GRACE_S:
                     self._end_all()
+                    if not self.runs:  # say why nothing was printed
+                        self.say(
+                            f"logs: the job ended and no pod of rank {self.rank} is left to read "
+                            "(its pods were removed, e.g. by cleanPodPolicy or the TTL)"
+                        )
                     return job
 
-    def _on_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+    def _settled(self, pod: dict[str, Any]) -> bool:
+        """Nothing more will come from this pod: never started, ended, or its run finished."""
+        run = self.latest.get(pod["metadata"]["name"])
+        if run is not None and run.uid == pod["metadata"]["uid"] and run.done:
+            return True
+        return not _started(pod) or _terminated(pod)
+
+    def _on_pod(self, pod: dict[str, Any]) -> None:
         if _started(pod):
             self._start_run(pod)
-            run = self.current
+            run = self.latest.get(pod["metadata"]["name"])
             if run is not None and run.uid == pod["metadata"]["uid"] and _terminated(pod):
                 self._finish(run)
         elif not pod.get("metadata", {}).get("deletionTimestamp"):
             self._explain_pending(pod)
-        return pod
 
     def _job_warnings(self) -> None:
         try:
@@ -401,6 +555,14 @@ class RankFollower:
     def _end_all(self) -> None:
         for run in list(self.runs.values()):
             self._finish(run)
+
+
+def _start_hostname(line: str) -> str:
+    """The ``hostname`` a start event names (trainers before it was added name none)."""
+    try:
+        return str(json.loads(line).get("hostname") or "")
+    except (ValueError, AttributeError):
+        return ""
 
 
 def _started(pod: dict[str, Any]) -> bool:

@@ -13,6 +13,7 @@ from controller.jobs.apis import JobKind
 from controller.jobs.explain import (
     age,
     explain_failure,
+    is_elastic,
     job_kind,
     latest_progress,
     pending_reason,
@@ -21,6 +22,7 @@ from controller.jobs.explain import (
     sort_events,
 )
 from controller.jobs.find import find_job
+from controller.jobs.rank0 import rank0_pod
 from controller.kube.client import Cluster
 
 #: Log lines shown for a failed replica.
@@ -103,13 +105,19 @@ def job_status(
         "pending": [],
     }
     out["pending"] = _pending(cluster, kind, job, pods, namespace)
-    rank0 = [p for p in pods if kind.node_rank(p) == 0]
-    if rank0 and rank0[-1].get("status", {}).get("phase") != "Pending":
+    # Progress from rank 0's latest events: its pod's log (a Master, node 0 of a TrainJob), or
+    # in an elastic job the log of the worker the rendezvous made rank 0 (found by its events).
+    rank0, tail = rank0_pod(cluster, namespace, job, kind, tail_lines=200)
+    out["rank0_pod"] = rank0["metadata"]["name"] if rank0 is not None else None
+    out["elastic"] = is_elastic(job)
+    if rank0 is not None and rank0.get("status", {}).get("phase") != "Pending":
         try:
-            text = cluster.read_log(
-                rank0[-1]["metadata"]["name"], namespace, container=kind.container, tail_lines=200
-            )
-            out["progress"] = latest_progress(text.splitlines())
+            if tail is None:
+                text = cluster.read_log(
+                    rank0["metadata"]["name"], namespace, container=kind.container, tail_lines=200
+                )
+                tail = text.splitlines()
+            out["progress"] = latest_progress(tail)
         except ClusterError:
             pass
     return out

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from controller.errors import ClusterError, NotFound, Unreachable
+from controller.kube import tally
 from controller.kube.errors import api_message, short_reason, translate
 from controller.kube.logstream import LogStream, LogStreamBroken
 from controller.kube.watch import watch
@@ -109,7 +110,9 @@ class Cluster:
             raise Unreachable(f"kubeconfig: {e}", reason="NoKubeconfig") from None
         # Fail fast while the API server is away; watches and log streams retry on their own.
         configuration.retries = 1
-        return client.ApiClient(configuration)
+        api = client.ApiClient(configuration)
+        api.rest_client.request = tally.counting(api.rest_client.request)  # --debug prints it
+        return api
 
     def _call(
         self, where: str, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
@@ -362,31 +365,55 @@ class Cluster:
             raise translate(e, "logs", f"pod {namespace}/{pod}", self.server) from None
 
     def stream_log(
-        self, pod: str, namespace: str, *, container: str, previous: bool = False
+        self,
+        pod: str,
+        namespace: str,
+        *,
+        container: str,
+        previous: bool = False,
+        follow: bool = True,
+        since_time: str | None = None,
+        timestamps: bool = True,
+        tail_lines: int | None = None,
     ) -> LogStream:
-        """Open a followed log stream (timestamps on).
+        """Open a container's log as a stream: followed unless ``follow`` is False or the log is
+        the ``previous`` run's; from ``since_time`` (RFC 3339) on, or its last ``tail_lines``.
 
-        Connection errors propagate as ``LogStreamBroken`` so the follower can re-attach; API
-        errors (pod gone, container not started) are translated.
+        Connection errors propagate as ``LogStreamBroken`` so the caller can re-attach; API
+        errors are translated (pod gone: NotFound; container not started: NotFound, NoLogYet).
         """
         import urllib3
         from kubernetes.client.exceptions import ApiException
 
+        # The generated client has no sinceTime: the request is made on the raw path.
+        query = [
+            ("container", container),
+            ("follow", "true" if follow and not previous else "false"),
+            ("previous", "true" if previous else "false"),
+            ("timestamps", "true" if timestamps else "false"),
+        ]
+        if since_time:
+            query.append(("sinceTime", since_time))
+        if tail_lines is not None:
+            query.append(("tailLines", str(tail_lines)))
         try:
-            resp = self.core.read_namespaced_pod_log(
-                pod,
-                namespace,
-                container=container,
-                follow=not previous,
-                timestamps=True,
-                previous=previous,
+            resp, *_ = self._api.call_api(
+                f"/api/v1/namespaces/{namespace}/pods/{pod}/log",
+                "GET",
+                query_params=query,
+                header_params={"Accept": "*/*"},
+                auth_settings=["BearerToken"],
                 _preload_content=False,
                 # No read timeout: a quiet trainer may print nothing for minutes.
                 _request_timeout=(REQUEST_TIMEOUT_S[0], None),
             )
         except ApiException as e:
-            if e.status in (400, 404):  # waiting to start / already gone: the caller decides
-                raise LogStreamBroken(api_message(e)) from None
+            if e.status == 400:  # the container has not started, or has no previous run
+                raise NotFound(
+                    f"logs: no log for pod {namespace}/{pod} yet (got 400 {api_message(e)})",
+                    status=400,
+                    reason="NoLogYet",
+                ) from None
             raise translate(e, "logs", f"pod {namespace}/{pod}", self.server) from None
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise LogStreamBroken(short_reason(e)) from None

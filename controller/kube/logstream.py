@@ -1,7 +1,10 @@
-"""One followed container log (``kubectl logs -f --timestamps``), as lines.
+"""One container log read as a stream (``kubectl logs [-f] --timestamps``), in batches of lines.
 
 Following a rank across restarts (re-attaching, dropping lines already printed) is
-``controller.jobs.follow``'s job; this is only the stream.
+``controller.jobs.follow``'s job; this is only the stream. It reads what the network has
+(``read1``: at most one chunk, never waiting for a full buffer, so a live log is not delayed)
+and hands over the complete lines of each read at once: one decode and one split per read, and
+memory bounded by one read plus one unfinished line, whatever the log's length.
 """
 
 from __future__ import annotations
@@ -12,25 +15,48 @@ from typing import Any
 
 from controller.kube.errors import short_reason
 
+# Bytes asked of the socket per read; a read returns what has arrived, up to this.
+READ_BYTES = 256 * 1024
+
 
 class LogStreamBroken(Exception):
     """A followed log stream could not be opened or broke off; the follower re-attaches."""
 
 
 class LogStream:
-    """One open log stream; iterate for lines, ``close()`` (from any thread) to stop."""
+    """One open log stream; iterate ``batches()`` for lines, ``close()`` (from any thread) to
+    stop. ``ended`` says whether the server ended it (EOF) rather than a break or a close."""
 
     def __init__(self, resp: Any):
         self._resp = resp
+        self.ended = False
 
-    def __iter__(self) -> Iterator[str]:
+    def batches(self) -> Iterator[list[str]]:
+        """Lists of complete lines (without their newline), one list per network read."""
         import urllib3
-        from kubernetes.watch.watch import iter_resp_lines
 
+        pending = b""
         try:
-            yield from iter_resp_lines(self._resp)
+            while True:
+                chunk = self._resp.read1(READ_BYTES)
+                if not chunk:
+                    break
+                cut = chunk.rfind(b"\n")
+                if cut < 0:
+                    pending += chunk
+                    continue
+                data = pending + chunk[:cut] if pending else chunk[:cut]
+                pending = chunk[cut + 1 :]
+                yield data.decode("utf-8", errors="replace").split("\n")
         except (urllib3.exceptions.HTTPError, OSError, ValueError, AttributeError) as e:
             raise LogStreamBroken(short_reason(e)) from None
+        self.ended = True
+        if pending:  # the log ended without a newline
+            yield [pending.decode("utf-8", errors="replace")]
+
+    def __iter__(self) -> Iterator[str]:
+        for batch in self.batches():
+            yield from batch
 
     def close(self) -> None:
         """Stop the stream from another thread: shut the socket so a blocked read returns."""

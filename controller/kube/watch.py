@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from controller.errors import ClusterError, Unreachable
+from controller.kube import tally
 from controller.kube.errors import api_message, short_reason, translate
 
 # Seconds to wait for the connection to open.
@@ -90,6 +91,7 @@ def watch(
                     if etype == "ERROR":
                         if obj.get("code") == 410:
                             rv = None  # expired: list again
+                            tally.count(tally.RELIST)
                             break
                         raise ClusterError(
                             f"{where}: the API server ended the watch "
@@ -115,6 +117,7 @@ def watch(
         except ApiException as e:
             if e.status == 410:
                 rv = None
+                tally.count(tally.RELIST)
                 continue
             if e.status and e.status < 500 and e.status != 429:
                 raise translate(e, where, kind, cluster.server) from None

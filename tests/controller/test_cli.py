@@ -46,6 +46,46 @@ def test_missing_file_said_plainly(tmp_path, capsys):
     assert capsys.readouterr().err == expected
 
 
+def test_a_binary_spec_exits_2_with_one_line_naming_the_file(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    path.write_bytes(b"\x80\x02}q\x00(X\x05\x00\x00\x00model" + bytes(range(256)))
+    r = _run("submit", str(path))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == [
+        f"error: {path}: not a UTF-8 text file (got byte 0x80 at offset 0). "
+        "Pass the YAML file itself, saved as UTF-8"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        (
+            "name: a\nimage: x\nnodes: 2\nname: b\n",
+            "4: duplicate key name (got it on lines 1 and 4)",
+        ),
+        (
+            "name: a\nimage: x\nnodes: 2\ntrainer:\n  max_steps: 5\nnodes: 3\n",
+            "6: duplicate key nodes (got it on lines 3 and 6)",
+        ),
+        (
+            "name: a\nimage: x\ntrainer:\n  checkpoint:\n    dir: /a\n    dir: /b\n",
+            "6: duplicate key trainer.checkpoint.dir (got it on lines 5 and 6)",
+        ),
+        (
+            "name: a\nimage: x\nenv: {A: '1', B: '2', A: '3'}\n",
+            "3: duplicate key env.A (got it twice on line 3)",
+        ),
+    ],
+    ids=["name", "nodes", "nested", "flow"],
+)
+def test_a_duplicate_key_in_a_spec_is_an_error(write_spec, capsys, text, line):
+    path = write_spec(text)
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {path}:{line}. Keep one: YAML would silently use the last\n"
+
+
 def test_set_overrides_a_spec_field(write_spec, capsys):
     path = write_spec(minimal())
     assert main(["validate", str(path), "--set", "trainer.max_steps=0"]) == 2
@@ -164,3 +204,24 @@ def test_help_lists_every_command(capsys):
     out = capsys.readouterr().out
     for command in ("validate", "render", "schema", "run"):
         assert command in out
+
+
+def test_hints_after_submit_name_only_pods_that_exist():
+    from controller.cli.advice import kubectl_hints
+    from controller.jobs.explain import is_elastic, max_pods
+
+    fixed = render_pytorchjob(load_spec(QUICKSTART))
+    elastic = render_pytorchjob(
+        load_spec(QUICKSTART, ["nodes=3", "elastic.min_nodes=2", "elastic.max_nodes=4"])
+    )
+    assert (is_elastic(fixed), is_elastic(elastic), max_pods(elastic)) == (False, True, 4)
+    assert "kubectl logs -f quickstart-master-0 -c pytorch -n default" in kubectl_hints(
+        "quickstart", "default"
+    )
+    text = kubectl_hints("quickstart", "default", elastic=True, max_pods=max_pods(elastic))
+    assert "master" not in text
+    assert (
+        "kubectl logs -f -l training.kubeflow.org/job-name=quickstart -c pytorch -n default "
+        "--prefix --max-log-requests 4"
+    ) in text
+    assert "python -m controller logs -f quickstart -n default" in text

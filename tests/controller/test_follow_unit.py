@@ -4,11 +4,15 @@ is printed once, in order. The real thing runs in tests/e2e/test_recovery.py."""
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
 from typing import Any
 
+import pytest
+
+from controller.errors import NotFound
 from controller.jobs.follow import RankFollower
 from controller.kube.logstream import LogStreamBroken
 from controller.kube.watch import RESYNC
@@ -26,6 +30,7 @@ class FakeCluster:
         self.cond = threading.Condition()
         self.break_once: dict[str, int] = {}  # uid -> break the stream after N lines
         self.clock = 0
+        self.opened: list[tuple[str, bool, str | None]] = []  # (pod, follow, since_time)
 
     # the test drives these
     def pod_event(self, etype: str, name: str, uid: str, state: str) -> None:
@@ -60,12 +65,20 @@ class FakeCluster:
 
     # what RankFollower calls
     def watch(self, kind: str, namespace: str, **_: Any):
+        # Like a real watch: what exists is listed first (as ADDED), then RESYNC, then changes.
+        while True:
+            try:
+                yield self.queues[kind].get_nowait()
+            except queue.Empty:
+                break
         yield RESYNC, {"count": 1}
         while True:
             yield self.queues[kind].get()
 
     def get_pod(self, name: str, namespace: str) -> dict[str, Any]:
         with self.cond:
+            if name not in self.pods:
+                raise NotFound(f"pod: pod {namespace}/{name} not found", status=404)
             return self.pods[name]
 
     def read_log(self, pod: str, namespace: str, **_: Any) -> str:
@@ -73,33 +86,63 @@ class FakeCluster:
             uid = self.pods[pod]["metadata"]["uid"] if pod in self.pods else None
             return "\n".join(self.files.get(uid, [])) + "\n"
 
-    def stream_log(self, pod: str, namespace: str, **_: Any) -> Any:
+    def stream_log(
+        self,
+        pod: str,
+        namespace: str,
+        *,
+        follow: bool = True,
+        since_time: str | None = None,
+        previous: bool = False,
+        timestamps: bool = True,
+        **_: Any,
+    ) -> Any:
         with self.cond:
+            if pod not in self.pods:
+                raise NotFound(f"logs: pod {namespace}/{pod} not found", status=404)
             uid = self.pods[pod]["metadata"]["uid"]
-        return FakeStream(self, uid)
+            self.opened.append((pod, follow, since_time))
+        return FakeStream(self, uid, follow, since_time, timestamps)
 
     def list_events(self, namespace: str) -> list[dict[str, Any]]:
         return []
 
 
 class FakeStream:
-    def __init__(self, cluster: FakeCluster, uid: str):
-        self.c, self.uid, self.closed = cluster, uid, False
+    """A log stream as the kubelet serves it: lines from ``since_time`` on (RFC 3339 seconds,
+    lines at or after it), in batches of up to three; without follow it ends at the end."""
 
-    def __iter__(self):
+    def __init__(
+        self, cluster: FakeCluster, uid: str, follow: bool, since: str | None, timestamps: bool
+    ):
+        self.c, self.uid, self.follow, self.closed = cluster, uid, follow, False
+        self.timestamps = timestamps
+        self.since = since.removesuffix("Z") if since else ""
+        self.ended = False
+
+    def batches(self):
         i = 0
         while True:
             with self.c.cond:
-                while not self.closed and i >= len(self.c.files[self.uid]):
+                lines = self.c.files[self.uid]
+                while not self.closed and i >= len(lines) and self.follow:
                     self.c.cond.wait(0.05)
                 if self.closed:
                     return
-                if self.c.break_once.get(self.uid) == i:
+                if i >= len(lines):  # not followed: the end of the log
+                    self.ended = True
+                    return
+                end = min(i + 3, len(lines))
+                brk = self.c.break_once.get(self.uid)
+                if brk == i:  # the connection breaks before line `brk`
                     del self.c.break_once[self.uid]
                     raise LogStreamBroken("connection reset")
-                line = self.c.files[self.uid][i]
-            i += 1
-            yield line
+                if brk is not None and i < brk < end:
+                    end = brk
+                batch = [x for x in lines[i:end] if x[:19] >= self.since]
+                i = end
+            if batch:
+                yield batch if self.timestamps else [x.partition(" ")[2] for x in batch]
 
     def close(self) -> None:
         self.closed = True
@@ -109,7 +152,7 @@ def test_follow_through_a_broken_stream_and_a_recreated_pod():
     c = FakeCluster()
     out: list[str] = []
     notes: list[str] = []
-    follower = RankFollower(c, "ns", "j", 0, out.append, notes.append)
+    follower = RankFollower(c, "ns", "j", 0, out.extend, notes.append)
     result: dict[str, Any] = {}
     t = threading.Thread(target=lambda: result.update(job=follower.follow(time.monotonic() + 30)))
 
@@ -142,7 +185,7 @@ def test_follow_through_a_broken_stream_and_a_recreated_pod():
 def test_lines_written_after_the_stream_closed_come_from_the_final_read():
     c = FakeCluster()
     out: list[str] = []
-    follower = RankFollower(c, "ns", "j", 0, out.append, lambda s: None)
+    follower = RankFollower(c, "ns", "j", 0, out.extend, lambda s: None)
     c.pod_event("ADDED", "j-master-0", "a", "running")
     t = threading.Thread(target=lambda: follower.follow(time.monotonic() + 30))
     t.start()
@@ -155,3 +198,143 @@ def test_lines_written_after_the_stream_closed_come_from_the_final_read():
     c.job_event("Succeeded")
     t.join(timeout=20)
     assert out == ["one", "two"]
+
+
+def _follow_in_thread(follower: RankFollower) -> tuple[threading.Thread, dict[str, Any]]:
+    result: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: result.update(job=follower.follow(time.monotonic() + 30)))
+    t.start()
+    return t, result
+
+
+def test_a_run_that_ended_before_it_was_seen_is_read_once_without_follow():
+    c = FakeCluster()
+    c.pod_event("ADDED", "j-master-0", "a", "terminated")
+    for i in range(10):
+        c.print("a", f"line {i}")
+    c.job_event("Succeeded")
+    out: list[str] = []
+    t, result = _follow_in_thread(RankFollower(c, "ns", "j", 0, out.extend, lambda s: None))
+    t.join(timeout=20)
+    assert result["job"] is not None
+    assert out == [f"line {i}" for i in range(10)]
+    assert c.opened == [("j-master-0", False, None)]  # one pass: no stream, no quiet wait
+
+
+def test_a_broken_stream_reattaches_from_the_second_of_the_last_line_printed():
+    c = FakeCluster()
+    c.pod_event("ADDED", "j-master-0", "a", "running")
+    out: list[str] = []
+    t, _ = _follow_in_thread(RankFollower(c, "ns", "j", 0, out.extend, lambda s: None))
+    for i in range(5):
+        c.print("a", f"early {i}")
+    c.clock = 3000  # the next lines are three seconds later
+    c.break_once["a"] = 8
+    for i in range(6):
+        c.print("a", f"late {i}")
+    time.sleep(0.5)
+    c.pod_event("MODIFIED", "j-master-0", "a", "terminated")
+    c.job_event("Succeeded")
+    t.join(timeout=20)
+    assert out == [f"early {i}" for i in range(5)] + [f"late {i}" for i in range(6)]
+    follows = [since for pod, follow, since in c.opened if follow]
+    assert follows[0] is None and follows[1] == "2026-01-01T00:00:03Z"
+    assert c.opened[-1] == ("j-master-0", False, "2026-01-01T00:00:03Z")  # the final read
+
+
+def _start(hostname: str) -> str:
+    return json.dumps({"event": "start", "world_size": 2, "step": 0, "hostname": hostname})
+
+
+def test_elastic_prints_the_worker_whose_log_starts_the_trainer():
+    """No master: the worker that prints the `start` event runs global rank 0, whichever it is;
+    the launcher lines it printed before are kept, the other worker's lines are not printed."""
+    c = FakeCluster()
+    out: list[str] = []
+    notes: list[str] = []
+    follower = RankFollower(c, "ns", "j", 0, out.extend, notes.append, elastic=True)
+    assert "replica-type=worker" in follower._selector()
+    c.pod_event("ADDED", "j-worker-0", "a", "running")
+    c.pod_event("ADDED", "j-worker-1", "b", "running")
+    t, result = _follow_in_thread(follower)
+    c.print("a", "torchrun banner on worker 0")
+    c.print("b", "torchrun banner on worker 1")
+    c.print("a", "[rank 1] WARNING something")
+    c.print("b", _start("j-worker-1"))
+    for i in range(3):
+        c.print("b", f"train {i}")
+        c.print("a", f"[rank 1] quiet {i}")
+    time.sleep(0.5)
+    for name, uid in (("j-worker-0", "a"), ("j-worker-1", "b")):
+        c.pod_event("MODIFIED", name, uid, "terminated")
+    c.job_event("Succeeded")
+    t.join(timeout=20)
+    assert result["job"] is not None
+    assert out == ["torchrun banner on worker 1", _start("j-worker-1")] + [
+        f"train {i}" for i in range(3)
+    ]
+    assert "logs: global rank 0 is in pod j-worker-1" in notes
+
+
+def test_elastic_follows_rank_0_to_another_worker_after_a_new_rendezvous():
+    c = FakeCluster()
+    out: list[str] = []
+    notes: list[str] = []
+    follower = RankFollower(c, "ns", "j", 0, out.extend, notes.append, elastic=True)
+    c.pod_event("ADDED", "j-worker-0", "a", "running")
+    c.pod_event("ADDED", "j-worker-1", "b", "running")
+    t, _ = _follow_in_thread(follower)
+    c.print("b", _start("j-worker-1"))
+    c.print("b", "epoch 1 on worker 1")
+    time.sleep(0.3)
+    c.print("b", "[rank 1] now a follower")  # the rendezvous ran again: worker 0 is rank 0
+    time.sleep(0.3)
+    c.print("a", _start("j-worker-0"))
+    time.sleep(0.3)
+    c.print("a", "epoch 2 on worker 0")
+    c.print("b", "[rank 1] still a follower")
+    time.sleep(0.3)
+    for name, uid in (("j-worker-0", "a"), ("j-worker-1", "b")):
+        c.pod_event("MODIFIED", name, uid, "terminated")
+    c.job_event("Succeeded")
+    t.join(timeout=20)
+    assert out == [
+        _start("j-worker-1"),
+        "epoch 1 on worker 1",
+        "[rank 1] now a follower",  # printed while worker 1 was still rank 0's pod
+        _start("j-worker-0"),
+        "epoch 2 on worker 0",
+    ]
+    assert "logs: global rank 0 is in pod j-worker-0; it was in j-worker-1" in notes
+
+
+def test_elastic_cannot_follow_another_rank():
+    with pytest.raises(ValueError):
+        RankFollower(FakeCluster(), "ns", "j", 1, print, print, elastic=True)
+
+
+def test_an_ended_runs_read_that_breaks_off_is_read_again_without_a_line_twice():
+    c = FakeCluster()
+    c.pod_event("ADDED", "j-master-0", "a", "terminated")
+    for i in range(10):
+        c.print("a", f"line {i}")
+    c.break_once["a"] = 4  # e.g. the API server restarts in the middle of the read
+    c.job_event("Succeeded")
+    out: list[str] = []
+    notes: list[str] = []
+    t, _ = _follow_in_thread(RankFollower(c, "ns", "j", 0, out.extend, notes.append))
+    t.join(timeout=20)
+    assert out == [f"line {i}" for i in range(10)]
+    assert [follow for _, follow, _ in c.opened] == [False, False]
+    assert any("broke off" in n for n in notes)
+
+
+def test_a_job_that_ended_without_a_pod_left_says_so():
+    c = FakeCluster()
+    c.job_event("Succeeded")
+    notes: list[str] = []
+    out: list[str] = []
+    t, result = _follow_in_thread(RankFollower(c, "ns", "j", 0, out.extend, notes.append))
+    t.join(timeout=20)
+    assert result["job"] is not None and out == []
+    assert any("no pod of rank 0 is left" in n for n in notes), notes

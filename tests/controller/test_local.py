@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import time
 import pytest
 
 from controller.errors import JobFailed, UserError
-from controller.local import node_command, operator_env, run_local, spec_env
+from controller.local import node_command, node_path, operator_env, run_local, spec_env
 from controller.spec import validate_spec
 from tests.controller.conftest import PYTHON, REPO, minimal
 
@@ -68,6 +69,38 @@ def test_elastic_nodes_get_the_operators_rendezvous_env_not_a_master():
     assert env["PET_RDZV_ENDPOINT"] == "127.0.0.1:4242" and env["PET_RDZV_BACKEND"] == "c10d"
     assert (env["PET_NNODES"], env["PET_MAX_RESTARTS"]) == ("1:3", "2")
     assert not {"MASTER_ADDR", "RANK", "WORLD_SIZE"} & set(env)
+
+
+def test_a_console_script_of_this_environment_runs_without_activating_it(tmp_path, write_spec):
+    """`command: [torchrun, train.py]` finds torchrun as the image would, even when the shell's
+    PATH does not have this interpreter's venv on it (tests run `.venv/bin/python -m pytest`)."""
+    venv_bin = os.path.dirname(PYTHON)
+    assert os.path.exists(os.path.join(venv_bin, "torchrun"))
+    train = tmp_path / "train.py"
+    train.write_text(
+        "import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])\n"
+    )
+    spec = write_spec(minimal(command=["torchrun", "--standalone", "--nproc-per-node=1",
+                                       str(train)], args=[]))  # fmt: skip
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != venv_bin]
+    env = {**os.environ, "PATH": os.pathsep.join(path or ["/usr/bin", "/bin"])}
+    env.pop("VIRTUAL_ENV", None)
+    assert shutil.which("torchrun", path=env["PATH"]) is None  # the bug's precondition
+    result = subprocess.run(
+        [PYTHON, "-m", "controller", "run", str(spec), "--local", "--logs-dir", str(tmp_path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "rank 0 of 1" in (tmp_path / "rank-0.log").read_text()
+
+
+def test_node_path_puts_this_interpreters_bin_first_once():
+    here = os.path.dirname(sys.executable)
+    assert node_path({"PATH": f"/usr/bin:{here}:/bin"}).split(os.pathsep) == [
+        here,
+        "/usr/bin",
+        "/bin",
+    ]
 
 
 def test_a_command_that_cannot_start_is_a_user_error(tmp_path):

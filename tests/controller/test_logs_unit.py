@@ -3,6 +3,8 @@ log after a broken stream prints every line exactly once."""
 
 from __future__ import annotations
 
+import pytest
+
 from controller.jobs.follow import LineCursor, split_timestamp
 
 
@@ -72,3 +74,43 @@ def test_a_new_run_starts_from_its_first_line():
     old, new = LineCursor(), LineCursor()
     _feed(old, _lines(5))
     assert _feed(new, _lines(2, start=0)) == ["line 0", "line 1"]
+
+
+def _take(cursor: LineCursor, raw: list[str], batch: int = 4) -> list[str]:
+    """Feed ``raw`` as one pass in batches of ``batch`` lines, the way a stream delivers it."""
+    cursor.restart_pass()
+    printed = []
+    for i in range(0, len(raw), batch):
+        printed.extend(cursor.take(raw[i : i + batch]))
+    return printed
+
+
+@pytest.mark.parametrize("batch", [1, 3, 100])
+def test_take_in_batches_prints_each_line_once_across_rereads(batch):
+    cursor = LineCursor()
+    assert _take(cursor, _lines(5), batch) == [f"line {i}" for i in range(5)]
+    assert _take(cursor, _lines(9), batch) == [f"line {i}" for i in range(5, 9)]
+    assert _take(cursor, _lines(4, start=5), batch) == []  # a re-read from `since`: nothing new
+    assert _take(cursor, _lines(3, start=8), batch) == ["line 9", "line 10"]
+    assert cursor.count == 11
+
+
+@pytest.mark.parametrize("batch", [1, 2, 100])
+def test_take_counts_lines_sharing_a_timestamp_in_the_fast_path(batch):
+    cursor = LineCursor()
+    assert _take(cursor, _lines(3, same_ts=True), batch) == ["line 0", "line 1", "line 2"]
+    assert _take(cursor, _lines(5, same_ts=True), batch) == ["line 3", "line 4"]
+    assert cursor.at_last_ts == 5
+
+
+def test_take_falls_back_to_counting_without_timestamps():
+    cursor = LineCursor()
+    assert _take(cursor, ["a b", "c d"]) == ["a b", "c d"]
+    assert _take(cursor, ["a b", "c d", "e f"]) == ["e f"]
+
+
+def test_since_is_the_second_of_the_last_line_printed():
+    cursor = LineCursor()
+    assert cursor.since() is None
+    _take(cursor, _lines(12))
+    assert cursor.since() == "2026-01-02T03:04:11Z"

@@ -54,6 +54,23 @@ def test_not_a_tty_passes_every_line_through_unchanged():
     assert (progress.step, progress.max_steps, progress.loss) == (10, 100, 1.5)
 
 
+def test_a_batch_of_lines_is_the_same_as_each_line_fed():
+    lines = [
+        "[rank 0] INFO starting",
+        ev("train", step=10, max_steps=100, loss=1.5, step_time_s=0.5),
+        "",
+        ev("done", step=100, max_steps=100, reason="completed"),
+    ]
+    one, batch = io.StringIO(), io.StringIO()
+    a, b = Progress(one), Progress(batch)
+    for line in lines:
+        a.feed(line)
+    b.feed_lines(lines[:2])
+    b.feed_lines(lines[2:])
+    assert batch.getvalue() == one.getvalue() == "".join(line + "\n" for line in lines)
+    assert (b.step, b.loss, b.done) == (a.step, a.loss, a.done) and b.done is not None
+
+
 def test_eta_from_the_trainers_step_time_smoothed():
     progress = Progress(io.StringIO())
     progress.feed(ev("train", step=10, max_steps=110, loss=1.0, step_time_s=0.5))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,14 +105,20 @@ def get_json(cluster, *args: str) -> Any:
     return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
 
 
-def latest_step(cluster, name: str, namespace: str) -> int:
-    """The last step rank 0 reported (its `train` events), 0 if none yet."""
+def latest_step(cluster, name: str, namespace: str, pod: str | None = None) -> int:
+    """The last step rank 0 reported (its `train` events), 0 while its pod does not exist or its
+    container has not started. Any other API failure raises: a check like ``< max_steps`` must
+    not pass because the question could not be asked."""
+    from kubernetes.client.exceptions import ApiException
+
     try:
         text = cluster.core_api().read_namespaced_pod_log(
-            f"{name}-master-0", namespace, container="pytorch", tail_lines=50
+            pod or f"{name}-master-0", namespace, container="pytorch", tail_lines=50
         )
-    except Exception:  # not created or not started yet
-        return 0
+    except ApiException as e:
+        if e.status in (400, 404):  # container not started / pod not created yet
+            return 0
+        raise
     step = 0
     for line in text.splitlines():
         if line.startswith('{"event": "train"'):
@@ -119,8 +126,100 @@ def latest_step(cluster, name: str, namespace: str) -> int:
     return step
 
 
-def restart_apiserver(cluster, down_s: float = 2.0) -> float:
+def restart_apiserver(cluster, down_s: float = 2.0, while_down=None) -> float:
     """Stop kube-apiserver, keep it down ``down_s`` seconds, start it again (the local cluster
-    records the new pid, so `make cluster-down` still stops it). Returns the seconds it was
-    unavailable."""
-    return cluster.control_plane.restart_component("kube-apiserver", down_s=down_s)
+    records the new pid, so `make cluster-down` still stops it). ``while_down()``, if given, runs
+    once the server has stopped answering, before it starts again.
+
+    Returns the longest time a client probing ``/version`` every 0.1 s got no answer: measured
+    from outside, so a restart that did not really stop the server returns about 0."""
+    import threading
+
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(cluster.kubeconfig), client_configuration=configuration)
+    configuration.retries = False  # one try per probe: an outage is what is being measured
+    api = client.VersionApi(client.ApiClient(configuration))
+    stop = threading.Event()
+    longest = [0.0]
+    called: list[BaseException | None] = []
+
+    def probe() -> None:
+        failing_since = None
+        while not stop.is_set():
+            t = time.monotonic()
+            try:
+                api.get_code(_request_timeout=0.5)
+                if failing_since is not None:
+                    longest[0] = max(longest[0], t - failing_since)
+                failing_since = None
+            except Exception:  # refused, reset, timed out: unavailable
+                if failing_since is None:
+                    failing_since = t
+                if while_down is not None and not called:
+                    try:
+                        while_down()
+                        called.append(None)
+                    except BaseException as e:  # re-raised in the test's thread
+                        called.append(e)
+            stop.wait(0.1)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    try:
+        cluster.control_plane.restart_component("kube-apiserver", down_s=down_s)
+        time.sleep(0.3)  # one more probe sees it answer
+    finally:
+        stop.set()
+        thread.join(5)
+    if while_down is not None:
+        assert called, "the API server never stopped answering: while_down did not run"
+        if called[0] is not None:
+            raise called[0]
+    return longest[0]
+
+
+def etcd_move_on_and_compact(cluster) -> int:
+    """Write a key straight into etcd, so its revision passes every resourceVersion the API
+    server has handed out, and compact etcd's history up to there (etcd's v3 JSON API). A watch
+    resumed from an older resourceVersion then gets 410 Gone. Returns the compacted revision."""
+    import base64
+    import urllib.request
+
+    port = cluster.control_plane.read_state()["ports"]["etcd"]
+
+    def call(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v3/{path}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    key = base64.b64encode(b"/ddpjob-test/compaction").decode()
+    put = call("kv/put", {"key": key, "value": base64.b64encode(b"x").decode()})
+    revision = int(put["header"]["revision"])
+    call("kv/compaction", {"revision": revision, "physical": True})
+    return revision
+
+
+def etcd_compacted(cluster, revision: int) -> bool:
+    """True when etcd refuses to read at ``revision``: its history there was compacted."""
+    import base64
+    import urllib.error
+    import urllib.request
+
+    port = cluster.control_plane.read_state()["ports"]["etcd"]
+    body = {"key": base64.b64encode(b"/ddpjob-test/compaction").decode(), "revision": revision}
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v3/kv/range",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10):
+            return False
+    except urllib.error.HTTPError as e:
+        return "compacted" in e.read().decode(errors="replace")

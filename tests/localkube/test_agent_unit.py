@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,6 +38,7 @@ def test_rewrite_env_points_replicas_at_loopback_and_the_job_port():
         "SVC": "metrics.monitoring.svc:9090",
         "RANK": "1",
         "TEXT": "hello myjob-master-0 world",
+        "HOSTNAME": "myjob-worker-1",
     }
     out = rewrite_env(env, 41000)
     assert out["MASTER_ADDR"] == "127.0.0.1"
@@ -46,6 +48,7 @@ def test_rewrite_env_points_replicas_at_loopback_and_the_job_port():
     assert out["SVC"] == "127.0.0.1:9090"
     assert out["RANK"] == "1"
     assert out["TEXT"] == "hello myjob-master-0 world"  # only whole host values change
+    assert out["HOSTNAME"] == "myjob-worker-1"  # the pod's own name, as in a container
 
 
 def test_cri_log_writer_writes_full_and_partial_lines(tmp_path):
@@ -80,7 +83,9 @@ def test_pinned_versions_match_the_go_module():
     assert f"sigs.k8s.io/kwok {tools.VERSIONS['kwok']}" in gomod
     assert f"helm.sh/helm/v3 {tools.VERSIONS['helm']}" in gomod
     assert f"go.etcd.io/etcd/server/v3 {tools.VERSIONS['etcd']}" in gomod
-    assert json.dumps(tools.VERSIONS)  # serialisable into build-times.json
+    # Written into build-times.json and the tools digest: plain version strings, round-trip.
+    assert all(re.fullmatch(r"v\d+\.\d+\.\d+", v) for v in tools.VERSIONS.values())
+    assert json.loads(json.dumps(tools.VERSIONS)) == tools.VERSIONS
 
 
 def test_expand_follows_kubelet_rules():

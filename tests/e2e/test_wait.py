@@ -1,0 +1,120 @@
+"""`wait` watches the job, it does not poll it: its API requests, counted where the client
+makes them (`--debug` prints them at exit), are a small constant whatever the job's duration.
+And when the watch's resourceVersion has expired (410 Gone: the API server restarted while etcd
+moved on and compacted its history) `wait` lists again and still returns the right answer."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import yaml
+
+from localkube.handle import wait_until
+from tests.e2e.helpers import (
+    Background,
+    ddpjob,
+    etcd_compacted,
+    etcd_move_on_and_compact,
+    latest_step,
+    restart_apiserver,
+    write_spec,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+DEBUG = re.compile(
+    r"^debug: (\d+) API requests? \(([^)]*)\); (\d+) re-lists? after 410 Gone; "
+    r"\d+ refused by RBAC$",
+    re.MULTILINE,
+)
+
+
+def _requests(stderr: str) -> tuple[int, str, int]:
+    """(requests, their kinds, re-lists) from `--debug`'s last line."""
+    m = DEBUG.search(stderr)
+    assert m, f"no request count in: {stderr[-1000:]}"
+    return int(m[1]), m[2], int(m[3])
+
+
+def test_wait_makes_the_same_few_requests_however_long_the_job_runs(cluster, namespace, tmp_path):
+    # `wait` is about the job's life, not its training: a container that sleeps S seconds.
+    jobs = {"short": 15, "long": 60}  # seconds: the short one still runs when its wait starts
+    waiters, started = {}, {}
+    try:
+        for name, sleep_s in jobs.items():
+            spec = tmp_path / f"{name}.yaml"
+            spec.write_text(
+                yaml.safe_dump(
+                    {
+                        "name": name,
+                        "namespace": namespace,
+                        "image": "ghcr.io/ddpjob/trainer:0.1.0",
+                        "resources": {"cpu": "1", "memory": "1Gi"},
+                        "command": ["python", "-c", f"import time; time.sleep({sleep_s})"],
+                        "args": [],
+                    }
+                )
+            )
+            r = ddpjob(cluster, "submit", str(spec))
+            assert r.returncode == 0, r.stderr
+            started[name] = time.monotonic()
+            waiters[name] = Background(
+                cluster, tmp_path, f"wait-{name}", "wait", name, "-n", namespace, "--debug"
+            )
+        took, counts = {}, {}
+        for name, waiter in waiters.items():
+            code, out, err = waiter.result(300)
+            took[name] = time.monotonic() - started[name]
+            assert code == 0, out + err
+            assert f"job {namespace}/{name} Succeeded" in out
+            assert "Running" in err, err  # it saw the job run: it waited, and watched
+            counts[name] = _requests(err)
+    finally:
+        for waiter in waiters.values():
+            waiter.stop()
+    print(f"wait took {took}, requests {counts}")
+    # The long wait lasted long enough that a poll every few seconds would show.
+    assert took["long"] - took["short"] >= 30, took
+    # One list, one watch: the same for a job of seconds and one of most of a minute.
+    assert counts["long"] == counts["short"], counts
+    total, kinds, relists = counts["long"]
+    assert total <= 3 and "watch 1" in kinds and relists == 0, counts
+
+
+def test_wait_lists_again_when_its_watch_has_expired_and_still_answers(
+    cluster, namespace, tmp_path
+):
+    name = "relist"
+    max_steps = 1000  # long enough to end after the API server is back (see test_recovery)
+    spec = write_spec(tmp_path, name, namespace, max_steps=max_steps, every_steps=500, log_every=25)
+    r = ddpjob(cluster, "submit", str(spec))
+    assert r.returncode == 0, r.stderr
+    waiter = Background(cluster, tmp_path, "wait", "wait", name, "-n", namespace, "--debug")
+    compacted: list[int] = []
+    try:
+        wait_until(
+            "training past step 20", lambda: latest_step(cluster, name, namespace) >= 20, 120, 0.5
+        )
+        # While the API server is down nothing can hand out a newer resourceVersion, so once
+        # etcd has moved on and compacted, every resourceVersion `wait` holds is gone for good.
+        down_s = restart_apiserver(
+            cluster,
+            down_s=2.0,
+            while_down=lambda: compacted.append(etcd_move_on_and_compact(cluster)),
+        )
+        assert down_s >= 2.0, "the API server never stopped answering"
+        assert etcd_compacted(cluster, compacted[0] - 1)
+        assert latest_step(cluster, name, namespace) < max_steps, "it ended during the outage"
+        code, out, err = waiter.result(600)
+    finally:
+        waiter.stop()
+    assert code == 0, out + err
+    assert f"job {namespace}/{name} Succeeded" in out
+    assert "lost the API server" in err and "reconnected" in err
+    _, kinds, relists = _requests(err)
+    assert relists >= 1, err
+    lists = int(re.search(r"get (\d+)", kinds)[1])
+    assert lists >= 2, kinds  # the first list, and the one after 410 Gone
+    assert "Traceback" not in err
