@@ -28,7 +28,7 @@ endif
 # Another base with the same contract (python, pip, CUDA torch 2.8.0); empty = the Dockerfile's.
 BASE_IMAGE ?=
 
-.PHONY: help node-deps venv demo test test-fast lint fmt generate image base-image images push \
+.PHONY: help node-deps venv demo test test-images test-fast lint fmt generate image base-image images push \
 	cluster-up cluster-down tools kind-up e2e bench gpu-wheels gpu-dry-run
 
 # First, so that a bare `make` lists the targets: each one's `## ...` comment is its description.
@@ -47,14 +47,20 @@ $(STAMP): pyproject.toml
 demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 	$(PY) -m controller run $(SPEC) --local
 
-# `tools`, the node's Debian packages and `images` first, so a cold machine's one-time builds (Go:
-# about 20-25 min on 2 cores with Trainer v2 and JobSet; the stand-in torch base: minutes) print
-# their progress outside pytest; on a warm machine they build nothing. Where the images cannot be
-# built (no root or podman), the image tests say why.
-test: venv tools $(NODE_DEPS)  ## the whole suite: unit, multi-process DDP, local cluster, images, end-to-end
-	@$(MAKE) --no-print-directory images || echo "make test: images not built; see the image tests" >&2
+# The one-time builds first, outside pytest, so a cold machine prints their progress (on a warm
+# machine they build nothing): the Go tools (about 25 min on 2 cores, CPU-bound) and the images
+# (the stand-in torch base: mostly disk and network) run side by side (-j2).
+# Without root or apt the node's packages cannot be installed: the suite still runs, and the tests
+# that need the real node fail with one line that says why.
+test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, end-to-end
+	@$(if $(NODE_DEPS),$(MAKE) --no-print-directory node-deps || echo "make test: the node's \
+		packages are missing; the tests that need the real node will say why" >&2,true)
+	@$(MAKE) --no-print-directory -j2 tools test-images
 	$(PY) -m ruff check .
 	$(PY) -m pytest
+
+test-images: venv  ## make images for make test: where they cannot be built, the image tests say why
+	@$(MAKE) --no-print-directory images || echo "make test: images not built; see the image tests" >&2
 
 test-fast: venv  ## everything that needs no control plane
 	$(PY) -m pytest -m "not cluster"
