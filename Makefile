@@ -38,9 +38,13 @@ help:  ## list the targets and what each does
 
 venv: $(STAMP)  ## create .venv and install ddpjob with every extra (torch included)
 
-$(STAMP): pyproject.toml
+# torch first, at the image's version, from the wheelhouse the image build shares
+# (localkube/wheelhouse.py): one download of torch's CUDA stack per machine, and the tests run
+# the torch the image ships. Where those wheels do not fit this Python, pip gets torch as usual.
+$(STAMP): pyproject.toml localkube/torch-base.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m localkube.wheelhouse --install
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 

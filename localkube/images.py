@@ -48,6 +48,7 @@ from pathlib import Path
 
 from . import tools
 from .procs import LocalkubeError, cache_dir
+from .wheelhouse import BASE_REQUIREMENTS, wheelhouse
 
 HERE = Path(__file__).resolve().parent
 #: podman/buildah settings this machine needs (runc; no default ulimits).
@@ -385,8 +386,6 @@ def init_image(log=sys.stderr) -> str:
 ROOT = HERE.parent
 DOCKERFILE = ROOT / "Dockerfile"
 BASE_CONTAINERFILE = HERE / "torch-base.Containerfile"
-#: The stand-in base's packages: torch and its dependencies, pinned with hashes (no numpy).
-BASE_REQUIREMENTS = HERE / "torch-base.txt"
 #: Debian for the stand-in's root filesystem. ca-certificates: pip over HTTPS in derived images;
 #: passwd: the Dockerfile's groupadd/useradd.
 DEBIAN_SUITE = "bookworm"
@@ -395,15 +394,6 @@ DEBIAN_MIRRORS = (
     f"deb http://deb.debian.org/debian {DEBIAN_SUITE} main",
     f"deb http://deb.debian.org/debian {DEBIAN_SUITE}-updates main",
     f"deb http://deb.debian.org/debian-security {DEBIAN_SUITE}-security main",
-)
-#: The wheels' target: bookworm's CPython 3.11 on glibc 2.36, x86_64.
-WHEEL_TARGET = (
-    "--only-binary=:all:",
-    "--python-version=3.11",
-    "--implementation=cp",
-    "--abi=cp311",
-    *(f"--platform=manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)),
-    "--platform=manylinux2014_x86_64",
 )
 
 
@@ -427,64 +417,6 @@ def torch_version() -> str:
             f"{DOCKERFILE}). Keep its build-time check: the stand-in base is pinned to it."
         )
     return match.group(1)
-
-
-def wheelhouse(log=sys.stderr) -> Path:
-    """The stand-in base's wheels in ``~/.cache/ddpjob/wheelhouse/torch-base-<hash>``, filled once.
-
-    ``pip download`` of the pinned requirements (with hashes) for the image's Python, not this
-    one's. Wheels that an older wheelhouse already holds are hard-linked in first (pip checks
-    their hashes and skips them): a machine downloads torch once even where pip's own cache
-    stays empty (a proxy that strips Cache-Control, as on the test machines).
-    """
-    requirements = BASE_REQUIREMENTS.read_bytes()
-    house = cache_dir() / "wheelhouse" / f"torch-base-{_digest(requirements, *WHEEL_TARGET)}"
-    done = house / ".complete"
-    if done.exists():
-        return house
-    with _lock("wheelhouse"):
-        if done.exists():
-            return house
-        start = time.monotonic()
-        house.mkdir(parents=True, exist_ok=True)
-        _link_known_wheels(house)
-        _run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--disable-pip-version-check",
-                "--progress-bar=off",
-                "--dest",
-                str(house),
-                *WHEEL_TARGET,
-                "--require-hashes",
-                "--requirement",
-                str(BASE_REQUIREMENTS),
-            ],
-            log=log,
-            hint="Hint: pip needs PyPI (or your index in pip.conf); `make venv` provides pip.",
-        )
-        (house / "requirements.txt").write_bytes(requirements)
-        done.write_text(f"{time.monotonic() - start:.1f}\n")
-        print(f"[images] wheelhouse {house} in {time.monotonic() - start:.0f}s", file=log)
-    return house
-
-
-def _link_known_wheels(house: Path) -> None:
-    """Hard-link into ``house`` the pinned wheels that sibling wheelhouses already hold."""
-    pins = re.findall(r"^([A-Za-z0-9._-]+)==(\S+)", BASE_REQUIREMENTS.read_text(), re.M)
-    prefixes = tuple(f"{re.sub(r'[-_.]+', '_', n).lower()}-{v}-" for n, v in pins)
-    for wheel in house.parent.glob("*/*.whl"):
-        target = house / wheel.name
-        if (
-            wheel.parent != house
-            and wheel.name.lower().startswith(prefixes)
-            and not (target.exists())
-        ):
-            with contextlib.suppress(OSError):
-                os.link(wheel, target)
 
 
 def base_image(log=sys.stderr) -> str:

@@ -8,6 +8,7 @@ gloo ranks to the end.
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.metadata as md
 import os
 import re
@@ -109,10 +110,20 @@ def _wheel(tmp: Path) -> Path:
 
 
 def _wheelhouse() -> Path:
-    """Where the trainer extra's wheels are kept between runs (torch and its CUDA libraries are
-    about 4 GB). pip's own HTTP cache cannot be relied on for them: it stores nothing here."""
+    """Where the trainer extra's wheels are kept between runs. pip's own HTTP cache cannot be
+    relied on for them (it stores nothing here), and torch and its CUDA libraries (about 4 GB)
+    are the machine's one copy in ``localkube.wheelhouse``, which ``make venv`` installed
+    .venv's torch from: they are hard-linked in, so pip finds them by name and downloads only
+    the rest."""
+    from localkube.wheelhouse import wheelhouse
+
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "ddpjob" / "wheels"
+    house = cache / "ddpjob" / "wheels"
+    house.mkdir(parents=True, exist_ok=True)
+    for wheel in wheelhouse().glob("*.whl"):
+        with contextlib.suppress(FileExistsError):
+            os.link(wheel, house / wheel.name)
+    return house
 
 
 @pytest.mark.slow
