@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import functools
 import hashlib
 import json
@@ -47,7 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import tools
-from .procs import LocalkubeError, cache_dir
+from .procs import LocalkubeError, cache_dir, file_lock
+from .procs import short_digest as _digest
 from .wheelhouse import BASE_REQUIREMENTS, wheelhouse
 
 HERE = Path(__file__).resolve().parent
@@ -157,27 +157,9 @@ def _run(
     )
 
 
-def _digest(*parts: bytes | str) -> str:
-    """A short hash of ``parts`` (length-prefixed, so ("ab", "c") != ("a", "bc"))."""
-    digest = hashlib.sha256()
-    for part in parts:
-        data = part.encode() if isinstance(part, str) else part
-        digest.update(len(data).to_bytes(8, "little"))
-        digest.update(data)
-    return digest.hexdigest()[:16]
-
-
-@contextlib.contextmanager
-def _lock(name: str) -> Iterator[None]:
+def _lock(name: str):
     """Serialise builds of one image between processes (two test sessions, make and pytest)."""
-    path = cache_dir() / "locks" / f"image-{name}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return file_lock(cache_dir() / "locks" / f"image-{name}.lock")
 
 
 def inspect(ref: str) -> dict | None:

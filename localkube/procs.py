@@ -56,14 +56,31 @@ def _lock_path(repo: Path) -> Path:
 
 
 @contextlib.contextmanager
-def state_lock(repo: Path):
-    """Serialise up/down between processes (two pytest sessions, make and pytest)."""
-    with open(_lock_path(repo), "w") as handle:
+def file_lock(path: Path):
+    """Hold an exclusive ``flock`` on ``path`` (created, folders too) for the block: one
+    process at a time across make, pytest sessions and checkouts."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def short_digest(*parts: bytes | str) -> str:
+    """A short hash of ``parts`` (length-prefixed, so ("ab", "c") != ("a", "bc")): cache keys."""
+    digest = hashlib.sha256()
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
+    return digest.hexdigest()[:16]
+
+
+def state_lock(repo: Path):
+    """Serialise up/down between processes (two pytest sessions, make and pytest)."""
+    return file_lock(_lock_path(repo))
 
 
 class StateFile:

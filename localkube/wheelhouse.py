@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
-import hashlib
 import os
 import platform
 import re
@@ -25,6 +23,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from .procs import cache_dir, file_lock, short_digest
 
 HERE = Path(__file__).resolve().parent
 #: torch at the version the Dockerfile asserts and exactly what it pulls in, pinned with hashes
@@ -45,30 +45,6 @@ class WheelhouseError(RuntimeError):
     """pip could not fill or install from the wheelhouse."""
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ddpjob"
-
-
-def _digest(*parts: str | bytes) -> str:
-    digest = hashlib.sha256()
-    for part in parts:
-        data = part.encode() if isinstance(part, str) else part
-        digest.update(len(data).to_bytes(8, "little"))
-        digest.update(data)
-    return digest.hexdigest()[:16]
-
-
-@contextlib.contextmanager
-def _lock(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def wheelhouse(log=sys.stderr) -> Path:
     """The folder of the pinned wheels, filled once (``pip download`` for the image's Python).
 
@@ -76,11 +52,11 @@ def wheelhouse(log=sys.stderr) -> Path:
     hashes and skips them), so a change of pins downloads only what changed.
     """
     requirements = BASE_REQUIREMENTS.read_bytes()
-    house = _cache_dir() / "wheelhouse" / f"torch-base-{_digest(requirements, *WHEEL_TARGET)}"
+    house = cache_dir() / "wheelhouse" / f"torch-base-{short_digest(requirements, *WHEEL_TARGET)}"
     done = house / ".complete"
     if done.exists():
         return house
-    with _lock(_cache_dir() / "locks" / "image-wheelhouse.lock"):
+    with file_lock(cache_dir() / "locks" / "image-wheelhouse.lock"):
         if done.exists():
             return house
         start = time.monotonic()
