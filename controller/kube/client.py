@@ -354,13 +354,7 @@ class Cluster:
             )
             return resp.data.decode("utf-8", errors="replace")
         except ApiException as e:
-            if e.status == 400:  # the container has not started, or has no previous run
-                raise NotFound(
-                    f"logs: no log for pod {namespace}/{pod} yet (got 400 {api_message(e)})",
-                    status=400,
-                    reason="NoLogYet",
-                ) from None
-            raise translate(e, "logs", f"pod {namespace}/{pod}", self.server) from None
+            raise _log_error(e, namespace, pod, self.server) from None
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise translate(e, "logs", f"pod {namespace}/{pod}", self.server) from None
 
@@ -408,13 +402,7 @@ class Cluster:
                 _request_timeout=(REQUEST_TIMEOUT_S[0], None),
             )
         except ApiException as e:
-            if e.status == 400:  # the container has not started, or has no previous run
-                raise NotFound(
-                    f"logs: no log for pod {namespace}/{pod} yet (got 400 {api_message(e)})",
-                    status=400,
-                    reason="NoLogYet",
-                ) from None
-            raise translate(e, "logs", f"pod {namespace}/{pod}", self.server) from None
+            raise _log_error(e, namespace, pod, self.server) from None
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise LogStreamBroken(short_reason(e)) from None
         return LogStream(resp)
@@ -460,6 +448,18 @@ class Cluster:
         if kind == "event":
             return functools.partial(self.core.list_namespaced_event, namespace)
         raise ValueError(f"watch: unknown kind {kind!r}")
+
+
+def _log_error(exc: Any, namespace: str, pod: str, server: str) -> ClusterError:
+    """A refused log request: 400 means the container has not started or has no previous run
+    (NotFound, reason NoLogYet, which a follower waits out); anything else is translated."""
+    if exc.status == 400:
+        return NotFound(
+            f"logs: no log for pod {namespace}/{pod} yet (got 400 {api_message(exc)})",
+            status=400,
+            reason="NoLogYet",
+        )
+    return translate(exc, "logs", f"pod {namespace}/{pod}", server)
 
 
 def api_of(manifest: dict[str, Any]) -> JobAPI:
