@@ -13,7 +13,8 @@ import pytest
 
 from controller import kubeflow
 from localkube.handle import wait_until
-from tests.e2e.helpers import ddpjob, get_json, write_spec
+from tests.e2e.helpers import ddpjob, get_json
+from tests.e2e.test_trainjob import CLAIM, _run_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -24,12 +25,15 @@ def _rank0_pod(cluster, name: str, namespace: str) -> str:
     return pod["metadata"]["name"]
 
 
-def test_trainer_client_reads_a_trainjob_ddpjob_submitted(cluster, namespace, tmp_path, caplog):
+def test_trainer_client_reads_a_trainjob_ddpjob_submitted(
+    cluster, namespace, tmp_path, caplog, real_node
+):
     from kubeflow.common.types import KubernetesBackendConfig
     from kubeflow.trainer import TrainerClient
 
     name = "sdk"
-    spec = write_spec(tmp_path, name, namespace, api="trainjob", max_steps=60, log_every=2)
+    cluster.local_volume(namespace, CLAIM)
+    spec = _run_spec(cluster, tmp_path, name, namespace, max_steps=60, log_every=2)
     r = ddpjob(cluster, "submit", str(spec))
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -90,6 +94,9 @@ def test_trainer_client_reads_a_trainjob_ddpjob_submitted(cluster, namespace, tm
     ours = ddpjob(cluster, "logs", name, "-n", namespace)
     assert ours.returncode == 0 and ours.stdout.splitlines() == lines, ours.stderr
 
-    # get_job_events
+    # get_job_events: the kubelet's events of rank 0's pod are among them.
     events = sdk.get_job_events(name)
-    print([(e.involved_object_kind, e.involved_object_name, e.reason) for e in events])
+    rank0 = _rank0_pod(cluster, name, namespace)
+    assert {"Pulled", "Created", "Started"} <= {
+        e.reason for e in events if e.involved_object_name == rank0
+    }, [(e.involved_object_kind, e.involved_object_name, e.reason) for e in events]

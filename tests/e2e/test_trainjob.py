@@ -50,25 +50,6 @@ def _pods(cluster, name: str, namespace: str) -> list[dict]:
     return get_json(cluster, "pods", "-n", namespace, "-l", f"{JOBSET_NAME}={name}")["items"]
 
 
-def _real_node(cluster) -> bool:
-    nodes = get_json(cluster, "nodes")["items"]
-    return any(
-        n["metadata"].get("labels", {}).get("type") != "kwok"
-        and not n["metadata"].get("annotations", {}).get("kwok.x-k8s.io/node")
-        for n in nodes
-    )
-
-
-@pytest.fixture
-def real_node(cluster):
-    if not _real_node(cluster):
-        pytest.fail(
-            "needs pods that run container `node`: this cluster has no real node (started with "
-            "DDPJOB_NODE=off?); run `make cluster-down cluster-up` without it",
-            pytrace=False,
-        )
-
-
 # ---------------------------------------------------------------------------------------------
 # API level: the real controllers and webhooks, no running pods needed
 
