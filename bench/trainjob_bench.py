@@ -266,7 +266,10 @@ def bench_logs(handle: Any, namespace: str, image: str) -> dict[str, Any]:
 
 
 def report(wait: list[dict], logs: dict[str, Any]) -> None:
-    print("wait for a TrainJob to end: 3 jobs at once, each waited for by both clients at once")
+    print(
+        f"wait for a TrainJob to end: {len(WAIT_JOBS)} jobs at once, each waited for by both "
+        "clients at once"
+    )
     print(f"  {'job':10s} {'ran':>6s}  {'client':44s} {'returned after':>14s} {'requests':>8s}")
     for r in wait:
         print(
