@@ -1,12 +1,12 @@
 """Run every benchmark, one after the other, each printing its own side-by-side ratios.
 
-    make bench                      # all six
-    python bench/run.py trainer     # just one: trainer, controller, cluster, logs, image or local
+    make bench                      # all seven
+    python bench/run.py trainjob    # one of: trainer controller cluster logs image local trainjob
 
-The trainer bench needs only CPU; the cluster and logs benches reuse a live `make cluster-up` or
-start the local cluster themselves; the image bench needs root, podman and containerd; the local
-bench builds the trainer image when it is stale. Exit status: non-zero if any bench missed its
-target or failed.
+The trainer bench needs only CPU; the cluster, logs and trainjob benches reuse a live
+`make cluster-up` or start the local cluster themselves (trainjob needs its real node); the image
+bench needs root, podman and containerd; the local bench builds the trainer image when it is
+stale. Exit status: non-zero if any bench missed its target or failed.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ BENCHES = {
     "logs": HERE / "logs_bench.py",
     "image": HERE / "image_bench.py",
     "local": HERE / "local_bench.py",
+    "trainjob": HERE / "trainjob_bench.py",
 }
 
 

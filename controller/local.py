@@ -1,10 +1,17 @@
 """``run SPEC --local``: the job on this machine, one process per node, with the operator's env.
 
 Each node is ``python -m trainer <args>`` (or the spec's command) started in its own process
-group with exactly what the Kubeflow operator injects into a pod (MASTER_ADDR=127.0.0.1, a free
-MASTER_PORT, RANK = node rank, WORLD_SIZE = nodes x nproc_per_node, PET_NNODES, PET_NODE_RANK,
-PET_NPROC_PER_NODE, PYTHONUNBUFFERED) plus the spec's env. With nproc_per_node > 1 the trainer
-re-launches itself under torchrun, as it does in a pod. The command finds the executables the
+group with exactly what the job's operator injects into a pod, plus the spec's env:
+
+- PyTorchJob (training operator v1): MASTER_ADDR=127.0.0.1, a free MASTER_PORT, RANK = node
+  rank, WORLD_SIZE = nodes x nproc_per_node, PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE,
+  PYTHONUNBUFFERED;
+- TrainJob (Trainer v2's torch plugin): only PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK,
+  PET_MASTER_ADDR=127.0.0.1 and a free PET_MASTER_PORT, and PYTHONUNBUFFERED=1 (which render
+  puts first in the TrainJob's env).
+
+With nproc_per_node > 1 (and always in a TrainJob) the trainer re-launches itself under
+torchrun, as it does in a pod. The command finds the executables the
 image would have (``torchrun``, other console scripts of this environment): this interpreter's
 own bin directory comes first on PATH, as if its virtualenv were activated.
 
@@ -32,9 +39,17 @@ from pathlib import Path
 from typing import IO, Any
 
 from controller.errors import JobFailed, UserError
-from controller.kubeflow import DEFAULT_COMMAND
+from controller.kubeflow import (
+    DEFAULT_COMMAND,
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_NNODES,
+    ENV_NODE_RANK,
+    ENV_NPROC_PER_NODE,
+)
 from controller.progress import Progress
 from controller.render.args import trainer_args
+from controller.render.trainjob import UNBUFFERED
 from controller.spec import JobSpec
 
 TAIL_LINES = 20
@@ -66,12 +81,22 @@ def free_port() -> int:
 
 
 def operator_env(spec: JobSpec, node: int, master_port: int) -> dict[str, str]:
-    """What the Kubeflow operator injects into the pod of ``node``.
+    """What the job's operator injects into the pod of ``node``, the master on 127.0.0.1.
 
-    A fixed-size job has a Master, and each pod learns its rank from the env. An elastic job has
-    Workers only: the operator gives each the c10d rendezvous (worker 0's address) and the
-    min:max node range, and torchrun assigns ranks as pods join.
+    A fixed-size PyTorchJob has a Master, and each pod learns its rank from the env. An elastic
+    job has Workers only: the operator gives each the c10d rendezvous (worker 0's address) and
+    the min:max node range, and torchrun assigns ranks as pods join. A TrainJob gets Trainer
+    v2's five ``PET_*`` variables and nothing else (no MASTER_ADDR, RANK or WORLD_SIZE).
     """
+    if spec.api == "trainjob":
+        return {
+            UNBUFFERED["name"]: UNBUFFERED["value"],
+            ENV_NNODES: str(spec.nodes),
+            ENV_NPROC_PER_NODE: str(spec.nproc_per_node),
+            ENV_NODE_RANK: str(node),
+            ENV_MASTER_ADDR: "127.0.0.1",  # <name>-node-0-0.<name> on a cluster
+            ENV_MASTER_PORT: str(master_port),
+        }
     if spec.elastic:
         return {
             "PYTHONUNBUFFERED": "0",

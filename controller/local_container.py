@@ -61,10 +61,6 @@ from controller.engine import (
 from controller.errors import DdpjobError, JobFailed, UserError
 from controller.kubeflow import (
     ENV_MASTER_ADDR,
-    ENV_MASTER_PORT,
-    ENV_NNODES,
-    ENV_NODE_RANK,
-    ENV_NPROC_PER_NODE,
     PORT,
     TRAINER_UID,
     TRAINJOB_MASTER_PORT,
@@ -75,7 +71,6 @@ from controller.local import Node, _Runner, _sayer, _signals_to, operator_env, s
 from controller.local_janitor import Janitor, chown_tree
 from controller.progress import Progress
 from controller.render.pod import container_args, container_command, pod_labels
-from controller.render.trainjob import UNBUFFERED
 from controller.spec import JobSpec, parse_quantity
 
 #: Where CDI specs live (podman passes GPUs as CDI devices named by them).
@@ -125,14 +120,9 @@ def launcher_env(spec: JobSpec, node: int) -> dict[str, str]:
     if spec.api == "trainjob":
         # Trainer v2's torch plugin sets these five and nothing else (no MASTER_ADDR, RANK or
         # WORLD_SIZE); PYTHONUNBUFFERED comes first in the trainer's env, as render puts it.
-        return {
-            UNBUFFERED["name"]: UNBUFFERED["value"],
-            ENV_NNODES: str(spec.nodes),
-            ENV_NPROC_PER_NODE: str(spec.nproc_per_node),
-            ENV_NODE_RANK: str(node),
-            ENV_MASTER_ADDR: trainjob_master_addr(spec.name),
-            ENV_MASTER_PORT: str(TRAINJOB_MASTER_PORT),
-        }
+        env = operator_env(spec, node, TRAINJOB_MASTER_PORT)
+        env[ENV_MASTER_ADDR] = trainjob_master_addr(spec.name)
+        return env
     env = operator_env(spec, node, PORT)
     first = boxes(spec, "")[0].pod
     if spec.elastic:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from . import bootstrap, node, trainer_v2
+from . import bootstrap, images, node, trainer_v2
 from .context import Context, http_get
 from .host import CONTAINERD_CONFIG, COREDNS_CONFIG, GATEWAY, KUBELET_ROOT
 
@@ -444,6 +444,12 @@ NODE: tuple[Component | Step, ...] = (
 # ------------------------------------------------------------------------------------ the order
 
 
+def _torch_runtime(ctx: Context) -> None:
+    """The torch-distributed runtime with this checkout's trainer image (named, not built: the
+    node's images step builds and imports it)."""
+    trainer_v2.install_runtime(ctx, images.trainer_ref())
+
+
 def _default_service_account(ctx: Context) -> bool:
     proc = ctx.kubectl("get", "serviceaccount", "default", "-n", "default", check=False)
     return proc.returncode == 0
@@ -461,7 +467,7 @@ SEQUENCE: tuple[Component | Step, ...] = (
     Step("trainer-v2-objects", trainer_v2.apply_objects),
     JOBSET_CONTROLLER,
     TRAINER_CONTROLLER,
-    Step("torch-distributed-runtime", trainer_v2.install_runtime),
+    Step("torch-distributed-runtime", _torch_runtime),
     POD_AGENT,
     *(NODE if node.ENABLED else ()),
 )

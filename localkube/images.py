@@ -5,6 +5,7 @@
                        operator's worker init container (sh, seq, nslookup)
     base_image()       localhost/torch-base:<torch>: the local stand-in for the trainer's base
     trainer_image()    localhost/ddpjob-trainer:dev-<checkout>: the Dockerfile, for the cluster
+                       (trainer_ref() names it without building)
     build_trainer(ref) what `make image` runs when no Docker daemon answers
     import_into_containerd(ref, address, namespace="k8s.io")
 
@@ -618,15 +619,23 @@ def build_trainer(
     return ref
 
 
+def trainer_ref() -> str:
+    """The reference :func:`trainer_image` builds, without building anything: what the local
+    cluster's objects name (the torch-distributed runtime) before or without the image."""
+    checkout = hashlib.sha256(str(ROOT).encode()).hexdigest()[:8]
+    return f"localhost/ddpjob-trainer:dev-{checkout}"
+
+
 def trainer_image(log=sys.stderr) -> str:
     """Build (if missing or stale) the trainer image for the local cluster; return its reference.
 
-    ``localhost/ddpjob-trainer:dev-<checkout>``: one tag per checkout, so worktrees beside each
-    other never run each other's code, and a rebuild replaces the image rather than piling up.
-    Stale means: the build context, the Dockerfile or the base image changed.
+    ``localhost/ddpjob-trainer:dev-<checkout>`` (:func:`trainer_ref`): one tag per checkout, so
+    worktrees beside each other never run each other's code, and a rebuild replaces the image
+    rather than piling up. Stale means: the build context, the Dockerfile or the base image
+    changed.
     """
     checkout = hashlib.sha256(str(ROOT).encode()).hexdigest()[:8]
-    ref = f"localhost/ddpjob-trainer:dev-{checkout}"
+    ref = trainer_ref()
     base_ref, _ = resolve_base()
     with _lock(f"trainer-{checkout}"):
         if base_ref.startswith("localhost/torch-base:"):

@@ -16,7 +16,9 @@ module ``localkube/go-trainer`` (Trainer's ``cmd/trainer-controller-manager`` an
   time (``render_manifests``) and installed by :func:`apply_objects` with every
   ``clientConfig.service`` replaced by ``url: https://127.0.0.1:<port><path>`` and the CA bundle.
 - :func:`install_runtime` installs upstream's ``torch-distributed`` ClusterTrainingRuntime with
-  one change, the image (:data:`TRAINER_IMAGE`), once Trainer's webhook admits it.
+  one change, the image: this checkout's trainer image (``images.trainer_ref()``, what
+  ``images.trainer_image()`` builds and ``up`` imports into the real node), so a TrainJob that
+  names no image of its own runs this checkout's trainer. Once Trainer's webhook admits it.
 
 What differs from upstream's manifests, and why, is listed in :data:`DIFFERENCES`.
 """
@@ -43,10 +45,6 @@ from . import bootstrap
 if TYPE_CHECKING:
     from .context import Context
 
-#: The image of the ``node`` container in the torch-distributed runtime. A TrainJob's
-#: ``spec.trainer.image`` overrides it. Plug-in point for ``localkube.images.trainer_image()``.
-TRAINER_IMAGE = "localhost/ddpjob-trainer:dev"
-
 #: Pinned versions (go-trainer/go.mod must require exactly these; ``build`` checks).
 VERSIONS = {"kubeflow-trainer": kubeflow.TRAINER_VERSION, "jobset": kubeflow.JOBSET_VERSION}
 TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
@@ -72,6 +70,12 @@ MANIFESTS = {
         "manifests/base/runtimes/torch_distributed.yaml",
         "copy",
     ),
+    # Upstream's install (overlays/manager): its namespace and the ConfigMap the SDK reads.
+    "trainer-overlay-manager.yaml": (
+        TRAINER_MODULE,
+        "manifests/overlays/manager/kustomization.yaml",
+        "copy",
+    ),
     "jobset-crd.yaml": (
         JOBSET_MODULE,
         "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",
@@ -91,6 +95,11 @@ CRDS = (
     kubeflow.JOBSET.crd,
 )
 _KEPT_KINDS = ("ClusterRole", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+
+#: Upstream's public ConfigMap (``kubeflow_trainer_version``) and the Role/RoleBinding that let
+#: every authenticated user read it: the Kubeflow SDK (``TrainerClient``) reads it at start and
+#: warns without it. Installed in upstream's namespace (the overlay's, ``kubeflow-system``).
+PUBLIC = "kubeflow-trainer-public"
 
 #: Ports each controller listens on (each gets a free one at ``up``).
 TRAINER_PORTS = ("trainer-webhook", "trainer-probe", "trainer-metrics")
@@ -116,12 +125,13 @@ DIFFERENCES = (
     "Leader election off (one replica each, as for the other components).",
     "Client certificates bound to the ClusterRoles instead of ServiceAccounts. Not installed: "
     "JobSet's leader-election and secrets Roles (leader election and cert management are off), "
-    "its metrics-reader role (for scrapers), Trainer's kubeflow-trainer-public Role/ConfigMap "
-    "(a version ConfigMap for the SDK in kubeflow-system).",
+    "its metrics-reader role (for scrapers). Namespace kubeflow-system holds only Trainer's "
+    "kubeflow-trainer-public ConfigMap, Role and RoleBinding (what the SDK reads).",
     "JobSet's CRD is config/components/crd/bases (conversion strategy None), not the release's "
     "(strategy Webhook at /convert): v0.12.0 has one version and serves no /convert, so the API "
     "server never converts; the release's patch only adds a dangling reference.",
-    "The torch-distributed runtime's image is ours (TRAINER_IMAGE), not pytorch/pytorch.",
+    "The torch-distributed runtime's image is this checkout's trainer image "
+    "(images.trainer_ref()), not pytorch/pytorch.",
 )
 
 
@@ -393,6 +403,37 @@ def objects(ctx: Context) -> list[dict]:
     return others
 
 
+def public_objects(mandir: Path) -> list[dict]:
+    """Upstream's namespace with the SDK's ConfigMap :data:`PUBLIC` (from the overlay's
+    ``configMapGenerator``, e.g. ``kubeflow_trainer_version=v2.3.0``) and the Role/RoleBinding
+    of ``manifests/base/rbac`` that let every authenticated user read it."""
+    overlay = yaml.safe_load((mandir / "trainer-overlay-manager.yaml").read_text())
+    namespace = overlay["namespace"]
+    generated = [g for g in overlay.get("configMapGenerator") or [] if g["name"] == PUBLIC]
+    rbac = [
+        copy.deepcopy(d)
+        for d in _docs(mandir / "trainer-rbac.yaml")
+        if d["kind"] in ("Role", "RoleBinding") and d["metadata"]["name"] == PUBLIC
+    ]
+    if len(generated) != 1 or sorted(d["kind"] for d in rbac) != ["Role", "RoleBinding"]:
+        raise RuntimeError(
+            f"localkube.trainer_v2: upstream's manifests changed: expected one configMapGenerator "
+            f"{PUBLIC} and its Role and RoleBinding (got {len(generated)} generators, "
+            f"{sorted(d['kind'] for d in rbac)}). Rebuild the tools, or look at the manifests."
+        )
+    data = dict(literal.split("=", 1) for literal in generated[0].get("literals") or [])
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": PUBLIC, "namespace": namespace},
+        "data": data,
+    }
+    for d in rbac:
+        d["metadata"]["namespace"] = namespace
+    ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+    return [ns, config_map, *rbac]
+
+
 def _apply(ctx: Context, text: str, timeout: float = 120) -> None:
     ctx.kubectl(
         "apply",
@@ -408,15 +449,16 @@ def _apply(ctx: Context, text: str, timeout: float = 120) -> None:
 
 
 def apply_objects(ctx: Context) -> None:
-    """Install the CRDs, ClusterRoles, their bindings and the webhook configurations; wait
-    until the CRDs are established (the controllers' informers need them at start)."""
+    """Install the CRDs, ClusterRoles, their bindings, the webhook configurations and the SDK's
+    public ConfigMap; wait until the CRDs are established (the controllers' informers need
+    them at start)."""
     texts = [(ctx.manifests / f).read_text() for f in CRD_FILES]
-    texts += [yaml.safe_dump(d) for d in objects(ctx)]
+    texts += [yaml.safe_dump(d) for d in [*objects(ctx), *public_objects(ctx.manifests)]]
     _apply(ctx, "\n---\n".join(texts))
     bootstrap.wait_established(ctx, list(CRDS))
 
 
-def torch_runtime(manifests: Path, image: str = TRAINER_IMAGE) -> dict:
+def torch_runtime(manifests: Path, image: str) -> dict:
     """Upstream's torch-distributed ClusterTrainingRuntime with ``image`` in its node container."""
     runtime = _docs(manifests / "trainer-torch-distributed.yaml")[0]
     jobs = runtime["spec"]["template"]["spec"]["replicatedJobs"]
@@ -434,12 +476,12 @@ def torch_runtime(manifests: Path, image: str = TRAINER_IMAGE) -> dict:
     return runtime
 
 
-def install_runtime(ctx: Context, timeout_s: float = 30) -> None:
-    """Apply the torch-distributed runtime; Trainer's validating webhook must admit it, so
-    retry while the webhook server is still coming up."""
+def install_runtime(ctx: Context, image: str, timeout_s: float = 30) -> None:
+    """Apply the torch-distributed runtime with ``image``; Trainer's validating webhook must
+    admit it, so retry while the webhook server is still coming up."""
     from .procs import LocalkubeError
 
-    runtime = torch_runtime(ctx.manifests)
+    runtime = torch_runtime(ctx.manifests, image)
     deadline = time.monotonic() + timeout_s
     while True:
         try:

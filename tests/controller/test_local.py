@@ -43,6 +43,21 @@ def test_operator_env_for_a_worker():
     }
 
 
+def test_a_trainjob_gets_only_trainer_v2s_five_pet_variables():
+    """Trainer v2's torch plugin sets PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK,
+    PET_MASTER_ADDR and PET_MASTER_PORT, nothing else: no MASTER_ADDR, RANK or WORLD_SIZE (the
+    trainer tells the two launchers apart by that). PYTHONUNBUFFERED is render's, in the env."""
+    spec = validate_spec(minimal(name="tj", nodes=3, nproc_per_node=2, api="trainjob"))
+    assert operator_env(spec, 2, 29400) == {
+        "PYTHONUNBUFFERED": "1",
+        "PET_NNODES": "3",
+        "PET_NPROC_PER_NODE": "2",
+        "PET_NODE_RANK": "2",
+        "PET_MASTER_ADDR": "127.0.0.1",
+        "PET_MASTER_PORT": "29400",
+    }
+
+
 def test_secret_env_comes_from_the_callers_environment_or_fails_by_name():
     spec = validate_spec(
         minimal(env={"A": "1"}, secret_env={"TOKEN": {"secret": "creds", "key": "token"}})
@@ -126,6 +141,28 @@ def test_each_node_gets_the_operator_env_and_its_own_log(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert json.loads(out) == seen[0]  # rank 0 shown (passthrough: stdout is not a TTY)
     assert "job succeeded" in err and f"logs: {tmp_path}/rank-{{0..2}}.log" in err
+
+
+def test_each_node_of_a_trainjob_sees_exactly_the_trainer_v2_env(tmp_path, monkeypatch):
+    """No launcher variable of the caller's shell leaks in (a PyTorchJob's RANK would make the
+    trainer read the env as the v1 operator's)."""
+    monkeypatch.setenv("WORLD_SIZE", "9")
+    monkeypatch.setenv("PET_RDZV_ENDPOINT", "elsewhere:1")
+    spec = spec_running(
+        """
+        import json, os
+        launcher = ("PET_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_", "GROUP_", "ROLE_")
+        print(json.dumps({k: v for k, v in os.environ.items() if k.startswith(launcher)}))
+        """,
+        nodes=2, api="trainjob",
+    )  # fmt: skip
+    assert run_local(spec, logs_dir=tmp_path) == 0
+    seen = [json.loads((tmp_path / f"rank-{i}.log").read_text()) for i in range(2)]
+    port = seen[0]["PET_MASTER_PORT"]
+    assert port.isdigit()
+    for i, env in enumerate(seen):
+        assert env == {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": str(i),
+                       "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": port}  # fmt: skip
 
 
 # Rank 1 fails with exit 3; rank 0 would run for a minute but records the SIGTERM it gets.
@@ -247,3 +284,29 @@ def test_an_elastic_spec_runs_locally_through_the_rendezvous(tmp_path, write_spe
     starts = [json.loads(x) for x in logs.splitlines() if x.startswith('{"event": "start"')]
     assert len(starts) == 1 and starts[0]["world_size"] == 2  # one rank 0, a world of two
     assert '"reason": "completed"' in logs
+
+
+@pytest.mark.slow
+def test_a_trainjob_spec_trains_locally_through_torchrun(tmp_path, write_spec):
+    """With only the PET_* variables the trainer re-launches itself under torchrun, which
+    turns node ranks into global ranks: one rank 0, a world of two, as in a TrainJob's pods."""
+    spec = write_spec(
+        minimal(
+            nodes=2,
+            api="trainjob",
+            trainer={"max_steps": 4, "log_every": 2, "task_args": {"image_size": 16},
+                     "checkpoint": {"dir": str(tmp_path / "ckpt")}},
+        )
+    )  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [PYTHON, "-m", "controller", "run", str(spec), "--local", "--logs-dir", str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    starts = [json.loads(x) for x in lines if x.startswith('{"event": "start"')]
+    assert len(starts) == 1 and starts[0]["world_size"] == 2, result.stdout[-2000:]
+    rank1 = (tmp_path / "rank-1.log").read_text()
+    assert '"event": "start"' not in rank1  # node 1 runs global rank 1 only
+    assert '"reason": "completed"' in result.stdout

@@ -6,20 +6,33 @@ Two groups:
 - API-level tests need the Trainer and JobSet controllers only (pods need not run): the webhooks
   accept what ``submit`` creates, a suspended TrainJob has no pods until resumed, a job whose
   JobSet cannot be built is explained from its events, a missing runtime is refused clearly.
-- Run-level tests need pods that run container ``node``: the real kubelet node (branch ``node``).
-  On a cluster without it they are skipped with that reason (kwok pods never run a container).
+- Run-level tests run the pods for real on the cluster's node (kubelet + containerd), with this
+  checkout's trainer image and checkpoints on a ``local`` PersistentVolume of that node. On a
+  cluster without the node (``DDPJOB_NODE=off``) they fail with one line saying so.
+
+What a TrainJob's recovery cannot match of a PyTorchJob's, and each test pins: Trainer v2.3's
+runtimePatches cannot set restartPolicy, backoffLimit or podFailurePolicy, so retries are the
+torch-distributed runtime Job's: ``restartPolicy: OnFailure`` (every non-zero exit, 1 and 2
+included, restarts the container in place, in the same pod) and ``backoffLimit: 6`` (container
+restarts and failed pods of the whole job together). A PyTorchJob under ``ExitCode`` retries
+only 130/137/138/143 and re-creates the pod under the same name; a TrainJob's deleted pod comes
+back under a new name (``<job>-node-0-<index>-<random>``), and when the Job gives up it deletes
+the pods it was restarting, so a failure is explained from what ``wait`` recorded meanwhile.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import yaml
 
+from controller import kubeflow
 from localkube.handle import wait_until
 from tests.e2e.helpers import REPO, Background, ddpjob, get_json, write_spec
 
@@ -35,24 +48,6 @@ def _trainjob_spec(tmp_path, name: str, namespace: str, **fields):
 
 def _pods(cluster, name: str, namespace: str) -> list[dict]:
     return get_json(cluster, "pods", "-n", namespace, "-l", f"{JOBSET_NAME}={name}")["items"]
-
-
-def _real_node(cluster) -> bool:
-    nodes = get_json(cluster, "nodes")["items"]
-    return any(
-        n["metadata"].get("labels", {}).get("type") != "kwok"
-        and not n["metadata"].get("annotations", {}).get("kwok.x-k8s.io/node")
-        for n in nodes
-    )
-
-
-@pytest.fixture
-def real_node(cluster):
-    if not _real_node(cluster):
-        pytest.skip(
-            "needs pods that run container `node`: the real kubelet node (branch node) is not "
-            "in this cluster; kwok nodes only simulate pods"
-        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,56 +185,232 @@ def test_helm_install_of_a_trainjob_is_admitted(cluster, namespace):
 
 
 # ---------------------------------------------------------------------------------------------
-# Run level: pods that run (the real node)
+# Run level: pods that run, on the real node
+
+CLAIM = "ckpt"
+
+
+def _run_spec(cluster, tmp_path: Path, name: str, namespace: str, **fields) -> Path:
+    """A TrainJob of this checkout's image whose checkpoints live on the PersistentVolume claim
+    ``ckpt`` (create it with ``cluster.local_volume``), so a restarted or re-created pod resumes;
+    one CPU between the two nodes, as the machine has two."""
+    spec = write_spec(
+        tmp_path,
+        name,
+        namespace,
+        api="trainjob",
+        image=cluster.trainer_image(),
+        resources={"cpu": "500m", "memory": "1536Mi"},
+        volumes=[{"name": "ckpt", "claim": CLAIM, "mount_path": "/ckpt"}],
+        **fields,
+    )
+    data = yaml.safe_load(spec.read_text())
+    data["trainer"]["checkpoint"]["dir"] = f"/ckpt/{name}"
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    return spec
+
+
+def _rank_pods(cluster, name: str, namespace: str, rank: int) -> list[dict]:
+    return [
+        p
+        for p in _pods(cluster, name, namespace)
+        if p["metadata"]["labels"].get(kubeflow.LABEL_JOB_COMPLETION_INDEX) == str(rank)
+    ]
+
+
+def _running(cluster, name: str, namespace: str, rank: int) -> dict | None:
+    """The pod of ``rank`` once its trainer container runs."""
+    for pod in _rank_pods(cluster, name, namespace, rank):
+        statuses = pod.get("status", {}).get("containerStatuses") or []
+        if statuses and statuses[0].get("state", {}).get("running"):
+            return pod
+    return None
+
+
+def _events(text: str, event: str) -> list[dict]:
+    return [json.loads(x) for x in text.splitlines() if x.startswith(f'{{"event": "{event}"')]
+
+
+def _last_step(text: str) -> int:
+    return max([e["step"] for e in _events(text, "train")] or [0])
+
+
+def _assert_same_lines(followed: str, truth: list[str], what: str) -> None:
+    got = followed.splitlines()
+    first = next(
+        (i for i, (a, b) in enumerate(zip(got, truth, strict=False)) if a != b),
+        min(len(got), len(truth)),
+    )
+    assert got == truth, (
+        f"{what}: followed {len(got)} lines, the pod printed {len(truth)}; "
+        f"first difference at line {first}: {got[first : first + 1]} vs {truth[first : first + 1]}"
+    )
+
+
+def _last_exit(pod: dict) -> int | None:
+    """The exit code of the container's previous run (None if it never restarted)."""
+    (status,) = pod["status"]["containerStatuses"]
+    return (status.get("lastState", {}).get("terminated") or {}).get("exitCode")
 
 
 def test_quickstart_as_a_trainjob_succeeds(cluster, namespace, tmp_path, real_node):
-    spec = _trainjob_spec(tmp_path, "tj-quick", namespace, max_steps=30)
-    r = ddpjob(cluster, "submit", str(spec), "--wait", "--follow", timeout=600)
+    """Two pods on the real node train one model (world size 2 = nodes), and `logs -f` shows
+    rank 0's events: every line rank 0's container printed, once."""
+    from localkube.node import NODE_NAME
+
+    cluster.local_volume(namespace, CLAIM)
+    spec = _run_spec(cluster, tmp_path, "tj-quick", namespace, max_steps=40)
+    r = ddpjob(cluster, "submit", str(spec))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"job {namespace}/tj-quick Succeeded" in r.stdout
-    train = [json.loads(x) for x in r.stdout.splitlines() if x.startswith('{"event": "train"')]
-    assert train and train[-1]["world_size"] == 2, train[-1:]  # both nodes in one group
+    follow = Background(cluster, tmp_path, "tj-quick", "logs", "tj-quick", "-n", namespace, "-f")
+    w = ddpjob(cluster, "wait", "tj-quick", "-n", namespace, "--timeout", "500", timeout=520)
+    rc, out, err = follow.result(timeout=120)
+    assert w.returncode == 0, w.stdout + w.stderr
+    assert f"job {namespace}/tj-quick Succeeded" in w.stdout
+    assert rc == 0, err[-3000:]
+    (start,) = _events(out, "start")
+    assert start["world_size"] == 2  # both nodes in one process group, through torchrun
+    train = _events(out, "train")
+    assert [e["step"] for e in train] == list(range(5, 41, 5))
+    assert all(e["loss"] == e["loss"] for e in train)  # real numbers: it trained
+    (done,) = _events(out, "done")
+    assert (done["reason"], done["step"]) == ("completed", 40)
+
+    (pod0,) = _rank_pods(cluster, "tj-quick", namespace, 0)
+    _assert_same_lines(out, cluster.pod_log_lines(namespace, pod0["metadata"]["name"]), "rank 0")
+    for pod in _pods(cluster, "tj-quick", namespace):
+        assert pod["spec"]["nodeName"] == NODE_NAME and pod["status"]["phase"] == "Succeeded"
+        env = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
+        assert not env & {"MASTER_ADDR", "RANK", "WORLD_SIZE"}  # Trainer v2's five PET_* only
     st = json.loads(ddpjob(cluster, "status", "tj-quick", "-n", namespace, "-o", "json").stdout)
-    assert st["condition"] == "Succeeded"
+    assert st["condition"] == "Succeeded" and st["progress"]["step"] == 40
+
+
+def test_a_suspended_trainjob_resumed_succeeds(cluster, namespace, tmp_path, real_node):
+    cluster.local_volume(namespace, CLAIM)
+    spec = _run_spec(cluster, tmp_path, "tj-later", namespace, max_steps=20, suspend=True)
+    r = ddpjob(cluster, "submit", str(spec))
+    assert r.returncode == 0, r.stdout + r.stderr
+    wait = Background(cluster, tmp_path, "tj-later", "wait", "tj-later", "-n", namespace)
+    time.sleep(5)
+    assert _pods(cluster, "tj-later", namespace) == []  # suspended: nothing runs
+    cluster.kubectl(
+        "patch", "trainjob", "tj-later", "-n", namespace, "--type", "merge",
+        "-p", '{"spec":{"suspend":false}}',
+    )  # fmt: skip
+    rc, out, err = wait.result(timeout=400)
+    assert rc == 0, out + err
+    st = json.loads(ddpjob(cluster, "status", "tj-later", "-n", namespace, "-o", "json").stdout)
+    assert st["condition"] == "Succeeded" and st["progress"]["step"] == 20
+    trainjob = get_json(cluster, "trainjob", "tj-later", "-n", namespace)
+    suspended = next(c for c in trainjob["status"]["conditions"] if c["type"] == "Suspended")
+    assert (suspended["status"], suspended["reason"]) == ("False", "Resumed")
 
 
 def test_a_failing_trainjob_is_explained(cluster, namespace, tmp_path, real_node):
-    spec = _trainjob_spec(
-        tmp_path, "tj-fail", namespace, trainer={"task": "tests.e2e.failing_task:FailingTask"}
+    """Rank 0 raises at its 6th step. The runtime's Job restarts the containers in place
+    (OnFailure: exit 1 too), up to backoffLimit 6 restarts, then fails and deletes the pods; the
+    report still names rank 0's pod, its exit code and reason, and its last lines."""
+    code = cluster.local_volume(namespace, CLAIM)
+    shutil.copy(REPO / "tests" / "e2e" / "failing_task.py", code / "failing_task.py")
+    spec = _run_spec(
+        cluster,
+        tmp_path,
+        "tj-fail",
+        namespace,
+        max_steps=200,
+        env={"PYTHONPATH": "/ckpt"},  # the task plug-in, from the volume
+        trainer={"task": "failing_task:build", "task_args": {"fail_at_call": 6, "image_size": 16}},
     )
     r = ddpjob(cluster, "submit", str(spec), "--wait", timeout=600)
     assert r.returncode == 1, r.stdout + r.stderr
-    # The Job restarts the container in place until its backoffLimit, then deletes the pod:
-    # the report comes from what wait recorded.
-    assert f"job {namespace}/tj-fail Failed: replica node-" in r.stderr, r.stderr
-    assert "exit code 1" in r.stderr and "last " in r.stderr and "log lines" in r.stderr
+    assert "Traceback" not in r.stderr.split("last ")[0]  # our own error has no traceback
+    assert f"error: job {namespace}/tj-fail Failed: replica node-0 (pod tj-fail-node-0-0-" in (
+        r.stderr
+    )
+    assert "exit code 1 (Error, the program raised or exited 1)" in r.stderr, r.stderr
+    assert "log lines of node-0:" in r.stderr
+    assert "RuntimeError: injected failure at call 6 on rank 0" in r.stderr
+    # The report outlived the pods: the Job deleted them when it gave up.
+    job = get_json(cluster, "job", "tj-fail-node-0", "-n", namespace)
+    failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded"
+    wait_until("the failed pods deleted", lambda: _pods(cluster, "tj-fail", namespace) == [], 60)
+    w = ddpjob(cluster, "wait", "tj-fail", "-n", namespace, "--timeout", "30")
+    assert w.returncode == 1 and f"job {namespace}/tj-fail Failed" in w.stderr, w.stderr
 
 
-@pytest.mark.parametrize(("how", "code"), [("preempt", 143), ("lost-peer", 138), ("kill-9", 137)])
-def test_a_trainjob_recovers(cluster, namespace, tmp_path, real_node, how, code):
-    """Rank 1 dies (deleted: SIGTERM; SIGUSR1 = a lost peer; SIGKILL); the Job restarts or
-    re-creates it, every node rejoins rank 0's rendezvous, the run resumes and succeeds."""
+# How each fault is made, which rank it hits, and the exit codes the two ranks' containers then
+# end their first run with (the faulted rank's first). A deleted pod's trainer checkpoints and
+# exits 143 and tells its peer to stop too (the stop flag rides in every step's all-reduce);
+# a rank killed -9 exits 137 and its peer, whose next collective fails, 138 (a lost peer).
+FAULTS = {
+    "preempt": ("delete pod", 1, (143, 143)),
+    "lost-peer": ("kill -9", 0, (137, 138)),
+    "kill-9": ("kill -9", 1, (137, 138)),
+}
+
+
+@pytest.mark.parametrize("how", list(FAULTS))
+def test_a_trainjob_recovers(cluster, namespace, tmp_path, real_node, how):
+    """A rank dies mid-run; its container is restarted in place (kill -9) or its pod replaced
+    (deleted), its peer's container restarts after losing it, every node resumes from the
+    checkpoint on the PersistentVolume, the job Succeeds, and `logs -f` of rank 0 equals what
+    rank 0's container printed across its runs: no line lost, none twice."""
+    fault, rank, codes = FAULTS[how]
     name = f"tj-{how}"
-    spec = _trainjob_spec(tmp_path, name, namespace, max_steps=200, every_steps=20)
-    follow = Background(cluster, tmp_path, name, "submit", str(spec), "--follow")
+    cluster.local_volume(namespace, CLAIM)
+    spec = _run_spec(cluster, tmp_path, name, namespace, max_steps=160, every_steps=10)
+    r = ddpjob(cluster, "submit", str(spec))
+    assert r.returncode == 0, r.stdout + r.stderr
+    follow = Background(cluster, tmp_path, f"{name}-logs", "logs", name, "-n", namespace, "-f")
+    wait = Background(cluster, tmp_path, f"{name}-wait", "wait", name, "-n", namespace)
+    try:
+        wait_until(
+            "training past step 30",
+            lambda: _last_step(follow.out_path.read_text()) >= 30,
+            300,
+            0.5,
+        )
+        rank0_before = _running(cluster, name, namespace, 0)
+        victim = _running(cluster, name, namespace, rank)
+        assert rank0_before is not None and victim is not None
+        if fault == "delete pod":
+            victim_name = victim["metadata"]["name"]
+            cluster.kubectl("delete", "pod", victim_name, "-n", namespace, "--wait=false")
+        else:  # from the host: a container's PID 1 ignores SIGKILL sent from inside it
+            pid = cluster.pod_pid(namespace, victim)
+            assert pid, f"no host pid for {victim['metadata']['name']}"
+            os.kill(pid, signal.SIGKILL)
+        rc_w, out_w, err_w = wait.result(timeout=600)
+        rc_f, out_f, err_f = follow.result(timeout=120)
+    finally:
+        follow.stop()
+        wait.stop()
+    assert rc_w == 0, out_w + err_w
+    assert rc_f == 0, err_f[-3000:]
 
-    def rank1():
-        pods = [p for p in _pods(cluster, name, namespace)
-                if p["metadata"]["labels"].get("batch.kubernetes.io/job-completion-index") == "1"
-                and p["status"].get("phase") == "Running"]  # fmt: skip
-        return pods[0] if pods else None
+    # Each rank's first run ended with the expected code; a killed container was restarted in
+    # place (same pod), a deleted pod replaced under a new name.
+    peer = 1 - rank
+    (peer_pod,) = _rank_pods(cluster, name, namespace, peer)
+    assert _last_exit(peer_pod) == codes[1], peer_pod["status"]["containerStatuses"]
+    (victim_now,) = _rank_pods(cluster, name, namespace, rank)
+    if fault == "delete pod":
+        assert victim_now["metadata"]["name"] != victim_name
+        assert _last_exit(victim_now) is None
+    else:
+        assert victim_now["metadata"]["uid"] == victim["metadata"]["uid"]
+        assert _last_exit(victim_now) == codes[0]
 
-    wait_until("rank 1 running", lambda: rank1() is not None, timeout=240)
-    time.sleep(15)  # past a checkpoint
-    pod = rank1()
-    if how == "preempt":
-        cluster.kubectl("delete", "pod", pod["metadata"]["name"], "-n", namespace, "--wait=false")
-    else:  # from the host: a container's PID 1 ignores SIGKILL sent from inside it
-        pid = cluster.pod_pid(namespace, pod)
-        assert pid, f"no process for {pod['metadata']['name']}"
-        os.kill(pid, signal.SIGUSR1 if how == "lost-peer" else signal.SIGKILL)
-    rc, out, err = follow.result(timeout=600)
-    assert rc == 0, err[-3000:]
-    assert f"job {namespace}/{name} Succeeded" in out
-    assert '{"event": "resume"' in out, "the run did not resume from its checkpoint"
+    # Rank 0 resumed from a checkpoint of its first run and finished.
+    starts = _events(out_f, "start")
+    assert len(starts) == 2, err_f[-2000:]
+    saved = [e["step"] for e in _events(out_f, "checkpoint")]
+    (resumed,) = _events(out_f, "resume")
+    assert resumed["step"] in saved and resumed["step"] >= 10
+    assert [d["reason"] for d in _events(out_f, "done")][-1] == "completed"
+    assert _last_step(out_f) == 160
+    (pod0,) = _rank_pods(cluster, name, namespace, 0)
+    assert pod0["metadata"]["uid"] == rank0_before["metadata"]["uid"]  # restarted in place
+    _assert_same_lines(out_f, cluster.pod_log_lines(namespace, pod0["metadata"]["name"]), "rank 0")

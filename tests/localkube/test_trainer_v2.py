@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from controller import kubeflow
-from localkube import tools, trainer_v2
+from localkube import images, tools, trainer_v2
 from localkube.handle import temporary_namespace, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -48,8 +48,8 @@ def _trainjob(
     resources: dict | None = None,
     runtime: str = kubeflow.DEFAULT_RUNTIME,
 ) -> str:
+    # No image: the runtime's, this checkout's trainer image.
     trainer: dict = {
-        "image": trainer_v2.TRAINER_IMAGE,
         "numNodes": num_nodes,
         "command": ["python", "-c", command],
     }
@@ -141,20 +141,34 @@ def test_crds_served_and_torch_runtime_installed(cluster):
 
     manifests = tools.tools_dir() / "manifests"
     upstream = yaml.safe_load((manifests / "trainer-torch-distributed.yaml").read_text())
-    want = trainer_v2.torch_runtime(manifests)
-    # Ours differs from upstream's file in the node container's image only.
-    node = want["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]
-    assert node["template"]["spec"]["containers"][0]["image"] == trainer_v2.TRAINER_IMAGE
-    node["template"]["spec"]["containers"][0]["image"] = "upstream"
-    up_node = upstream["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]
-    up_node["template"]["spec"]["containers"][0]["image"] = "upstream"
-    assert want == upstream
-
     installed = _get(cluster, "clustertrainingruntime", kubeflow.DEFAULT_RUNTIME)
-    want = trainer_v2.torch_runtime(manifests)
+    # Ours differs from upstream's file in the node container's image only: this checkout's
+    # trainer image, the one `up` imports into the node.
+    (node,) = installed["spec"]["template"]["spec"]["replicatedJobs"]
+    (container,) = node["template"]["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == images.trainer_ref()
+    (up_node,) = upstream["spec"]["template"]["spec"]["replicatedJobs"]
+    (up_container,) = up_node["template"]["spec"]["template"]["spec"]["containers"]
+    assert up_container["image"].startswith("pytorch/pytorch:")
+    want = trainer_v2.torch_runtime(manifests, images.trainer_ref())
+    up_container["image"] = images.trainer_ref()
+    assert want == upstream
     assert _is_subset(want["spec"], installed["spec"])
     assert installed["metadata"]["labels"] == want["metadata"]["labels"]
     assert installed["spec"]["mlPolicy"]["torch"] == {}
+
+
+def test_the_sdks_public_configmap_is_readable_by_any_user(cluster):
+    """Upstream's kubeflow-trainer-public ConfigMap (the Trainer version the Kubeflow SDK reads
+    when a TrainerClient starts) in kubeflow-system, readable by every authenticated user and
+    nothing else there."""
+    cm = _get(cluster, "configmap", trainer_v2.PUBLIC, "-n", "kubeflow-system")
+    assert cm["data"] == {"kubeflow_trainer_version": kubeflow.TRAINER_VERSION}
+    as_anyone = ("--as", "someone", "--as-group", "system:authenticated", "-n", "kubeflow-system")
+    can = cluster.kubectl("auth", "can-i", "get", f"configmap/{trainer_v2.PUBLIC}", *as_anyone)
+    assert can.stdout.strip() == "yes"
+    cannot = cluster.kubectl("auth", "can-i", "get", "configmap/other", *as_anyone, check=False)
+    assert cannot.stdout.strip() == "no"
 
 
 def test_status_shows_controller_memory(cluster):
@@ -214,7 +228,7 @@ def test_two_node_trainjob_becomes_indexed_jobset_with_pet_env(cluster, namespac
         assert spec["hostname"] == f"{name}-node-0-{index}" and spec["subdomain"] == name
         (container,) = spec["containers"]
         assert container["name"] == kubeflow.TRAINJOB_CONTAINER
-        assert container["image"] == trainer_v2.TRAINER_IMAGE
+        assert container["image"] == images.trainer_ref()  # the runtime's: this checkout's
         env = {e["name"]: e for e in container["env"]}
         # The 5 PET_* of the torch plugin, and the Job controller's own JOB_COMPLETION_INDEX:
         # no MASTER_ADDR, RANK or WORLD_SIZE.
@@ -387,7 +401,7 @@ def test_pytorchjob_still_gets_its_pods(cluster, namespace):
                 "containers": [
                     {
                         "name": kubeflow.CONTAINER,
-                        "image": trainer_v2.TRAINER_IMAGE,
+                        "image": images.trainer_ref(),
                         "command": ["python", "-c", "pass"],
                     }
                 ]

@@ -46,3 +46,30 @@ def test_serve_locally_replaces_the_service_with_a_url_and_ca():
     }
     assert out["webhooks"][0]["objectSelector"] == {"matchLabels": {"x": "y"}}
     assert "service" in hooks["webhooks"][0]["clientConfig"]  # the input is left alone
+
+
+def test_public_objects_come_from_upstreams_overlay_and_rbac(tmp_path):
+    """The SDK's ConfigMap is the overlay's configMapGenerator, in the overlay's namespace, with
+    upstream's Role/RoleBinding for it; nothing else of the RBAC file comes along."""
+    import yaml
+
+    overlay = {
+        "namespace": "kubeflow-system",
+        "resources": ["namespace.yaml"],
+        "configMapGenerator": [
+            {"name": "other", "literals": ["a=b"]},
+            {"name": trainer_v2.PUBLIC, "literals": ["kubeflow_trainer_version=v2.3.0"]},
+        ],
+    }
+    role = {"kind": "Role", "metadata": {"name": trainer_v2.PUBLIC}, "rules": []}
+    binding = {"kind": "RoleBinding", "metadata": {"name": trainer_v2.PUBLIC}, "subjects": []}
+    sa = {"kind": "ServiceAccount", "metadata": {"name": "kubeflow-trainer-controller-manager"}}
+    (tmp_path / "trainer-overlay-manager.yaml").write_text(yaml.safe_dump(overlay))
+    (tmp_path / "trainer-rbac.yaml").write_text(yaml.safe_dump_all([sa, role, binding]))
+    ns, cm, got_role, got_binding = trainer_v2.public_objects(tmp_path)
+    assert ns == {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kubeflow-system"}}
+    assert cm["metadata"] == {"name": "kubeflow-trainer-public", "namespace": "kubeflow-system"}
+    assert cm["data"] == {"kubeflow_trainer_version": "v2.3.0"}
+    assert (got_role["kind"], got_binding["kind"]) == ("Role", "RoleBinding")
+    assert got_role["metadata"]["namespace"] == got_binding["metadata"]["namespace"]
+    assert "namespace" not in role["metadata"]  # the input is left alone
