@@ -446,8 +446,11 @@ NODE: tuple[Component | Step, ...] = (
 
 def _torch_runtime(ctx: Context) -> None:
     """The torch-distributed runtime with this checkout's trainer image (named, not built: the
-    node's images step builds and imports it)."""
-    trainer_v2.install_runtime(ctx, images.trainer_ref())
+    node's images step builds and imports it), placed on the real node where there is one (else
+    on the kwok nodes, where the pod agent runs its pods)."""
+    trainer_v2.install_runtime(
+        ctx, images.trainer_ref(), node.placement() if node.ENABLED else None
+    )
 
 
 def _default_service_account(ctx: Context) -> bool:

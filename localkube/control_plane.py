@@ -406,6 +406,6 @@ def _harness_hash() -> str:
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256()
     names = ("agent.py", "bootstrap.py", "components.py", "control_plane.py", "pki.py")
-    for name in (*names, "trainer_v2.py", "node.py", "host.py"):
+    for name in (*names, "trainer_v2.py", "node.py", "host.py", "volumes.py"):
         digest.update((here / name).read_bytes())
     return digest.hexdigest()[:10]

@@ -5,16 +5,23 @@
     cluster = start_or_reuse()          # reuse a live cluster or start one, and lease it
     cluster.kubectl("get", "nodes")
     env = cluster.env                   # os.environ + KUBECONFIG=<repo>/.cluster/kubeconfig
+    image = cluster.trainer_image()     # this checkout's trainer image, on the real node
+    path = cluster.local_volume(ns, "ckpt")    # claim "ckpt": a PersistentVolume on the node
     cluster.control_plane.release()     # stops it only if we started it and nobody else uses it
 
 The pytest fixture ``cluster`` (tests/conftest.py) is this, for a whole test session.
+``running_pod``, ``pod_pid`` (the trainer's host pid) and ``pod_log_lines`` (what a pod's runs
+printed, kept past the kubelet's cleanup: podlogs.py) look at pods on the real node and at those
+the pod agent runs for the kwok nodes alike.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -23,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controller.kubeflow import CONTAINER, LABEL_JOB_NAME
+from controller.kubeflow import CONTAINER, LABEL_JOB_NAME, TRAINJOB_CONTAINER
 
-from . import tools
+from . import host, node, podlogs, tools, volumes
 from .control_plane import ControlPlane
 
 
@@ -46,6 +53,7 @@ def temporary_namespace(cluster, prefix: str, level: str = "baseline"):
     finally:
         cluster.kubectl("delete", "pytorchjobs", "--all", "-n", name, "--wait=false", check=False)
         cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+        cluster.delete_local_volumes(name)
 
 
 def wait_until(what: str, probe, timeout: float = 60, interval: float = 0.5):
@@ -71,6 +79,7 @@ class Cluster:
     kubeconfig: Path
     server: str
     started_here: bool  # True when a fixture (not `make cluster-up`) started it
+    _trainer_image: str | None = None
 
     @property
     def kubectl_path(self) -> Path:
@@ -142,7 +151,20 @@ class Cluster:
         return None
 
     def pod_pid(self, namespace: str, pod: dict[str, Any]) -> int | None:
-        """The host pid of ``pod``'s trainer (the pod agent records it in agent-pids.json)."""
+        """The host pid of ``pod``'s trainer; None while it does not run. On the real node: its
+        container's first process (PID 1 inside), from the containerd shim's ``init.pid``. On a
+        kwok node: the process the pod agent started (agent-pids.json)."""
+        if pod.get("spec", {}).get("nodeName") == node.NODE_NAME:
+            for status in pod.get("status", {}).get("containerStatuses") or []:
+                container_id = status.get("containerID", "")
+                if not status.get("state", {}).get("running") or "://" not in container_id:
+                    continue
+                task = host.CONTAINERD_STATE / "io.containerd.runtime.v2.task" / "k8s.io"
+                try:
+                    return int((task / container_id.split("://", 1)[1] / "init.pid").read_text())
+                except (OSError, ValueError):
+                    return None
+            return None
         path = self.control_plane.state_dir / "agent-pids.json"
         try:
             data = json.loads(path.read_text())
@@ -152,29 +174,77 @@ class Cluster:
         info = data.get(f"{namespace}/{meta['name']}/{meta['uid']}")
         return info["pid"] if info else None
 
-    def pod_log_lines(self, namespace: str, pod_name: str) -> list[str]:
-        """Everything every run of the pod named ``pod_name`` printed, in order: the ground
-        truth for a followed log (each run's output is its own CRI-format file on the node)."""
-        root = self.control_plane.state_dir / "pods"
+    def pod_log_lines(
+        self, namespace: str, pod_name: str, containers: tuple[str, ...] | None = None
+    ) -> list[str]:
+        """Everything every run of the pod named ``pod_name`` printed (each UID the name had,
+        each restart), in order: the ground truth for a followed log. The training container
+        (``pytorch`` or ``node``) unless ``containers`` names others. The real node's logs come
+        from the log keeper (podlogs.py); the pod agent's are CRI files of the same layout."""
+        containers = containers or _TRAINING_CONTAINERS
         files = []
-        for d in root.glob(f"{namespace}_{pod_name}_*"):
-            files.extend((d / CONTAINER).glob("*.log"))
-        entries = []
-        for f in files:
-            partial = ""
-            for raw in f.read_text(errors="replace").splitlines():
-                stamp, _stream, tag, body = [*raw.split(" ", 3), ""][:4]
-                if tag == "P":
-                    partial += body
-                    continue
-                entries.append((stamp, str(f), len(entries), partial + body))
-                partial = ""
-        # Runs do not overlap in time: order by each file's first stamp, then line order.
-        first: dict[str, str] = {}
-        for stamp, f, _, _ in entries:
-            first.setdefault(f, stamp)
-        entries.sort(key=lambda e: (first[e[1]], e[2]))
-        return [e[3] for e in entries]
+        for d in (self.control_plane.state_dir / "pods").glob(f"{namespace}_{pod_name}_*"):
+            for container in containers:
+                files.extend((d / container).glob("*.log"))
+        if node.ENABLED:
+            files.extend(self.log_keeper.files(namespace, pod_name, containers))
+        return podlogs.read_lines(files)
+
+    @functools.cached_property
+    def log_keeper(self) -> podlogs.LogKeeper:
+        """The real node's container logs, kept from now on in ``.cluster/pod-logs``."""
+        return podlogs.LogKeeper(self.control_plane.state_dir / "pod-logs").start()
+
+    def trainer_image(self) -> str:
+        """This checkout's trainer image, built if its code changed and imported into the real
+        node's containerd if that holds another image ID; its reference (once per process)."""
+        if self._trainer_image is None:
+            node.require()
+            self._trainer_image = node.import_trainer_image()
+        return self._trainer_image
+
+    def local_volume(self, namespace: str, claim: str, size: str = "1Gi") -> Path:
+        """A ``local`` PersistentVolume on the real node and the claim ``claim`` bound to it
+        in ``namespace`` (volumes.py); the folder on this machine that backs it. Deleted with
+        the namespace by :func:`temporary_namespace`, or by ``down``."""
+        node.require()
+        path = volumes.host_path(namespace, claim)
+        path.mkdir(parents=True, exist_ok=True)
+        docs = [
+            volumes.persistent_volume(namespace, claim, size, node.NODE_NAME),
+            volumes.persistent_volume_claim(namespace, claim, size),
+        ]
+        self.kubectl(
+            "create",
+            "-f",
+            "-",
+            input_text=json.dumps({"kind": "List", "items": docs, "apiVersion": "v1"}),
+        )
+        wait_until(
+            f"claim {namespace}/{claim} Bound",
+            lambda: (
+                self.kubectl(
+                    "get", "pvc", claim, "-n", namespace, "-o", "jsonpath={.status.phase}"
+                ).stdout
+                == "Bound"
+            ),
+            30,
+            0.2,
+        )
+        return path
+
+    def delete_local_volumes(self, namespace: str) -> None:
+        """Delete the PersistentVolumes of ``namespace``'s claims and their folders (the
+        claims go with the namespace)."""
+        selector = f"{volumes.LABEL_NAMESPACE}={namespace}"
+        listed = self.kubectl("get", "pv", "-l", selector, "-o", "json", check=False)
+        if listed.returncode != 0:
+            return
+        self.kubectl("delete", "pv", "-l", selector, "--wait=false", check=False)
+        for pv in json.loads(listed.stdout)["items"]:
+            path = Path(pv["spec"]["local"]["path"])
+            if path.parent == volumes.VOLUMES_DIR:
+                shutil.rmtree(path, ignore_errors=True)
 
     def api_client(self):
         """Return a ``kubernetes.client.ApiClient`` for the admin user."""
@@ -183,9 +253,17 @@ class Cluster:
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
 
+#: The training container of a PyTorchJob's pods, and of a TrainJob's.
+_TRAINING_CONTAINERS = (CONTAINER, TRAINJOB_CONTAINER)
+
+
 def start_or_reuse(log=sys.stderr) -> Cluster:
-    """Reuse a live cluster or start one, and hold a lease on it (``release()`` drops it)."""
+    """Reuse a live cluster or start one, and hold a lease on it (``release()`` drops it).
+    Its real node's container logs are kept from now on (``Cluster.log_keeper``)."""
     tools.build(log)
     cp = ControlPlane(log=log)
     state = cp.up(owner="fixture", lease=True)
-    return Cluster(cp, cp.kubeconfig, state["server"], state.get("owner") == "fixture")
+    cluster = Cluster(cp, cp.kubeconfig, state["server"], state.get("owner") == "fixture")
+    if node.ENABLED:
+        cluster.log_keeper  # noqa: B018 - started now, before any pod of this session runs
+    return cluster

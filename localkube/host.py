@@ -49,6 +49,8 @@ RUNC_ROOT = RUN_DIR / "runc"
 CNI_CONF_DIR = RUN_DIR / "cni" / "net.d"
 CNI_DATA_DIR = RUN_DIR / "cni" / "networks"
 KUBELET_ROOT = VAR_DIR / "kubelet"
+#: The folders of the node's ``local`` PersistentVolumes (volumes.py): removed by ``down``.
+VOLUMES_DIR = VAR_DIR / "volumes"
 COREDNS_CONFIG = RUN_DIR / "Corefile"
 RECORD = RUN_DIR / "node.json"
 
@@ -506,7 +508,7 @@ def _umount(path: str) -> bool:
 def _ours(mount: str, before: dict) -> bool:
     if mount in before.get("mounts", []):
         return False
-    roots = (str(KUBELET_ROOT), str(RUN_DIR), str(CONTAINERD_ROOT))
+    roots = (str(KUBELET_ROOT), str(RUN_DIR), str(CONTAINERD_ROOT), str(VOLUMES_DIR))
     if any(mount == r or mount.startswith(r + "/") for r in roots):
         return True
     # containerd names its pod network namespaces cni-<uuid> (podman's are netns-<uuid>).
@@ -651,6 +653,7 @@ def _remove_files(before: dict, say: Say) -> None:
             "Unmount them (umount -R) and run `make cluster-down` again."
         )
     shutil.rmtree(KUBELET_ROOT, ignore_errors=True)
+    shutil.rmtree(VOLUMES_DIR, ignore_errors=True)
     for path in RUN_DIR.glob("*"):
         if path != RECORD:
             shutil.rmtree(path) if path.is_dir() else path.unlink()

@@ -23,6 +23,7 @@ import functools
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,18 @@ if TYPE_CHECKING:
 NODE_NAME = "localkube-node"
 #: Keeps pods that do not ask for the real node off it (they belong to kwok and the agent).
 TAINT = {"key": "ddpjob.local/node", "value": "real", "effect": "NoSchedule"}
+
+
+def placement() -> dict:
+    """The pod spec fields that put a pod on the real node: its hostname and a toleration of
+    :data:`TAINT` (the local cluster's TrainJob runtime carries them; a spec says
+    ``node_selector`` and ``tolerations``)."""
+    return {
+        "nodeSelector": {"kubernetes.io/hostname": NODE_NAME},
+        "tolerations": [{**TAINT, "operator": "Equal"}],
+    }
+
+
 #: ``DDPJOB_NODE=off`` starts the cluster without its real node (non-root machines, or a second
 #: checkout on a machine whose node another checkout's cluster holds).
 ENABLED = os.environ.get("DDPJOB_NODE", "on") != "off"
@@ -175,15 +188,28 @@ def containerd_ready(_ctx: Context) -> bool:
 
 def import_images(_ctx: Context) -> None:
     """Import the node's images into containerd (a no-op for those already there: they persist
-    in its root across ``down``)."""
+    in its root across ``down``), this checkout's trainer image included."""
     from . import images as built
 
     for ref in images().values():
         built.import_into_containerd(ref, str(host.CONTAINERD_SOCKET))
+    import_trainer_image()
+
+
+def import_trainer_image(log=sys.stderr) -> str:
+    """This checkout's trainer image, rebuilt if its code changed (about a minute) and imported
+    into the node's containerd if containerd's copy is another image ID (seconds: only the
+    trainer's own layer is sent); its reference. Every pod of a ddpjob job on the node runs it."""
+    from . import images as built
+
+    ref = built.trainer_image(log)
+    built.import_into_containerd(ref, str(host.CONTAINERD_SOCKET), log=log)
+    return ref
 
 
 def apply_objects(ctx: Context) -> None:
-    """CoreDNS's read access to Services, EndpointSlices, pods and namespaces."""
+    """CoreDNS's read access to Services, EndpointSlices, pods and namespaces, and the
+    StorageClass of the node's ``local`` volumes."""
     role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
@@ -214,7 +240,9 @@ def apply_objects(ctx: Context) -> None:
             {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "ddpjob:coredns"}
         ],
     }
-    docs = "\n---\n".join(yaml.safe_dump(o) for o in (role, binding))
+    from .volumes import storage_class
+
+    docs = "\n---\n".join(yaml.safe_dump(o) for o in (role, binding, storage_class()))
     ctx.kubectl(
         "apply", "--server-side", "--field-manager", "ddpjob-cluster", "-f", "-", input_text=docs
     )
@@ -262,6 +290,9 @@ def kubelet_config(ctx: Context) -> dict:
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "registerWithTaints": [TAINT],
+        # A rank 0 log of a few hundred thousand lines stays one file (kubectl logs reads only
+        # the current one; upstream rotates at 10Mi).
+        "containerLogMaxSize": "256Mi",
         # In-place restarts back off 10 s at most (upstream: 300 s), as tests and users wait.
         "featureGates": {"KubeletCrashLoopBackOffMax": True},
         "crashLoopBackOff": {"maxContainerRestartPeriod": "10s"},
@@ -288,6 +319,7 @@ def prepare_kubelet(ctx: Context) -> None:
 
 
 def node_ready(ctx: Context) -> bool:
+    """True when the node reports Ready (``ctx``: anything with ``kubectl``, a Cluster too)."""
     proc = ctx.kubectl("get", "node", NODE_NAME, "-o", "json", check=False)
     if proc.returncode != 0:
         return False

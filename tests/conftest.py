@@ -1,17 +1,25 @@
-"""pytest wiring for every test folder: the session fixture ``cluster`` and the ``cluster`` marker.
+"""pytest wiring for every test folder: the session fixtures ``cluster`` and ``real_node``, and
+the ``cluster`` marker.
 
 ``cluster`` is a live local cluster (``localkube``) for the whole session. One started earlier
 by ``make cluster-up`` is reused and left running; otherwise the fixture starts one (building
 missing tools first) and the last session that leases it stops exactly what was started.
 ``DDPJOB_CLUSTER=skip`` skips every test that asks for it (they are then reported as skipped).
+
+``real_node`` is that cluster with its real node Ready and this checkout's trainer image on it:
+every test whose pods must run in containers of the image asks for it (the pod agent runs the
+kwok nodes' pods as processes of this machine). Where the node cannot run (no root, missing
+packages, ``DDPJOB_NODE=off``) those tests fail with the one line that says why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,24 +28,24 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # `localkube` and `tests.*` importable whatever the import mode
     sys.path.insert(0, _ROOT)
 
-from localkube import tools  # noqa: E402
-from localkube.handle import start_or_reuse  # noqa: E402
+from localkube import node, tools  # noqa: E402
+from localkube.handle import start_or_reuse, wait_until  # noqa: E402
 from localkube.procs import LocalkubeError  # noqa: E402
 
 
-def _build_outside_test_timeout() -> None:
-    """Build missing tools with pytest-timeout's SIGALRM timer paused.
+@contextlib.contextmanager
+def outside_test_timeout() -> Iterator[None]:
+    """pytest-timeout's SIGALRM timer paused, resumed afterwards with its remaining time.
 
-    A cold build (about 15 min on 2 cores) must not count against the per-test timeout of
-    whichever test first asks for the fixture; the timer resumes with its remaining time.
+    Session setup (a cold tools build, about 15 min on 2 cores; the trainer image rebuilt after
+    a code change and imported into the node) must not count against the per-test timeout of
+    whichever test first asks for the fixture.
     """
-    if tools.is_built():
-        return
     paused = None
     if threading.current_thread() is threading.main_thread():
         paused = signal.setitimer(signal.ITIMER_REAL, 0)
     try:
-        tools.build(sys.stderr)
+        yield
     finally:
         if paused and paused[0] > 0:
             signal.setitimer(signal.ITIMER_REAL, *paused)
@@ -51,12 +59,14 @@ def cluster():
     """
     if os.environ.get("DDPJOB_CLUSTER") == "skip":
         pytest.skip("DDPJOB_CLUSTER=skip: cluster tests disabled")
-    _build_outside_test_timeout()
     # One line that says why and how to fix (no root, missing packages, ...): every test that
     # needs the cluster fails with it (outside the except block: no chained traceback).
     handle, error = None, None
     try:
-        handle = start_or_reuse()
+        with outside_test_timeout():
+            if not tools.is_built():
+                tools.build(sys.stderr)
+            handle = start_or_reuse()
     except LocalkubeError as exc:
         error = str(exc)
     if handle is None:
@@ -65,6 +75,24 @@ def cluster():
         yield handle
     finally:
         handle.control_plane.release()
+
+
+@pytest.fixture(scope="session")
+def real_node(cluster):
+    """The cluster with its real node Ready and this checkout's trainer image on it (rebuilt and
+    imported when the code changed: ``cluster.trainer_image()``); fails in one line when the
+    cluster has no node."""
+    error = None
+    try:
+        node.require()
+        with outside_test_timeout():
+            cluster.trainer_image()
+    except LocalkubeError as exc:
+        error = str(exc)
+    if error:
+        pytest.fail(error, pytrace=False)
+    wait_until("node Ready", lambda: node.node_ready(cluster), 60)
+    return cluster
 
 
 def pytest_configure(config):

@@ -1,7 +1,5 @@
 """End-to-end tests of the cluster commands on the local cluster (localkube)."""
 
-import json
-
 import pytest
 
 
@@ -17,17 +15,3 @@ def namespace(cluster):
 
     with temporary_namespace(cluster, "e2e") as name:
         yield name
-
-
-@pytest.fixture
-def real_node(cluster):
-    """Fails in one line (never skips) on a cluster without a node that runs containers."""
-    nodes = cluster.kubectl("get", "nodes", "-o", "json").stdout
-    if not any(
-        n["metadata"].get("labels", {}).get("type") != "kwok" for n in json.loads(nodes)["items"]
-    ):
-        pytest.fail(
-            "needs pods that run: this cluster has no real node (started with DDPJOB_NODE=off?); "
-            "run `make cluster-down cluster-up` without it",
-            pytrace=False,
-        )

@@ -15,7 +15,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 import uuid
@@ -26,7 +25,7 @@ import yaml
 
 from localkube import host, node
 from localkube.handle import temporary_namespace, wait_until
-from localkube.procs import LocalkubeError, proc_start_time
+from localkube.procs import proc_start_time
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
@@ -39,20 +38,6 @@ RESTRICTED_CONTAINER = {
 }
 
 
-@pytest.fixture(scope="module")
-def real_node(cluster):
-    """The cluster, with its real node Ready (fails with the reason when it has none)."""
-    error = None
-    try:
-        node.require()
-    except LocalkubeError as exc:
-        error = str(exc)
-    if error:
-        pytest.fail(error, pytrace=False)
-    wait_until("node Ready", lambda: _node_ready(cluster), 60)
-    return cluster
-
-
 @pytest.fixture
 def ns(real_node):
     """A fresh namespace enforcing the `restricted` Pod Security profile."""
@@ -62,14 +47,6 @@ def ns(real_node):
 
 def _get(cluster, *args: str) -> dict:
     return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
-
-
-def _node_ready(cluster) -> bool:
-    proc = cluster.kubectl("get", "node", node.NODE_NAME, "-o", "json", check=False)
-    if proc.returncode != 0:
-        return False
-    conditions = json.loads(proc.stdout)["status"].get("conditions", [])
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
 def pod_spec(name: str, ns: str, script: str, **extra) -> dict:
@@ -92,8 +69,7 @@ def pod_spec(name: str, ns: str, script: str, **extra) -> dict:
         "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
         "spec": {
             "restartPolicy": "Never",
-            "nodeSelector": {"kubernetes.io/hostname": node.NODE_NAME},
-            "tolerations": [{**node.TAINT, "operator": "Equal"}],
+            **node.placement(),
             "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000},
             "automountServiceAccountToken": False,
             "containers": [container],
@@ -394,40 +370,21 @@ def test_secret_reference_reaches_the_container_env(real_node, ns):
 # ------------------------------------------------------------------------------------ trainer
 
 
-@pytest.fixture(scope="module")
-def trainer_on_node(real_node):
-    """The project's trainer image, built (if stale) and imported into the node's containerd
-    (only the layers it lacks; the first import of the 7 GB image takes minutes, so outside
-    pytest-timeout's clock like the cluster's own build)."""
-    from localkube import images
-
-    paused = None
-    if threading.current_thread() is threading.main_thread():
-        paused = signal.setitimer(signal.ITIMER_REAL, 0)
-    try:
-        ref = images.trainer_image()
-        images.import_into_containerd(ref, str(host.CONTAINERD_SOCKET))
-    finally:
-        if paused and paused[0] > 0:
-            signal.setitimer(signal.ITIMER_REAL, *paused)
-    return ref
-
-
-def test_trainer_image_trains_across_two_pods(real_node, ns, trainer_on_node):
+def test_trainer_image_trains_across_two_pods(real_node, ns):
     """The quickstart spec, rendered by the controller as for any cluster, on the real node:
     two pods of the trainer image, DDP over gloo between their bridge IPs, MASTER_ADDR
     (`<job>-master-0`) through the operator's Service and CoreDNS, rank 0's JSON events."""
-    from controller.render import render_pytorchjob
+    from controller.render.pytorchjob import render_pytorchjob
     from controller.spec import validate_spec
 
     data = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
     data.update(
         name="ddp",
         namespace=ns,
-        image=trainer_on_node,
+        image=real_node.trainer_image(),
         resources={"cpu": "500m", "memory": "1536Mi"},
-        node_selector={"kubernetes.io/hostname": node.NODE_NAME},
-        tolerations=[{**node.TAINT, "operator": "Equal"}],
+        node_selector=node.placement()["nodeSelector"],
+        tolerations=node.placement()["tolerations"],
         clean_pod_policy="None",  # keep the worker pod to look at
     )
     data["trainer"].update(
@@ -461,7 +418,7 @@ def test_trainer_image_trains_across_two_pods(real_node, ns, trainer_on_node):
 def _restart(cluster, owner: str) -> None:
     """Bring the cluster back (same owner) for the tests after these."""
     cluster.control_plane.up(owner=owner, lease=True)
-    wait_until("node Ready", lambda: _node_ready(cluster), 60)
+    wait_until("node Ready", lambda: node.node_ready(cluster), 60)
 
 
 def _container_pids(cluster, ns: str, name: str) -> list[int]:
