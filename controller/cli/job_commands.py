@@ -230,6 +230,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                 ]
             )
         print(format_table(rows))
+    for r in st["replicas"]:
+        if r.get("meaning"):
+            print(f"{r['replica']}: {r['reason']}: {r['meaning']}")
     for p in st["pending"]:
         print(f"pending: {p['pod']}: {p['reason'] or 'no reason reported yet'}")
     if st["elastic"] and st["rank0_pod"]:

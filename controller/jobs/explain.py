@@ -31,6 +31,11 @@ EXIT_MEANINGS = {
     143: "SIGTERM (preempted or deleted; retried)",
 }
 
+#: The container runtime's reason for a container the kernel's OOM killer hit (the memory
+#: cgroup went over the container's limit). It comes with any exit code: the kernel kills one
+#: process (cgroup v1: the largest; cgroup v2 with the kubelet's memory.oom.group: all of them).
+OOM_KILLED = "OOMKilled"
+
 
 # ----------------------------------------------------------------------------------------
 # The job
@@ -128,6 +133,45 @@ def container_status(pod: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def memory_limit(pod: dict[str, Any]) -> str | None:
+    """The training container's memory limit (``resources.memory`` of the spec), if any."""
+    name = pod_kind(pod).container
+    for c in pod.get("spec", {}).get("containers") or []:
+        if c.get("name") == name:
+            return ((c.get("resources") or {}).get("limits") or {}).get("memory")
+    return None
+
+
+def oom_meaning(exit_code: int | None, limit: str | None) -> str:
+    """What OOMKilled means for a container that exited ``exit_code``.
+
+    137: its main process was the one killed. Any other code: the kernel killed another process
+    of the container (cgroup v1 picks the largest: with nproc_per_node > 1 a torchrun worker,
+    bigger than torchrun itself), and the main process then exited with that code (torchrun
+    exits 1 when a worker dies); the exit code's usual meaning does not apply.
+    """
+    over = f"its memory limit ({limit})" if limit else "its memory limit"
+    fix = "raise resources.memory, or use less (batch_size, num_workers, nproc_per_node)"
+    if exit_code == 137:
+        return (
+            f"the container went over {over} and the kernel killed its main process (SIGKILL); "
+            f"{fix}"
+        )
+    return (
+        f"the container went over {over} and the kernel killed one of its processes (on cgroup "
+        "v1 the largest: with nproc_per_node > 1 a torchrun worker), then the main process "
+        f"exited {exit_code}, which here does not mean what it usually does; {fix}"
+    )
+
+
+def termination_meaning(pod: dict[str, Any], term: dict[str, Any]) -> str:
+    """What a termination of the training container means, where its reason says more than its
+    exit code (OOMKilled); "" otherwise."""
+    if term.get("reason") == OOM_KILLED:
+        return oom_meaning(term.get("exitCode"), memory_limit(pod))
+    return ""
+
+
 def last_termination(pod: dict[str, Any]) -> dict[str, Any]:
     """The trainer container's latest termination (current state, else the previous run)."""
     cs = container_status(pod)
@@ -148,6 +192,7 @@ class ReplicaRow:
     restarts: int
     exit_code: int | None
     reason: str
+    meaning: str = ""  # what the reason means, where the exit code would mislead (OOMKilled)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -171,6 +216,7 @@ def replica_rows(pods: list[dict[str, Any]]) -> list[ReplicaRow]:
                 restarts=int(container_status(pod).get("restartCount", 0)),
                 exit_code=term.get("exitCode"),
                 reason=reason,
+                meaning=termination_meaning(pod, term) if term else "",
             )
         )
     return rows
@@ -243,14 +289,17 @@ class Failure:
     restarts: int = 0
     last_lines: list[str] = field(default_factory=list)
     previous: bool = False  # the failed run is the container's previous one
+    meaning: str = ""  # what the reason means beside the exit code (OOMKilled); see render
 
     def render(self, job_name: str) -> str:
         """The lines ``submit --wait`` / ``wait`` print for a failed job."""
         if self.pod is None:
             return f"job {job_name} Failed: {self.message or self.reason}"
         what = f"exit code {self.exit_code}" if self.exit_code is not None else "no exit code"
-        meaning = EXIT_MEANINGS.get(self.exit_code or 0, "")
-        reason = self.reason + (f", {meaning}" if meaning else "")
+        meaning = self.meaning or EXIT_MEANINGS.get(self.exit_code or 0, "")
+        reason = self.reason + (
+            f": {meaning}" if self.meaning else f", {meaning}" if meaning else ""
+        )
         lines = [
             f"job {job_name} Failed: replica {self.replica} (pod {self.pod}) {what} ({reason})"
         ]
@@ -303,6 +352,7 @@ def explain_failure(job: dict[str, Any], pods: list[dict[str, Any]]) -> Failure:
         message=(term.get("message") or "").strip(),
         restarts=int(cs.get("restartCount", 0)),
         previous=in_previous,
+        meaning=termination_meaning(pod, term),
     )
 
 

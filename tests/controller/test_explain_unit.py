@@ -99,9 +99,28 @@ def test_first_failure_wins_over_ranks_that_died_after_it():
 
 def test_oom_killed_is_named():
     w = pod("worker", 1, phase="Failed", terminated={"exitCode": 137, "reason": "OOMKilled"})
+    w["spec"]["containers"] = [{"name": "pytorch", "resources": {"limits": {"memory": "1Gi"}}}]
     f = explain_failure(FAILED_JOB, [pod("master", 0), w])
     assert (f.replica, f.exit_code, f.reason) == ("worker-1", 137, "OOMKilled")
-    assert "SIGKILL" in f.render("default/job")
+    text = f.render("default/job")
+    assert "SIGKILL" in text
+    assert "exit code 137 (OOMKilled: the container went over its memory limit (1Gi)" in text
+    assert "raise resources.memory" in text
+
+
+def test_oom_killed_with_another_exit_code_says_a_process_was_killed_not_what_the_code_means():
+    """cgroup v1 kills the largest process: a torchrun worker, and torchrun exits 1. The job
+    then sees exit 1 with reason OOMKilled; "the program raised" would send the user astray."""
+    w = pod("master", 0, phase="Failed", terminated={"exitCode": 1, "reason": "OOMKilled"})
+    w["spec"]["containers"] = [{"name": "pytorch", "resources": {"limits": {"memory": "2Gi"}}}]
+    f = explain_failure(FAILED_JOB, [w])
+    text = f.render("default/job")
+    assert "exit code 1 (OOMKilled: the container went over its memory limit (2Gi)" in text
+    assert "a torchrun worker" in text and "the main process exited 1" in text
+    assert "the program raised" not in text
+    (row,) = replica_rows([w])
+    assert row.reason == "OOMKilled" and row.meaning.startswith("the container went over")
+    assert replica_rows([pod("master", 0)])[0].meaning == ""
 
 
 def test_evicted_pod_is_named():
