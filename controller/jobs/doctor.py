@@ -446,11 +446,39 @@ def _why_not(
             return (
                 f"a {rtype} pod asks {key}: {_fmt(v)} but the largest node has "
                 f"{_fmt(best)} allocatable (got {len(eligible)} eligible nodes)"
+                + _left_out(key, v, pod_spec, nodes)
             )
     return (
         f"the {total} pods do not fit on the {len(eligible)} eligible nodes together "
         f"(per pod {', '.join(f'{k}: {_fmt(v)}' for k, v in sorted(need.items()))})"
     )
+
+
+def _left_out(key: str, v: Decimal, pod_spec: dict[str, Any], nodes: list[dict[str, Any]]) -> str:
+    """Why the nodes that do have ``v`` of ``key`` are not eligible (GPU nodes are tainted on
+    most clusters: a pod that asks for GPUs without the toleration lands nowhere)."""
+    big = [
+        n
+        for n in nodes
+        if not node_eligible(n, pod_spec)
+        and _qty((n.get("status", {}).get("allocatable") or {}).get(key, 0)) >= v
+    ]
+    if not big:
+        return ""
+    tolerations = pod_spec.get("tolerations") or []
+    taints = {
+        f"{t.get('key')}={t.get('value', '')}:{t.get('effect')}"
+        for n in big
+        for t in n.get("spec", {}).get("taints") or []
+        if t.get("effect") in ("NoSchedule", "NoExecute")
+        and not any(_tolerates(tol, t) for tol in tolerations)
+    }
+    if taints:
+        return (
+            f"; {len(big)} nodes with enough are tainted {', '.join(sorted(taints))}, which the "
+            "pods do not tolerate (add it to tolerations)"
+        )
+    return f"; {len(big)} nodes with enough do not match the nodeSelector"
 
 
 def _fmt(v: Decimal) -> str:

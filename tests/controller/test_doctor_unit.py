@@ -98,6 +98,29 @@ def test_node_selector_and_taints():
     assert fit_problem(job(2, 8, tolerations=tolerate), gpu_nodes) is None
 
 
+def test_gpu_nodes_tainted_like_real_clusters_are_named_when_not_tolerated():
+    """GPU nodes tainted nvidia.com/gpu (as the local cluster's kwok nodes are) beside a CPU node:
+    a GPU pod without the toleration fits nowhere, and the check says it is the taint."""
+    taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    nodes = [node("cpu", gpus=0), node("g0", taints=[taint]), node("g1", taints=[taint])]
+    assert fit_problem(job(2, 0), nodes) is None  # CPU pods: the untainted node
+    problem = fit_problem(job(1, 8), nodes)
+    assert problem == (
+        "a Master pod asks nvidia.com/gpu: 8 but the largest node has 0 allocatable (got 1 "
+        "eligible nodes); 2 nodes with enough are tainted nvidia.com/gpu=present:NoSchedule, "
+        "which the pods do not tolerate (add it to tolerations)"
+    )
+    tolerate = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert fit_problem(job(2, 8, tolerations=tolerate), nodes) is None
+    problem = fit_problem(job(1, 16, tolerations=tolerate), nodes)
+    assert problem == (
+        "a Master pod asks nvidia.com/gpu: 16 but the largest node has 8 allocatable "
+        "(got 3 eligible nodes)"
+    )
+    selected = fit_problem(job(1, 8, nodeSelector={"pool": "x"}), [node("a", labels={})])
+    assert selected is not None and selected.startswith("no node matches")
+
+
 class FakeCluster:
     """Answers what doctor asks; ``probe`` is what a dry-run create raises (None = accepted)."""
 
