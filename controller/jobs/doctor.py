@@ -72,8 +72,8 @@ def permissions(kind: JobKind) -> list[tuple[str, str, str, str | None, str]]:
     ]
 
 
-#: The PyTorchJob's, as before TrainJobs existed.
-PERMISSIONS = permissions(PYTORCHJOB_KIND)
+#: Every verb the CLI uses on either API (k8s/rbac.yaml's Role grants exactly these).
+PERMISSIONS = list(dict.fromkeys(permissions(PYTORCHJOB_KIND) + permissions(TRAINJOB_KIND)))
 
 
 @dataclass

@@ -62,7 +62,8 @@ def test_quickstart_submit_wait_follow_succeeds(cluster, namespace, tmp_path):
     listing = ddpjob(cluster, "list", "-n", namespace, "-l", "app.kubernetes.io/name=ddpjob")
     assert listing.returncode == 0
     assert any(
-        line.split()[:3] == ["quickstart", "Succeeded", "2"] for line in listing.stdout.splitlines()
+        line.split()[:4] == ["quickstart", "PyTorchJob", "Succeeded", "2"]
+        for line in listing.stdout.splitlines()
     )
 
     again = ddpjob(cluster, "submit", str(QUICKSTART), "-n", namespace)
@@ -140,7 +141,8 @@ def test_a_job_no_node_can_fit_is_refused_and_with_force_says_why_it_waits(
     st = wait_until("status to say Insufficient nvidia.com/gpu", pending, 60, 1)
     assert st["condition"] in ("Created", "Pending", "Running")
     text = ddpjob(cluster, "status", "huge", "-n", namespace)
-    assert "pending: huge-master-0: Unschedulable: 0/2 nodes are available" in text.stdout
+    nodes = len(get_json(cluster, "nodes")["items"])
+    assert f"pending: huge-master-0: Unschedulable: 0/{nodes} nodes are available" in text.stdout
 
     logs = ddpjob(cluster, "logs", "huge", "-n", namespace)
     assert logs.returncode == 0
@@ -158,7 +160,8 @@ def test_doctor_on_the_local_control_plane(cluster, namespace):
     lines = r.stdout.splitlines()
     assert lines[0].startswith("[  ok] cluster reachable: https://127.0.0.1:")
     assert "[  ok] PyTorchJob CRD: pytorchjobs.kubeflow.org served" in r.stdout
-    assert "[  ok] RBAC: every verb the CLI uses is allowed" in r.stdout
+    assert "[  ok] RBAC (PyTorchJob): every verb the CLI uses is allowed" in r.stdout
+    assert "[  ok] RBAC (TrainJob): every verb the CLI uses is allowed" in r.stdout
     assert "[  ok] training operator: its admission webhook answered" in r.stdout
 
 
@@ -192,7 +195,8 @@ def test_doctor_names_missing_rbac_for_a_service_account_without_roles(
     r = ddpjob(cluster, "doctor", "--kubeconfig", str(path))
     assert r.returncode == 1, r.stdout
     assert (
-        f"[FAIL] RBAC: in namespace {namespace} the current user may not: create pytorchjobs "
+        f"[FAIL] RBAC (PyTorchJob): in namespace {namespace} the current user may not: "
+        "create pytorchjobs "
         "(for submit)" in r.stdout
     )
     assert "get pods/log (for logs, status progress)" in r.stdout

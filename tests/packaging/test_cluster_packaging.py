@@ -701,7 +701,7 @@ def test_every_command_works_with_the_shipped_role_and_nothing_is_refused(
     try:
         doctor = _controller(sa_kubeconfig, "doctor", str(spec), *ns)
         assert doctor.returncode == 0, doctor.stdout + doctor.stderr
-        assert "[  ok] RBAC: every verb the CLI uses is allowed" in doctor.stdout
+        assert "[  ok] RBAC (PyTorchJob): every verb the CLI uses is allowed" in doctor.stdout
         ran["doctor"] = doctor
         # submit --follow: preflight, create, then rank 0's log followed live to the end.
         follow = _controller(sa_kubeconfig, "submit", str(spec), "--follow", *ns)
