@@ -26,7 +26,6 @@ import sys
 import threading
 import time
 import uuid
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -35,28 +34,7 @@ sys.path.insert(0, str(REPO))
 
 import yaml  # noqa: E402
 
-
-class RequestCounter:
-    """Count API requests per REST client instance (both clients share one hook)."""
-
-    def __init__(self) -> None:
-        from kubernetes.client import rest
-
-        self.counts: Counter[int] = Counter()
-        self.lock = threading.Lock()
-        original = rest.RESTClientObject.request
-        counter = self
-
-        def request(self_rest: Any, *args: Any, **kwargs: Any) -> Any:
-            with counter.lock:
-                counter.counts[id(self_rest)] += 1
-            return original(self_rest, *args, **kwargs)
-
-        rest.RESTClientObject.request = request
-
-    def of(self, rest_client: Any) -> int:
-        with self.lock:
-            return self.counts[id(rest_client)]
+from bench.apicount import RequestCounter, lost_and_doubled  # noqa: E402
 
 
 def job_manifest(
@@ -160,11 +138,6 @@ def bench_wait(
     for t in jobs:
         t.join(timeout=800)
     return {"rows": sorted(rows, key=lambda r: (r["job"], r["who"]))}
-
-
-def lost_and_doubled(got: list[str], truth: list[str]) -> tuple[int, int]:
-    g, t = Counter(got), Counter(truth)
-    return sum((t - g).values()), sum((g - t).values())
 
 
 def bench_logs(cluster_handle: Any, ours: Any, namespace: str, tmp: Path) -> dict[str, Any]:

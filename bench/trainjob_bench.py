@@ -33,7 +33,6 @@ import sys
 import threading
 import time
 import uuid
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,8 @@ sys.path.insert(0, str(REPO))
 
 import yaml  # noqa: E402
 
+from bench.apicount import RequestCounter, lost_and_doubled  # noqa: E402
+
 WAIT_JOBS = (("tj-wait-a", 60), ("tj-wait-b", 120), ("tj-wait-c", 240))
 SDK = "Kubeflow SDK wait_for_job_status (defaults)"
 OURS = "ddpjob wait_for_job (watch)"
@@ -49,29 +50,6 @@ FOLLOW_OURS = "ddpjob logs -f (RankFollower)"
 FOLLOW_SDK = "Kubeflow SDK get_job_logs(follow=True)"
 #: The logs job: its length, where rank 0 is killed, how often it logs and checkpoints.
 LOG_STEPS, KILL_AT_STEP = 400, 100
-
-
-class RequestCounter:
-    """Count API requests per REST client instance (both clients share one hook)."""
-
-    def __init__(self) -> None:
-        from kubernetes.client import rest
-
-        self.counts: Counter[int] = Counter()
-        self.lock = threading.Lock()
-        original = rest.RESTClientObject.request
-        counter = self
-
-        def request(self_rest: Any, *args: Any, **kwargs: Any) -> Any:
-            with counter.lock:
-                counter.counts[id(self_rest)] += 1
-            return original(self_rest, *args, **kwargs)
-
-        rest.RESTClientObject.request = request
-
-    def of(self, rest_client: Any) -> int:
-        with self.lock:
-            return self.counts[id(rest_client)]
 
 
 def trainjob_manifest(
@@ -180,11 +158,6 @@ def bench_wait(handle: Any, namespace: str, image: str, counter: RequestCounter)
     for t in jobs:
         t.join(timeout=1100)
     return sorted(rows, key=lambda r: (r["job"], r["who"]))
-
-
-def lost_and_doubled(got: list[str], truth: list[str]) -> tuple[int, int]:
-    g, t = Counter(got), Counter(truth)
-    return sum((t - g).values()), sum((g - t).values())
 
 
 def _rank0(handle: Any, name: str, namespace: str) -> dict[str, Any] | None:

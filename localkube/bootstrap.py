@@ -160,17 +160,7 @@ def apply(ctx: Context) -> None:
     crds = [ctx.manifests / "pytorchjobs-crd.yaml", ctx.manifests / "kwok-logs-crd.yaml"]
     docs = "\n---\n".join(p.read_text() for p in crds)
     docs += "\n---\n" + "\n---\n".join(yaml.safe_dump(o) for o in objects)
-    ctx.kubectl(
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "--field-manager",
-        "ddpjob-cluster",
-        "-f",
-        "-",
-        input_text=docs,
-        timeout=120,
-    )
+    ctx.apply(docs, timeout=120)
     wait_established(ctx, [kubeflow.PYTORCHJOB_CRD, "logs.kwok.x-k8s.io"])
 
 

@@ -34,6 +34,21 @@ class Context:
             return str(self.state_dir / "kubeconfig")
         return str(self.state_dir / f"{user}.kubeconfig")
 
+    def apply(self, text: str, timeout: float = 120) -> None:
+        """Server-side apply of YAML ``text`` as field manager ``ddpjob-cluster`` (which owns
+        every object the local cluster applies, so a second ``up`` takes them over again)."""
+        self.kubectl(
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager",
+            "ddpjob-cluster",
+            "-f",
+            "-",
+            input_text=text,
+            timeout=timeout,
+        )
+
     def admin_ssl(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.pki.path("ca.crt")))
         ctx.load_cert_chain(str(self.pki.path("admin.crt")), str(self.pki.path("admin.key")))

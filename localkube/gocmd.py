@@ -3,6 +3,7 @@ build Go modules; this module imports neither, so neither imports the other)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -20,6 +21,25 @@ def _go_env() -> dict[str, str]:
     env.setdefault("GOTOOLCHAIN", "local")
     env["CGO_ENABLED"] = env.get("CGO_ENABLED", "0")
     return env
+
+
+def module_download(module: str, cwd: Path = GO_DIR) -> dict:
+    """``go mod download -json MODULE`` in the Go module at ``cwd``: the module's ``Dir`` in the
+    module cache, its ``Origin`` and the rest of what go reports."""
+    out = subprocess.run(
+        ["go", "mod", "download", "-json", module],
+        cwd=cwd,
+        env=_go_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(
+            f"localkube: go mod download {module} in {cwd} failed (got exit {out.returncode}): "
+            f"{out.stderr[-2000:]}. Check access to the Go module proxy."
+        )
+    return json.loads(out.stdout)
 
 
 def _run_go(args: list[str], log, cwd: Path = GO_DIR) -> float:

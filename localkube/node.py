@@ -243,9 +243,7 @@ def apply_objects(ctx: Context) -> None:
     from .volumes import storage_class
 
     docs = "\n---\n".join(yaml.safe_dump(o) for o in (role, binding, storage_class()))
-    ctx.kubectl(
-        "apply", "--server-side", "--field-manager", "ddpjob-cluster", "-f", "-", input_text=docs
-    )
+    ctx.apply(docs)
 
 
 # ------------------------------------------------------------------------------ the kubelet

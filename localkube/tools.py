@@ -21,12 +21,11 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 from . import trainer_v2
-from .gocmd import _go_env, _run_go
+from .gocmd import _run_go, module_download
 
 #: Pinned component versions. They must match localkube/go/go.mod.
 VERSIONS = {
@@ -140,20 +139,7 @@ def _copy_module_files(dest: Path) -> None:
     dirs: dict[str, str] = {}
     for (module, rel), name in MODULE_FILES.items():
         if module not in dirs:
-            out = subprocess.run(
-                ["go", "mod", "download", "-json", module],
-                cwd=GO_DIR,
-                env=_go_env(),
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if out.returncode != 0:
-                raise RuntimeError(
-                    f"localkube.tools: go mod download {module} failed "
-                    f"(got exit {out.returncode}): {out.stderr[-2000:]}"
-                )
-            dirs[module] = json.loads(out.stdout)["Dir"]
+            dirs[module] = module_download(module)["Dir"]
         shutil.copyfile(Path(dirs[module]) / rel, dest / name)
 
 

@@ -178,22 +178,9 @@ def _check_pins() -> None:
 
 def _module(module: str) -> dict:
     """``go mod download -json`` of a module go-trainer requires: its Dir and Origin."""
-    from .gocmd import _go_env
+    from .gocmd import module_download
 
-    out = subprocess.run(
-        ["go", "mod", "download", "-json", module],
-        cwd=GO_DIR,
-        env=_go_env(),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(
-            f"localkube.trainer_v2: go mod download {module} failed (got exit {out.returncode}): "
-            f"{out.stderr[-2000:]}. Check access to the Go module proxy."
-        )
-    return json.loads(out.stdout)
+    return module_download(module, GO_DIR)
 
 
 def build(root: Path, log) -> dict[str, float]:
@@ -434,27 +421,13 @@ def public_objects(mandir: Path) -> list[dict]:
     return [ns, config_map, *rbac]
 
 
-def _apply(ctx: Context, text: str, timeout: float = 120) -> None:
-    ctx.kubectl(
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "--field-manager",
-        "ddpjob-cluster",
-        "-f",
-        "-",
-        input_text=text,
-        timeout=timeout,
-    )
-
-
 def apply_objects(ctx: Context) -> None:
     """Install the CRDs, ClusterRoles, their bindings, the webhook configurations and the SDK's
     public ConfigMap; wait until the CRDs are established (the controllers' informers need
     them at start)."""
     texts = [(ctx.manifests / f).read_text() for f in CRD_FILES]
     texts += [yaml.safe_dump(d) for d in [*objects(ctx), *public_objects(ctx.manifests)]]
-    _apply(ctx, "\n---\n".join(texts))
+    ctx.apply("\n---\n".join(texts))
     bootstrap.wait_established(ctx, list(CRDS))
 
 
@@ -489,7 +462,7 @@ def install_runtime(
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            _apply(ctx, yaml.safe_dump(runtime), timeout=30)
+            ctx.apply(yaml.safe_dump(runtime), timeout=30)
             return
         except LocalkubeError as exc:
             if time.monotonic() > deadline:

@@ -14,12 +14,8 @@ packages, ``DDPJOB_NODE=off``) those tests fail with the one line that says why.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,24 +27,7 @@ if _ROOT not in sys.path:  # `localkube` and `tests.*` importable whatever the i
 from localkube import node, tools  # noqa: E402
 from localkube.handle import start_or_reuse, wait_until  # noqa: E402
 from localkube.procs import LocalkubeError  # noqa: E402
-
-
-@contextlib.contextmanager
-def outside_test_timeout() -> Iterator[None]:
-    """pytest-timeout's SIGALRM timer paused, resumed afterwards with its remaining time.
-
-    Session setup (a cold tools build, about 15 min on 2 cores; the trainer image rebuilt after
-    a code change and imported into the node) must not count against the per-test timeout of
-    whichever test first asks for the fixture.
-    """
-    paused = None
-    if threading.current_thread() is threading.main_thread():
-        paused = signal.setitimer(signal.ITIMER_REAL, 0)
-    try:
-        yield
-    finally:
-        if paused and paused[0] > 0:
-            signal.setitimer(signal.ITIMER_REAL, *paused)
+from tests.timeouts import outside_test_timeout  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ of dead runs leave no container or network behind. Without podman these fail wit
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -19,9 +18,7 @@ import signal
 import socket
 import subprocess
 import textwrap
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,6 +46,7 @@ from controller.local_container import (
 from controller.spec import validate_spec
 from localkube import images
 from tests.controller.conftest import PYTHON, REPO, minimal
+from tests.timeouts import outside_test_timeout
 
 PODMAN = Engine("podman", "/usr/bin/podman")
 DOCKER = Engine("docker", "/usr/bin/docker")
@@ -238,19 +236,6 @@ def test_run_flags_that_do_not_fit_are_one_line(argv, expected, capsys):
 # Real containers of the image built from this checkout
 
 
-@contextlib.contextmanager
-def _no_test_timeout() -> Iterator[None]:
-    """pytest-timeout's SIGALRM timer paused: building the image (minutes) is setup."""
-    paused = None
-    if threading.current_thread() is threading.main_thread():
-        paused = signal.setitimer(signal.ITIMER_REAL, 0)
-    try:
-        yield
-    finally:
-        if paused and paused[0] > 0:
-            signal.setitimer(signal.ITIMER_REAL, *paused)
-
-
 def _need_podman() -> str:
     path = shutil.which("podman")
     if path is None:
@@ -263,7 +248,7 @@ def image() -> str:
     """The trainer image of this checkout (built when missing or stale)."""
     _need_podman()
     os.environ.setdefault("CONTAINERS_CONF", CONTAINERS_CONF)
-    with _no_test_timeout():
+    with outside_test_timeout():
         return images.trainer_image()
 
 

@@ -21,7 +21,6 @@ import random
 import re
 import shlex
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -36,6 +35,7 @@ import tomllib  # 3.11+; the dev venv is 3.11
 import yaml
 
 from localkube import images
+from tests.timeouts import outside_test_timeout
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -326,19 +326,6 @@ def test_source_digest_follows_the_package_files_only(tmp_path, monkeypatch):
 # The trainer image, built here by `make image` and run with podman.
 
 
-@contextlib.contextmanager
-def _no_test_timeout() -> Iterator[None]:
-    """pytest-timeout's SIGALRM timer paused: a cold base build (minutes) is setup, not a test."""
-    paused = None
-    if threading.current_thread() is threading.main_thread():
-        paused = signal.setitimer(signal.ITIMER_REAL, 0)
-    try:
-        yield
-    finally:
-        if paused and paused[0] > 0:
-            signal.setitimer(signal.ITIMER_REAL, *paused)
-
-
 @pytest.fixture(scope="module")
 def built_image() -> Iterator[str]:
     """`make image` into a tag of this checkout's own (removed afterwards); the reference."""
@@ -347,7 +334,7 @@ def built_image() -> Iterator[str]:
     image, tag = "localhost/ddpjob-make-image-test", f"t-{checkout}"
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     env.pop("CONTAINER_ENGINE", None)
-    with _no_test_timeout():
+    with outside_test_timeout():
         images.base_image()  # cold: Debian + the wheelhouse + torch, once per machine
         proc = subprocess.run(
             ["make", "image", f"IMAGE={image}", f"TAG={tag}"],
@@ -398,7 +385,7 @@ def test_a_code_change_reaches_the_image(built_image, tmp_path, monkeypatch):
     monkeypatch.setattr(images, "DOCKERFILE", tmp_path / "Dockerfile")
     ref = built_image.rsplit(":", 1)[0] + ":code-change"
     try:
-        with _no_test_timeout():
+        with outside_test_timeout():
             images.build_trainer(ref, log=sys.stderr)
         probe = "import trainer._code_change as m; print(m.MARKER)"
         out = podman("run", "--rm", "--entrypoint", "python", ref, "-c", probe).stdout
