@@ -48,6 +48,32 @@ def write_spec(
     return path
 
 
+#: The claim of the real node's checkpoint volume in node_spec's specs.
+CLAIM = "ckpt"
+
+
+def node_spec(cluster, tmp_path: Path, name: str, namespace: str, **fields: Any) -> Path:
+    """:func:`write_spec` for the real node: this checkout's image, the node's placement (its
+    nodeSelector and a toleration of its taint), half a CPU per pod, checkpoints on the claim
+    ``ckpt`` (a local PersistentVolume: ``cluster.local_volume(namespace, CLAIM)``)."""
+    from localkube import node
+
+    placement = node.placement()
+    fields = {
+        "image": cluster.trainer_image(),
+        "resources": {"cpu": "500m", "memory": "1536Mi"},
+        "node_selector": placement["nodeSelector"],
+        "tolerations": placement["tolerations"],
+        "volumes": [{"name": "ckpt", "claim": CLAIM, "mount_path": "/ckpt"}],
+        **fields,
+    }
+    spec = write_spec(tmp_path, name, namespace, **fields)
+    data = yaml.safe_load(spec.read_text())
+    data["trainer"]["checkpoint"]["dir"] = f"/ckpt/{name}"
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    return spec
+
+
 def ddpjob(cluster, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     """``python -m controller ARGS`` against the cluster; never raises on exit code."""
     return subprocess.run(
@@ -223,3 +249,35 @@ def etcd_compacted(cluster, revision: int) -> bool:
             return False
     except urllib.error.HTTPError as e:
         return "compacted" in e.read().decode(errors="replace")
+
+
+def events(text: str, name: str) -> list[dict]:
+    """The trainer's JSON events called ``name`` in a log's text."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("{") and f'"event": "{name}"' in line:
+            out.append(json.loads(line))
+    return out
+
+
+def last_step(text: str) -> int:
+    """The last step of the `train` events in a log's text (0 before the first)."""
+    return max([e["step"] for e in events(text, "train")] or [0])
+
+
+def assert_same_lines(followed: str, truth: list[str], what: str) -> None:
+    """A followed log equals the pod's output: no line lost, none twice, none out of order."""
+    got = followed.splitlines()
+    pairs = zip(got, truth, strict=False)
+    first = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(got), len(truth)))
+    assert got == truth, (
+        f"{what}: followed {len(got)} lines, the pods printed {len(truth)}; "
+        f"first difference at line {first}: {got[first : first + 1]} vs {truth[first : first + 1]}"
+    )
+
+
+def last_exit(pod: dict, container: str | None = None) -> int | None:
+    """The exit code of the container's previous run (None if it never restarted)."""
+    statuses = pod["status"]["containerStatuses"]
+    status = next(s for s in statuses if container in (None, s["name"]))
+    return (status.get("lastState", {}).get("terminated") or {}).get("exitCode")

@@ -1,6 +1,12 @@
 """Faults on the local control plane: a pod process killed (-9), a pod deleted (SIGTERM), the
 API server restarted. The job recovers from its checkpoint, `wait` and `logs -f` reconnect, and
-a followed log equals what the pods printed: no line lost, none twice."""
+a followed log equals what the pods printed: no line lost, none twice.
+
+The two pod faults run twice (``where``): on the kwok nodes, whose pods the pod agent runs as
+processes of this machine, and on the real node, in containers of this checkout's image, where
+the kubelet sends the SIGTERM and its grace period, ``kill -9`` hits a container's PID 1 from
+outside, and the checkpoints live on a local PersistentVolume that uid 1000 writes (fsGroup)
+and the re-created pods read back."""
 
 from __future__ import annotations
 
@@ -10,11 +16,16 @@ import signal
 
 import pytest
 
+from localkube import volumes
 from localkube.handle import wait_until
 from tests.e2e.helpers import (
+    CLAIM,
     Background,
+    assert_same_lines,
     ddpjob,
+    events,
     latest_step,
+    node_spec,
     restart_apiserver,
     write_spec,
 )
@@ -24,26 +35,19 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 MAX_STEPS = 160
 
 
-def _events(text: str, name: str) -> list[dict]:
-    out = []
-    for line in text.splitlines():
-        if line.startswith("{") and f'"event": "{name}"' in line:
-            out.append(json.loads(line))
-    return out
+@pytest.fixture(params=["kwok", "real-node"])
+def where(request, cluster) -> str:
+    if request.param == "real-node":
+        request.getfixturevalue("real_node")
+    return request.param
 
 
-def _assert_same_lines(followed: str, truth: list[str], what: str) -> None:
-    got = followed.splitlines()
-    pairs = zip(got, truth, strict=False)
-    first = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(got), len(truth)))
-    assert got == truth, (
-        f"{what}: followed {len(got)} lines, the pods printed {len(truth)}; "
-        f"first difference at line {first}"
-    )
-
-
-def _start_job(cluster, namespace, tmp_path, name):
-    spec = write_spec(tmp_path, name, namespace, max_steps=MAX_STEPS, every_steps=10)
+def _start_job(cluster, namespace, tmp_path, name, where="kwok"):
+    if where == "real-node":
+        cluster.local_volume(namespace, CLAIM)
+        spec = node_spec(cluster, tmp_path, name, namespace, max_steps=MAX_STEPS, every_steps=10)
+    else:
+        spec = write_spec(tmp_path, name, namespace, max_steps=MAX_STEPS, every_steps=10)
     r = ddpjob(cluster, "submit", str(spec))
     assert r.returncode == 0, r.stderr
     follow0 = Background(cluster, tmp_path, "logs-rank0", "logs", name, "-n", namespace, "-f")
@@ -54,16 +58,65 @@ def _start_job(cluster, namespace, tmp_path, name):
 
 
 def _final_step(out: str) -> int:
-    done = _events(out, "done")
+    done = events(out, "done")
     assert done, "no done event"
     return done[-1]["step"]
 
 
+def _checkpoints_written_by_uid_1000(cluster, namespace: str, name: str) -> None:
+    """The real node's checkpoints: on the PersistentVolume, files of uid 1000 and the pod's
+    fsGroup 1000 (the kubelet handed the volume to that group)."""
+    folder = volumes.host_path(namespace, CLAIM) / name
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    assert files, f"no checkpoint under {folder}"
+    assert {(p.stat().st_uid, p.stat().st_gid) for p in files} == {(1000, 1000)}
+
+
+class ExitCodes:
+    """The exit codes of a pod's ``pytorch`` container runs, as a watch saw them (a deleted
+    pod's last status is gone once the kubelet has removed it)."""
+
+    def __init__(self, cluster, namespace: str, pod_name: str) -> None:
+        import threading
+
+        self.codes: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(cluster, namespace, pod_name), daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, cluster, namespace: str, pod_name: str) -> None:
+        from kubernetes import watch
+
+        api, seen = cluster.core_api(), set()
+        while not self._stop.is_set():
+            stream = watch.Watch().stream(
+                api.list_namespaced_pod,
+                namespace,
+                field_selector=f"metadata.name={pod_name}",
+                timeout_seconds=5,
+            )
+            for event in stream:
+                pod = event["object"]
+                for status in pod.status.container_statuses or []:
+                    term = status.state.terminated if status.state else None
+                    key = (pod.metadata.uid, status.restart_count)
+                    if status.name == "pytorch" and term and key not in seen:
+                        seen.add(key)
+                        self.codes.append(term.exit_code)
+
+    def stop(self) -> list[int]:
+        self._stop.set()
+        self._thread.join(10)
+        return self.codes
+
+
 def test_kill_9_of_a_worker_is_retried_and_resumes_from_its_checkpoint(
-    cluster, namespace, tmp_path
+    cluster, namespace, tmp_path, where
 ):
     name = "kill9"
-    follow0, follow1 = _start_job(cluster, namespace, tmp_path, name)
+    follow0, follow1 = _start_job(cluster, namespace, tmp_path, name, where)
     try:
         wait_until(
             "training past step 30", lambda: latest_step(cluster, name, namespace) >= 30, 90, 0.5
@@ -71,7 +124,7 @@ def test_kill_9_of_a_worker_is_retried_and_resumes_from_its_checkpoint(
         worker = cluster.running_pod(name, namespace, "worker-0")
         assert worker is not None
         pid = cluster.pod_pid(namespace, worker)
-        assert pid, "the agent recorded no pid for the worker"
+        assert pid, f"no host pid for the worker ({where})"
         os.kill(pid, signal.SIGKILL)
 
         w = ddpjob(cluster, "wait", name, "-n", namespace, "--timeout", "150", timeout=170)
@@ -84,24 +137,27 @@ def test_kill_9_of_a_worker_is_retried_and_resumes_from_its_checkpoint(
     assert code0 == 0 and code1 == 0, err0 + err1
     # The killed worker's pod was re-created (new UID). The master lost its peer, exited 138
     # (retryable) and was retried too: rank 0's log shows both attempts, the second resumed.
-    done = _events(out0, "done")
+    done = events(out0, "done")
     assert [d["reason"] for d in done] == ["peer_lost", "completed"], err0
-    assert len(_events(out0, "start")) == 2, err0
-    resumed = _events(out0, "resume")
+    assert len(events(out0, "start")) == 2, err0
+    resumed = events(out0, "resume")
     assert resumed and resumed[-1]["step"] >= 10
     assert _final_step(out0) == MAX_STEPS
     assert "following kill9-master-0 (attempt 2)" in err0
-    _assert_same_lines(out1, cluster.pod_log_lines(namespace, f"{name}-worker-0"), "rank 1")
-    _assert_same_lines(out0, cluster.pod_log_lines(namespace, f"{name}-master-0"), "rank 0")
+    assert_same_lines(out1, cluster.pod_log_lines(namespace, f"{name}-worker-0"), "rank 1")
+    assert_same_lines(out0, cluster.pod_log_lines(namespace, f"{name}-master-0"), "rank 0")
     st = json.loads(ddpjob(cluster, "status", name, "-n", namespace, "-o", "json").stdout)
     assert st["condition"] == "Succeeded" and st["progress"]["step"] == MAX_STEPS
+    if where == "real-node":
+        _checkpoints_written_by_uid_1000(cluster, namespace, name)
 
 
 def test_deleting_a_running_pod_checkpoints_exits_143_and_the_job_recovers(
-    cluster, namespace, tmp_path
+    cluster, namespace, tmp_path, where
 ):
     name = "preempt"
-    follow0, follow1 = _start_job(cluster, namespace, tmp_path, name)
+    follow0, follow1 = _start_job(cluster, namespace, tmp_path, name, where)
+    exits = ExitCodes(cluster, namespace, f"{name}-master-0") if where == "real-node" else None
     try:
         wait_until(
             "training past step 30", lambda: latest_step(cluster, name, namespace) >= 30, 90, 0.5
@@ -114,21 +170,28 @@ def test_deleting_a_running_pod_checkpoints_exits_143_and_the_job_recovers(
     finally:
         follow0.stop()
         follow1.stop()
+        codes = exits.stop() if exits else []
     assert code0 == 0 and code1 == 0, err0 + err1
-    agent_log = (cluster.control_plane.state_dir / "logs" / "pod-agent.log").read_text()
-    assert f"{namespace}/{name}-master-0: pid" in agent_log
-    assert any(
-        f"{namespace}/{name}-master-0: pid" in line and line.endswith("exited 143")
-        for line in agent_log.splitlines()
-    ), "the preempted trainer did not exit 143"
+    if where == "real-node":
+        # The kubelet's SIGTERM: the trainer checkpointed and exited 143 within the grace
+        # period; the re-created pod's run then exited 0.
+        assert codes == [143, 0], codes
+        _checkpoints_written_by_uid_1000(cluster, namespace, name)
+    else:
+        agent_log = (cluster.control_plane.state_dir / "logs" / "pod-agent.log").read_text()
+        assert f"{namespace}/{name}-master-0: pid" in agent_log
+        assert any(
+            f"{namespace}/{name}-master-0: pid" in line and line.endswith("exited 143")
+            for line in agent_log.splitlines()
+        ), "the preempted trainer did not exit 143"
     # The preempted attempt wrote a checkpoint on SIGTERM; the next one resumed from it.
-    starts = _events(out0, "start")
+    starts = events(out0, "start")
     assert len(starts) == 2
-    ckpt_steps = [e["step"] for e in _events(out0, "checkpoint")]
-    resumed = _events(out0, "resume")
+    ckpt_steps = [e["step"] for e in events(out0, "checkpoint")]
+    resumed = events(out0, "resume")
     assert resumed and resumed[-1]["step"] in ckpt_steps
     assert _final_step(out0) == MAX_STEPS
-    _assert_same_lines(out0, cluster.pod_log_lines(namespace, f"{name}-master-0"), "rank 0")
+    assert_same_lines(out0, cluster.pod_log_lines(namespace, f"{name}-master-0"), "rank 0")
 
 
 def test_wait_and_logs_follow_ride_out_an_api_server_restart(cluster, namespace, tmp_path):
@@ -159,4 +222,4 @@ def test_wait_and_logs_follow_ride_out_an_api_server_restart(cluster, namespace,
     assert "lost the API server" in err_w and "reconnected" in err_w
     assert code_f == 0, err_f
     assert _final_step(out_f) == max_steps
-    _assert_same_lines(out_f, cluster.pod_log_lines(namespace, f"{name}-master-0"), "rank 0")
+    assert_same_lines(out_f, cluster.pod_log_lines(namespace, f"{name}-master-0"), "rank 0")

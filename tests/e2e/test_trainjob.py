@@ -34,7 +34,17 @@ import yaml
 
 from controller import kubeflow
 from localkube.handle import wait_until
-from tests.e2e.helpers import REPO, Background, ddpjob, get_json, write_spec
+from tests.e2e.helpers import (
+    REPO,
+    Background,
+    assert_same_lines,
+    ddpjob,
+    events,
+    get_json,
+    last_exit,
+    last_step,
+    write_spec,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -227,32 +237,6 @@ def _running(cluster, name: str, namespace: str, rank: int) -> dict | None:
     return None
 
 
-def _events(text: str, event: str) -> list[dict]:
-    return [json.loads(x) for x in text.splitlines() if x.startswith(f'{{"event": "{event}"')]
-
-
-def _last_step(text: str) -> int:
-    return max([e["step"] for e in _events(text, "train")] or [0])
-
-
-def _assert_same_lines(followed: str, truth: list[str], what: str) -> None:
-    got = followed.splitlines()
-    first = next(
-        (i for i, (a, b) in enumerate(zip(got, truth, strict=False)) if a != b),
-        min(len(got), len(truth)),
-    )
-    assert got == truth, (
-        f"{what}: followed {len(got)} lines, the pod printed {len(truth)}; "
-        f"first difference at line {first}: {got[first : first + 1]} vs {truth[first : first + 1]}"
-    )
-
-
-def _last_exit(pod: dict) -> int | None:
-    """The exit code of the container's previous run (None if it never restarted)."""
-    (status,) = pod["status"]["containerStatuses"]
-    return (status.get("lastState", {}).get("terminated") or {}).get("exitCode")
-
-
 def test_quickstart_as_a_trainjob_succeeds(cluster, namespace, tmp_path, real_node):
     """Two pods on the real node train one model (world size 2 = nodes), and `logs -f` shows
     rank 0's events: every line rank 0's container printed, once."""
@@ -268,16 +252,16 @@ def test_quickstart_as_a_trainjob_succeeds(cluster, namespace, tmp_path, real_no
     assert w.returncode == 0, w.stdout + w.stderr
     assert f"job {namespace}/tj-quick Succeeded" in w.stdout
     assert rc == 0, err[-3000:]
-    (start,) = _events(out, "start")
+    (start,) = events(out, "start")
     assert start["world_size"] == 2  # both nodes in one process group, through torchrun
-    train = _events(out, "train")
+    train = events(out, "train")
     assert [e["step"] for e in train] == list(range(5, 41, 5))
     assert all(e["loss"] == e["loss"] for e in train)  # real numbers: it trained
-    (done,) = _events(out, "done")
+    (done,) = events(out, "done")
     assert (done["reason"], done["step"]) == ("completed", 40)
 
     (pod0,) = _rank_pods(cluster, "tj-quick", namespace, 0)
-    _assert_same_lines(out, cluster.pod_log_lines(namespace, pod0["metadata"]["name"]), "rank 0")
+    assert_same_lines(out, cluster.pod_log_lines(namespace, pod0["metadata"]["name"]), "rank 0")
     for pod in _pods(cluster, "tj-quick", namespace):
         assert pod["spec"]["nodeName"] == NODE_NAME and pod["status"]["phase"] == "Succeeded"
         env = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
@@ -368,7 +352,7 @@ def test_a_trainjob_recovers(cluster, namespace, tmp_path, real_node, how):
     try:
         wait_until(
             "training past step 30",
-            lambda: _last_step(follow.out_path.read_text()) >= 30,
+            lambda: last_step(follow.out_path.read_text()) >= 30,
             300,
             0.5,
         )
@@ -394,23 +378,23 @@ def test_a_trainjob_recovers(cluster, namespace, tmp_path, real_node, how):
     # place (same pod), a deleted pod replaced under a new name.
     peer = 1 - rank
     (peer_pod,) = _rank_pods(cluster, name, namespace, peer)
-    assert _last_exit(peer_pod) == codes[1], peer_pod["status"]["containerStatuses"]
+    assert last_exit(peer_pod) == codes[1], peer_pod["status"]["containerStatuses"]
     (victim_now,) = _rank_pods(cluster, name, namespace, rank)
     if fault == "delete pod":
         assert victim_now["metadata"]["name"] != victim_name
-        assert _last_exit(victim_now) is None
+        assert last_exit(victim_now) is None
     else:
         assert victim_now["metadata"]["uid"] == victim["metadata"]["uid"]
-        assert _last_exit(victim_now) == codes[0]
+        assert last_exit(victim_now) == codes[0]
 
     # Rank 0 resumed from a checkpoint of its first run and finished.
-    starts = _events(out_f, "start")
+    starts = events(out_f, "start")
     assert len(starts) == 2, err_f[-2000:]
-    saved = [e["step"] for e in _events(out_f, "checkpoint")]
-    (resumed,) = _events(out_f, "resume")
+    saved = [e["step"] for e in events(out_f, "checkpoint")]
+    (resumed,) = events(out_f, "resume")
     assert resumed["step"] in saved and resumed["step"] >= 10
-    assert [d["reason"] for d in _events(out_f, "done")][-1] == "completed"
-    assert _last_step(out_f) == 160
+    assert [d["reason"] for d in events(out_f, "done")][-1] == "completed"
+    assert last_step(out_f) == 160
     (pod0,) = _rank_pods(cluster, name, namespace, 0)
     assert pod0["metadata"]["uid"] == rank0_before["metadata"]["uid"]  # restarted in place
-    _assert_same_lines(out_f, cluster.pod_log_lines(namespace, pod0["metadata"]["name"]), "rank 0")
+    assert_same_lines(out_f, cluster.pod_log_lines(namespace, pod0["metadata"]["name"]), "rank 0")
