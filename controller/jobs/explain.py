@@ -17,6 +17,9 @@ from controller.jobs.apis import KINDS, PYTORCHJOB_KIND, TRAINJOB_KIND, JobKind
 from controller.kubeflow import LABEL_JOBSET_NAME
 from controller.progress import parse_event
 
+#: The trainer's exit code when another rank died first (128 + SIGUSR1).
+EXIT_PEER_LOST = 138
+
 # Exit codes with a conventional meaning (128 + signal number).
 EXIT_MEANINGS = {
     1: "the program raised or exited 1",
@@ -26,7 +29,9 @@ EXIT_MEANINGS = {
     130: "SIGINT",
     134: "SIGABRT (abort)",
     137: "SIGKILL (killed: OOM, kill -9 or grace period over)",
-    138: "lost a peer rank (the trainer's retryable code, 128 + SIGUSR1: another rank died first)",
+    EXIT_PEER_LOST: (
+        "lost a peer rank (the trainer's retryable code, 128 + SIGUSR1: another rank died first)"
+    ),
     139: "SIGSEGV (segmentation fault)",
     143: "SIGTERM (preempted or deleted; retried)",
 }
@@ -313,7 +318,10 @@ class Failure:
 
 def explain_failure(job: dict[str, Any], pods: list[dict[str, Any]]) -> Failure:
     """Pick the replica whose failure ended the job: the earliest non-zero termination (the
-    others usually die afterwards of a broken collective), or an evicted pod."""
+    others usually die afterwards of a broken collective), or an evicted pod. A rank that only
+    lost a peer (exit 138) comes after every other failure whatever its time: it says another
+    rank died first, and pods restarted in place (a TrainJob's) keep only their last run, whose
+    times need not show the order of the first."""
     candidates = []
     for pod in pods:
         status = pod.get("status", {})
@@ -338,7 +346,12 @@ def explain_failure(job: dict[str, Any], pods: list[dict[str, Any]]) -> Failure:
     # often killed after the first failure), then the lower rank.
     _, pod, term = min(
         candidates,
-        key=lambda c: (c[0], (c[2].get("exitCode") or 0) >= 128, node_rank(c[1])),
+        key=lambda c: (
+            c[2].get("exitCode") == EXIT_PEER_LOST,
+            c[0],
+            (c[2].get("exitCode") or 0) >= 128,
+            node_rank(c[1]),
+        ),
     )
     cs = container_status(pod)
     in_previous = not (cs.get("state") or {}).get("terminated") and bool(

@@ -108,15 +108,35 @@ def wait_deleted(
     kind: JobKind = PYTORCHJOB_KIND,
     timeout_s: float | None = None,
 ) -> None:
-    """Block until the job object is gone (with Foreground deletion: after its pods)."""
+    """Block until the job object is gone, then its pods (watched both times).
+
+    Foreground deletion removes the pods first only where every owner reference on the way
+    blocks its owner's deletion; a TrainJob's JobSet, Job and pods may outlive it, and pods take
+    their grace period to stop. "Deleted, and its pods" must be true when this returns."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    gone = False
     for etype, obj in cluster.watch(
         "job", namespace, field_selector=f"metadata.name={name}", deadline=deadline, api=kind.api
     ):
         if etype == "DELETED" or job_count(etype, obj) == 0:
-            return
+            gone = True
+            break
+    if gone:
+        pods: set[str] = set()
+        for etype, obj in cluster.watch(
+            "pod", namespace, selector=kind.pods_selector(name), deadline=deadline
+        ):
+            if etype == RESYNC:
+                pods = pods if obj.get("count") else set()
+            elif etype == "DELETED":
+                pods.discard(obj["metadata"]["name"])
+            else:
+                pods.add(obj["metadata"]["name"])
+            if etype in (RESYNC, "DELETED") and not pods:
+                return
+    what = "still exists" if not gone else "is gone, but some of its pods are not"
     raise WaitTimeout(
-        f"delete: job {namespace}/{name} still exists after {timeout_s:g} s "
+        f"delete: job {namespace}/{name} {what} after {timeout_s:g} s "
         "(its pods may be stuck terminating)",
         name=name,
         namespace=namespace,

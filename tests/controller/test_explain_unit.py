@@ -241,3 +241,29 @@ def test_ties_prefer_a_plain_exit_code_then_the_lower_rank():
         "master", 0, phase="Failed", terminated={"exitCode": 1, "reason": "Error", "finishedAt": t}
     )
     assert explain_failure(FAILED_JOB, [raised, also]).replica == "master-0"
+
+
+def test_a_rank_that_only_lost_a_peer_comes_after_the_one_that_failed_even_if_earlier():
+    """Pods restarted in place keep only their last run: rank 1's last 138 may carry an earlier
+    time than rank 0's last raise. 138 says another rank died first, so rank 0 is named."""
+    raised = pod(
+        "master",
+        0,
+        phase="Failed",
+        terminated={"exitCode": 1, "reason": "Error", "finishedAt": "2026-01-01T00:01:09Z"},
+    )
+    lost_peer = pod(
+        "worker",
+        0,
+        phase="Failed",
+        terminated={"exitCode": 138, "reason": "Error", "finishedAt": "2026-01-01T00:01:01Z"},
+    )
+    assert explain_failure(FAILED_JOB, [lost_peer, raised]).replica == "master-0"
+    # With nothing but lost peers, the earliest is still named.
+    other = pod(
+        "master",
+        0,
+        phase="Failed",
+        terminated={"exitCode": 138, "reason": "Error", "finishedAt": "2026-01-01T00:01:09Z"},
+    )
+    assert explain_failure(FAILED_JOB, [other, lost_peer]).replica == "worker-0"

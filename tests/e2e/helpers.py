@@ -276,8 +276,50 @@ def assert_same_lines(followed: str, truth: list[str], what: str) -> None:
     )
 
 
-def last_exit(pod: dict, container: str | None = None) -> int | None:
-    """The exit code of the container's previous run (None if it never restarted)."""
-    statuses = pod["status"]["containerStatuses"]
-    status = next(s for s in statuses if container in (None, s["name"]))
-    return (status.get("lastState", {}).get("terminated") or {}).get("exitCode")
+class ExitCodes:
+    """The exit codes of every run of the training container of the pods matching ``selector``,
+    in the order a watch saw them: ``[(pod name, completion index label or "", code), ...]``.
+
+    Watched, not read afterwards: a deleted pod's status goes with it, and once a container that
+    was restarted in place has finished, the kubelet may have collected the dead container that
+    ``lastState`` was read from (it keeps one per container name)."""
+
+    def __init__(self, cluster, namespace: str, selector: str) -> None:
+        import threading
+
+        self.runs: list[tuple[str, str, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(cluster, namespace, selector), daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, cluster, namespace: str, selector: str) -> None:
+        from kubernetes import watch
+
+        from controller.kubeflow import CONTAINER, LABEL_JOB_COMPLETION_INDEX, TRAINJOB_CONTAINER
+
+        api, seen = cluster.core_api(), set()
+        while not self._stop.is_set():
+            stream = watch.Watch().stream(
+                api.list_namespaced_pod, namespace, label_selector=selector, timeout_seconds=3
+            )
+            for event in stream:
+                pod = event["object"]
+                index = (pod.metadata.labels or {}).get(LABEL_JOB_COMPLETION_INDEX, "")
+                for status in pod.status.container_statuses or []:
+                    if status.name not in (CONTAINER, TRAINJOB_CONTAINER):
+                        continue
+                    runs = [(status.restart_count - 1, status.last_state)]
+                    runs.append((status.restart_count, status.state))
+                    for run, state in runs:
+                        term = state.terminated if state else None
+                        key = (pod.metadata.uid, run)
+                        if term is not None and run >= 0 and key not in seen:
+                            seen.add(key)
+                            self.runs.append((pod.metadata.name, index, term.exit_code))
+
+    def stop(self) -> list[tuple[str, str, int]]:
+        self._stop.set()
+        self._thread.join(10)
+        return self.runs

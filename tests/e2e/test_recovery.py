@@ -16,11 +16,13 @@ import signal
 
 import pytest
 
+from controller.kubeflow import LABEL_JOB_NAME
 from localkube import volumes
 from localkube.handle import wait_until
 from tests.e2e.helpers import (
     CLAIM,
     Background,
+    ExitCodes,
     assert_same_lines,
     ddpjob,
     events,
@@ -72,46 +74,6 @@ def _checkpoints_written_by_uid_1000(cluster, namespace: str, name: str) -> None
     assert {(p.stat().st_uid, p.stat().st_gid) for p in files} == {(1000, 1000)}
 
 
-class ExitCodes:
-    """The exit codes of a pod's ``pytorch`` container runs, as a watch saw them (a deleted
-    pod's last status is gone once the kubelet has removed it)."""
-
-    def __init__(self, cluster, namespace: str, pod_name: str) -> None:
-        import threading
-
-        self.codes: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, args=(cluster, namespace, pod_name), daemon=True
-        )
-        self._thread.start()
-
-    def _run(self, cluster, namespace: str, pod_name: str) -> None:
-        from kubernetes import watch
-
-        api, seen = cluster.core_api(), set()
-        while not self._stop.is_set():
-            stream = watch.Watch().stream(
-                api.list_namespaced_pod,
-                namespace,
-                field_selector=f"metadata.name={pod_name}",
-                timeout_seconds=5,
-            )
-            for event in stream:
-                pod = event["object"]
-                for status in pod.status.container_statuses or []:
-                    term = status.state.terminated if status.state else None
-                    key = (pod.metadata.uid, status.restart_count)
-                    if status.name == "pytorch" and term and key not in seen:
-                        seen.add(key)
-                        self.codes.append(term.exit_code)
-
-    def stop(self) -> list[int]:
-        self._stop.set()
-        self._thread.join(10)
-        return self.codes
-
-
 def test_kill_9_of_a_worker_is_retried_and_resumes_from_its_checkpoint(
     cluster, namespace, tmp_path, where
 ):
@@ -157,7 +119,9 @@ def test_deleting_a_running_pod_checkpoints_exits_143_and_the_job_recovers(
 ):
     name = "preempt"
     follow0, follow1 = _start_job(cluster, namespace, tmp_path, name, where)
-    exits = ExitCodes(cluster, namespace, f"{name}-master-0") if where == "real-node" else None
+    exits = (
+        ExitCodes(cluster, namespace, f"{LABEL_JOB_NAME}={name}") if where == "real-node" else None
+    )
     try:
         wait_until(
             "training past step 30", lambda: latest_step(cluster, name, namespace) >= 30, 90, 0.5
@@ -170,12 +134,13 @@ def test_deleting_a_running_pod_checkpoints_exits_143_and_the_job_recovers(
     finally:
         follow0.stop()
         follow1.stop()
-        codes = exits.stop() if exits else []
+        runs = exits.stop() if exits else []
     assert code0 == 0 and code1 == 0, err0 + err1
     if where == "real-node":
         # The kubelet's SIGTERM: the trainer checkpointed and exited 143 within the grace
         # period; the re-created pod's run then exited 0.
-        assert codes == [143, 0], codes
+        codes = [code for pod, _, code in runs if pod == f"{name}-master-0"]
+        assert codes == [143, 0], runs
         _checkpoints_written_by_uid_1000(cluster, namespace, name)
     else:
         agent_log = (cluster.control_plane.state_dir / "logs" / "pod-agent.log").read_text()

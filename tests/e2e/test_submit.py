@@ -203,4 +203,4 @@ def test_doctor_names_missing_rbac_for_a_service_account_without_roles(
 
     r = ddpjob(cluster, "submit", str(QUICKSTART), "--kubeconfig", str(path), "-n", namespace)
     assert r.returncode == 1
-    assert "preflight RBAC failed" in r.stderr and "Traceback" not in r.stderr
+    assert "preflight RBAC (PyTorchJob) failed" in r.stderr and "Traceback" not in r.stderr

@@ -37,11 +37,11 @@ from localkube.handle import wait_until
 from tests.e2e.helpers import (
     REPO,
     Background,
+    ExitCodes,
     assert_same_lines,
     ddpjob,
     events,
     get_json,
-    last_exit,
     last_step,
     write_spec,
 )
@@ -347,6 +347,7 @@ def test_a_trainjob_recovers(cluster, namespace, tmp_path, real_node, how):
     spec = _run_spec(cluster, tmp_path, name, namespace, max_steps=160, every_steps=10)
     r = ddpjob(cluster, "submit", str(spec))
     assert r.returncode == 0, r.stdout + r.stderr
+    exits = ExitCodes(cluster, namespace, f"{JOBSET_NAME}={name}")
     follow = Background(cluster, tmp_path, f"{name}-logs", "logs", name, "-n", namespace, "-f")
     wait = Background(cluster, tmp_path, f"{name}-wait", "wait", name, "-n", namespace)
     try:
@@ -371,21 +372,25 @@ def test_a_trainjob_recovers(cluster, namespace, tmp_path, real_node, how):
     finally:
         follow.stop()
         wait.stop()
+        runs = exits.stop()
     assert rc_w == 0, out_w + err_w
     assert rc_f == 0, err_f[-3000:]
 
-    # Each rank's first run ended with the expected code; a killed container was restarted in
-    # place (same pod), a deleted pod replaced under a new name.
+    # Each rank's first run ended with the expected code and its next run with 0; a killed
+    # container was restarted in place (same pod), a deleted pod replaced under a new name.
     peer = 1 - rank
+    by_rank = {r: [(pod, code) for pod, index, code in runs if index == str(r)] for r in (0, 1)}
+    assert [code for _, code in by_rank[peer]] == [codes[1], 0], runs
+    assert [code for _, code in by_rank[rank]] == [codes[0], 0], runs
     (peer_pod,) = _rank_pods(cluster, name, namespace, peer)
-    assert last_exit(peer_pod) == codes[1], peer_pod["status"]["containerStatuses"]
+    assert peer_pod["status"]["containerStatuses"][0]["restartCount"] == 1
     (victim_now,) = _rank_pods(cluster, name, namespace, rank)
     if fault == "delete pod":
         assert victim_now["metadata"]["name"] != victim_name
-        assert last_exit(victim_now) is None
+        assert by_rank[rank][0][0] == victim_name and by_rank[rank][1][0] != victim_name
     else:
         assert victim_now["metadata"]["uid"] == victim["metadata"]["uid"]
-        assert last_exit(victim_now) == codes[0]
+        assert victim_now["status"]["containerStatuses"][0]["restartCount"] == 1
 
     # Rank 0 resumed from a checkpoint of its first run and finished.
     starts = events(out_f, "start")
