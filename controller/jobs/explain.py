@@ -316,6 +316,29 @@ class Failure:
         return "\n".join(lines)
 
 
+#: torchrun's own error after a worker failed: its traceback ends with this exception, then a
+#: summary block (which worker, exit code, no message unless the worker recorded one).
+TORCHRUN_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+
+
+def log_excerpt(text: str, lines: int) -> list[str]:
+    """The last ``lines`` lines of a failed container's log that say why it failed.
+
+    Under torchrun (``nproc_per_node`` > 1, a TrainJob's pod) the log ends with torchrun's own
+    traceback and summary, which name the failed worker but not its error: those are left out,
+    so the excerpt ends with the worker's traceback instead."""
+    all_lines = text.splitlines()
+    failed = [i for i, line in enumerate(all_lines) if TORCHRUN_FAILED in line]
+    if failed:
+        start = max(
+            (i for i in range(failed[-1]) if all_lines[i].startswith("Traceback (most recent")),
+            default=None,
+        )
+        if start is not None and start > 0:
+            return all_lines[:start][-lines:]
+    return all_lines[-lines:]
+
+
 def explain_failure(job: dict[str, Any], pods: list[dict[str, Any]]) -> Failure:
     """Pick the replica whose failure ended the job: the earliest non-zero termination (the
     others usually die afterwards of a broken collective), or an evicted pod. A rank that only

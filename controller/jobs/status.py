@@ -16,6 +16,7 @@ from controller.jobs.explain import (
     is_elastic,
     job_kind,
     latest_progress,
+    log_excerpt,
     pending_reason,
     pod_kind,
     replica_rows,
@@ -27,6 +28,8 @@ from controller.kube.client import Cluster
 
 #: Log lines shown for a failed replica.
 DEFAULT_TAIL_LINES = 20
+#: Lines read for it: torchrun's traceback and summary (about 30 lines) may follow the error.
+READ_TAIL_LINES = 200
 
 
 class PodHistory:
@@ -59,12 +62,12 @@ class PodHistory:
                 meta["name"],
                 namespace,
                 container=pod_kind(pod).container,
-                tail_lines=DEFAULT_TAIL_LINES,
+                tail_lines=READ_TAIL_LINES,
                 previous=previous,
             )
         except ClusterError:
             return
-        self.tails[meta["name"]] = text.splitlines()[-DEFAULT_TAIL_LINES:]
+        self.tails[meta["name"]] = log_excerpt(text, DEFAULT_TAIL_LINES)
 
     def with_gone(self, live: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``live`` plus the last seen state of pods whose replica has no live pod now."""
@@ -191,10 +194,10 @@ def failure_report(
                 failure.pod,
                 namespace,
                 container=kind.container,
-                tail_lines=DEFAULT_TAIL_LINES,
+                tail_lines=READ_TAIL_LINES,
                 previous=failure.previous,
             )
-            failure.last_lines = text.splitlines()[-DEFAULT_TAIL_LINES:]
+            failure.last_lines = log_excerpt(text, DEFAULT_TAIL_LINES)
         except ClusterError as e:
             kept = seen.tail(failure.pod) if seen is not None else None
             failure.last_lines = kept or [f"(log unavailable: {e})"]

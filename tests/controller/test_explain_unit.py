@@ -267,3 +267,39 @@ def test_a_rank_that_only_lost_a_peer_comes_after_the_one_that_failed_even_if_ea
         terminated={"exitCode": 138, "reason": "Error", "finishedAt": "2026-01-01T00:01:09Z"},
     )
     assert explain_failure(FAILED_JOB, [other, lost_peer]).replica == "worker-0"
+
+
+TORCHRUN_TAIL = """\
+{"event": "train", "step": 5}
+Traceback (most recent call last):
+  File "/opt/conda/lib/python3.11/site-packages/trainer/train.py", line 301, in run
+    loss = task.step(batch)
+RuntimeError: injected failure at call 6 on rank 0
+E1122 17:06:37.000000 9 torch/distributed/elastic/multiprocessing/api.py:882] failed (exitcode: 1)
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/opt/conda/lib/python3.11/site-packages/torch/distributed/run.py", line 905, in <module>
+    main()
+  File "/opt/conda/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 277
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+trainer FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  exitcode  : 1 (pid: 9)
+============================================================
+"""
+
+
+def test_a_torchrun_failure_shows_the_workers_error_not_torchruns_summary():
+    from controller.jobs.explain import log_excerpt
+
+    got = log_excerpt(TORCHRUN_TAIL, 20)
+    assert got[-2] == "RuntimeError: injected failure at call 6 on rank 0"
+    assert "failed (exitcode: 1)" in got[-1]
+    assert not any("ChildFailedError" in line or "Root Cause" in line for line in got)
+    assert log_excerpt(TORCHRUN_TAIL, 3)[0] == "    loss = task.step(batch)"
+    plain = "a\nb\nTraceback (most recent call last):\nValueError: boom\n"
+    assert log_excerpt(plain, 2) == ["Traceback (most recent call last):", "ValueError: boom"]
