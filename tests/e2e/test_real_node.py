@@ -102,7 +102,8 @@ def _descendants(pid: int) -> list[int]:
     parent = _parents()
     out, todo = [], [pid]
     while todo:
-        children = [c for c, p in parent.items() if p == todo.pop()]
+        current = todo.pop()
+        children = [c for c, p in parent.items() if p == current]
         out += children
         todo += children
     return out
@@ -216,6 +217,7 @@ def test_a_memory_limit_too_small_is_explained_as_oomkilled(real_node, rns, tmp_
         nodes=1,
         restart_policy="Never",
         resources={"cpu": "500m", "memory": "128Mi"},
+        shm_size="64Mi",
         volumes=[],
     )
     checkpoints_in_tmp(spec)
