@@ -295,6 +295,7 @@ class Failure:
     last_lines: list[str] = field(default_factory=list)
     previous: bool = False  # the failed run is the container's previous one
     meaning: str = ""  # what the reason means beside the exit code (OOMKilled); see render
+    run: tuple[str, int] | None = None  # (pod uid, run index): which container run failed
 
     def render(self, job_name: str) -> str:
         """The lines ``submit --wait`` / ``wait`` print for a failed job."""
@@ -389,6 +390,7 @@ def explain_failure(job: dict[str, Any], pods: list[dict[str, Any]]) -> Failure:
         restarts=int(cs.get("restartCount", 0)),
         previous=in_previous,
         meaning=termination_meaning(pod, term),
+        run=(pod["metadata"].get("uid", ""), int(cs.get("restartCount", 0)) - in_previous),
     )
 
 

@@ -25,6 +25,7 @@ from controller.jobs.explain import (
 from controller.jobs.find import find_job
 from controller.jobs.rank0 import rank0_pod
 from controller.kube.client import Cluster
+from controller.kubeflow import RETRYABLE_EXIT_CODES
 
 #: Log lines shown for a failed replica.
 DEFAULT_TAIL_LINES = 20
@@ -33,12 +34,15 @@ READ_TAIL_LINES = 200
 
 
 class PodHistory:
-    """The last state of every pod a watch saw during a run, and the log tail of each failed
-    container run, read when it failed (the pod may be deleted before the job ends)."""
+    """The last state of every pod a watch saw during a run, and each failed container run: the
+    pod as it was then, and its log tail, read when it failed (the pod may be deleted, or its
+    container restarted in place, before the job ends)."""
 
     def __init__(self) -> None:
         self.pods: dict[str, dict[str, Any]] = {}  # uid -> the pod as last seen
         self.tails: dict[str, list[str]] = {}  # pod name -> last lines of its failed run
+        self.failed: list[dict[str, Any]] = []  # the pod as seen when a run failed, in order
+        self.run_tails: dict[tuple[str, int], list[str]] = {}  # (uid, run) -> its last lines
         self._read: set[tuple[str, int]] = set()
 
     def see(self, cluster: Cluster, pod: dict[str, Any], namespace: str) -> None:
@@ -57,6 +61,7 @@ class PodHistory:
         if key in self._read:
             return
         self._read.add(key)
+        self.failed.append(pod)
         try:
             text = cluster.read_log(
                 meta["name"],
@@ -67,7 +72,20 @@ class PodHistory:
             )
         except ClusterError:
             return
-        self.tails[meta["name"]] = log_excerpt(text, DEFAULT_TAIL_LINES)
+        self.tails[meta["name"]] = self.run_tails[key] = log_excerpt(text, DEFAULT_TAIL_LINES)
+
+    def earlier_errors(self) -> list[dict[str, Any]]:
+        """The pods as they were when a run of theirs failed with a code no operator retries
+        (not 130/137/138/143): a rank that raised. Restarted in place (a TrainJob's pods,
+        ``restart_policy: OnFailure``), its later runs may end otherwise, and a peer's later
+        failure (torchrun losing its rendezvous) may look like the first."""
+        from controller.jobs.explain import last_termination
+
+        return [
+            p
+            for p in self.failed
+            if last_termination(p).get("exitCode") not in RETRYABLE_EXIT_CODES
+        ]
 
     def with_gone(self, live: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``live`` plus the last seen state of pods whose replica has no live pod now."""
@@ -186,9 +204,12 @@ def failure_report(
     kind = job_kind(job)
     name = job["metadata"]["name"]
     if seen is not None:
-        pods = seen.with_gone(pods)
+        pods = seen.with_gone(pods) + seen.earlier_errors()
     failure = explain_failure(job, pods)
-    if failure.pod is not None:
+    kept_run = seen.run_tails.get(failure.run) if seen is not None and failure.run else None
+    if kept_run:  # read when that run failed: the log now may hold a later run
+        failure.last_lines = kept_run
+    elif failure.pod is not None:
         try:
             text = cluster.read_log(
                 failure.pod,

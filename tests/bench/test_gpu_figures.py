@@ -51,19 +51,6 @@ def test_flops_per_token_is_what_the_model_multiplies(
     assert total == formula * batch * seq_len
 
 
-def test_the_flash_kernels_recompute_is_the_only_difference() -> None:
-    """With the default (flash) kernel, backward recomputes q.k^T: the counter then sees half an
-    attention forward more per layer. Model FLOPs leave recomputation out, so the formula
-    stays below the counter by exactly that."""
-    n_layer, n_embd, seq_len, batch = 2, 64, 64, 3
-    task = LMTask(n_layer=n_layer, n_head=4, n_embd=n_embd, block_size=seq_len, dropout=0.0)
-    total, by_op = _counted(task, seq_len, batch)
-    assert any("flash" in op for op in by_op)  # the kernel this test is about ran
-    formula = lm_flops_per_token(n_layer, n_embd, seq_len, len(task.vocab)) * batch * seq_len
-    attention_forward = n_layer * 4 * batch * seq_len * seq_len * n_embd
-    assert total - formula == attention_forward // 2
-
-
 def test_attention_reaches_sdpa_causal_without_a_mask(monkeypatch) -> None:
     """Flash attention needs SDPA called with is_causal and no explicit mask: the model's
     nn.TransformerEncoder layers must pass the causal hint through, not a float mask."""

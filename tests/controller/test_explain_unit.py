@@ -303,3 +303,30 @@ def test_a_torchrun_failure_shows_the_workers_error_not_torchruns_summary():
     assert log_excerpt(TORCHRUN_TAIL, 3)[0] == "    loss = task.step(batch)"
     plain = "a\nb\nTraceback (most recent call last):\nValueError: boom\n"
     assert log_excerpt(plain, 2) == ["Traceback (most recent call last):", "ValueError: boom"]
+
+
+def test_an_earlier_run_that_raised_is_named_over_later_runs_of_pods_restarted_in_place():
+    """A TrainJob's pods restart in place: rank 0 raised in its first run (and every run after),
+    rank 1's torchrun later lost its rendezvous (exit 1, earlier than rank 0's *last* run). The
+    history kept rank 0's first failed run: that is the one named, with the lines read then."""
+    from controller.jobs.status import PodHistory
+
+    def t(s: int) -> str:
+        return f"2026-01-01T00:01:{s:02d}Z"
+
+    first = pod(
+        "master", 0, restarts=1, last={"exitCode": 1, "reason": "Error", "finishedAt": t(1)}
+    )
+    peer_lost = pod("worker", 0, restarts=1, last={"exitCode": 138, "finishedAt": t(2)})
+    final_rank0 = pod(
+        "master", 0, phase="Failed", restarts=3, last={"exitCode": 1, "finishedAt": t(9)}
+    )
+    final_rank1 = pod(
+        "worker", 0, phase="Failed", restarts=3, last={"exitCode": 1, "finishedAt": t(5)}
+    )
+    history = PodHistory()
+    history.failed += [first, peer_lost]
+    assert history.earlier_errors() == [first]  # a lost peer is no error of its own
+    assert explain_failure(FAILED_JOB, [final_rank0, final_rank1]).replica == "worker-0"
+    f = explain_failure(FAILED_JOB, [final_rank0, final_rank1, *history.earlier_errors()])
+    assert (f.replica, f.exit_code, f.run) == ("master-0", 1, (first["metadata"]["uid"], 0))

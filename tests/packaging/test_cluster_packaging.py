@@ -91,7 +91,7 @@ def test_helm_template_of_each_ci_case_passes_server_side_dry_run(cluster, restr
     out = cluster.helm("template", "ci", str(CHART), "-f", str(case), "--namespace", namespace)
     proc = _dry_run(cluster, out.stdout)
     assert proc.returncode == 0, proc.stderr
-    kind = "trainjob.trainer" if values.get("api") == "trainjob" else "pytorchjob.kubeflow"
+    kind = "trainjob.trainer.kubeflow" if values.get("api") == "trainjob" else "pytorchjob.kubeflow"
     assert f"{kind}.org/" in proc.stdout and "(server dry run)" in proc.stdout
 
 
