@@ -12,9 +12,11 @@ from controller.errors import ClusterError, JobFailed
 from controller.jobs.apis import JobKind
 from controller.jobs.explain import (
     age,
+    container_status,
     explain_failure,
     is_elastic,
     job_kind,
+    last_termination,
     latest_progress,
     log_excerpt,
     pending_reason,
@@ -47,8 +49,6 @@ class PodHistory:
 
     def see(self, cluster: Cluster, pod: dict[str, Any], namespace: str) -> None:
         """Record ``pod``; if its training container just failed, keep its log tail."""
-        from controller.jobs.explain import container_status, last_termination
-
         meta = pod.get("metadata", {})
         self.pods[meta.get("uid", meta.get("name", "?"))] = pod
         term = last_termination(pod)
@@ -79,8 +79,6 @@ class PodHistory:
         (not 130/137/138/143): a rank that raised. Restarted in place (a TrainJob's pods,
         ``restart_policy: OnFailure``), its later runs may end otherwise, and a peer's later
         failure (torchrun losing its rendezvous) may look like the first."""
-        from controller.jobs.explain import last_termination
-
         return [
             p
             for p in self.failed

@@ -126,11 +126,11 @@ def wait_deleted(
         for etype, obj in cluster.watch(
             "pod", namespace, selector=kind.pods_selector(name), deadline=deadline
         ):
-            if etype == RESYNC:
-                pods = pods if obj.get("count") else set()
-            elif etype == "DELETED":
+            # A (re-)list reports what vanished as DELETED and what is there as ADDED, then
+            # RESYNC: the set is right after each event.
+            if etype == "DELETED":
                 pods.discard(obj["metadata"]["name"])
-            else:
+            elif etype != RESYNC:
                 pods.add(obj["metadata"]["name"])
             if etype in (RESYNC, "DELETED") and not pods:
                 return

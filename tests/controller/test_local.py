@@ -263,6 +263,15 @@ def test_quickstart_trains_on_two_cpu_nodes_with_the_real_trainer(tmp_path):
     assert "job succeeded" in result.stderr
 
 
+def _run_local(spec, tmp_path) -> subprocess.CompletedProcess:
+    """``run SPEC --local`` from ``tmp_path``, its per-rank logs there too."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [PYTHON, "-m", "controller", "run", str(spec), "--local", "--logs-dir", str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
 @pytest.mark.slow
 def test_an_elastic_spec_runs_locally_through_the_rendezvous(tmp_path, write_spec):
     """Elastic jobs have no master: the nodes meet at the c10d rendezvous, as on a cluster."""
@@ -274,11 +283,7 @@ def test_an_elastic_spec_runs_locally_through_the_rendezvous(tmp_path, write_spe
                      "checkpoint": {"dir": str(tmp_path / "ckpt")}},
         )
     )  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run(
-        [PYTHON, "-m", "controller", "run", str(spec), "--local", "--logs-dir", str(tmp_path)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    result = _run_local(spec, tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     logs = "".join(p.read_text() for p in sorted(tmp_path.glob("rank-*.log")))
     starts = [json.loads(x) for x in logs.splitlines() if x.startswith('{"event": "start"')]
@@ -298,11 +303,7 @@ def test_a_trainjob_spec_trains_locally_through_torchrun(tmp_path, write_spec):
                      "checkpoint": {"dir": str(tmp_path / "ckpt")}},
         )
     )  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run(
-        [PYTHON, "-m", "controller", "run", str(spec), "--local", "--logs-dir", str(tmp_path)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    result = _run_local(spec, tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     starts = [json.loads(x) for x in lines if x.startswith('{"event": "start"')]
