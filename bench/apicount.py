@@ -9,26 +9,33 @@ from typing import Any
 
 
 class RequestCounter:
-    """Count API requests per REST client instance (every client shares one hook)."""
+    """Count API requests per client instance: the kubernetes client's REST clients (the
+    Kubeflow SDKs') and ddpjob's transports (``Cluster.transport``), each class hooked once."""
 
     def __init__(self) -> None:
         from kubernetes.client import rest
 
+        from controller.kube.transport import Transport
+
         self.counts: Counter[int] = Counter()
         self.lock = threading.Lock()
-        original = rest.RESTClientObject.request
+        for cls in (rest.RESTClientObject, Transport):
+            self._hook(cls)
+
+    def _hook(self, cls: type) -> None:
+        original = cls.request
         counter = self
 
-        def request(self_rest: Any, *args: Any, **kwargs: Any) -> Any:
+        def request(client: Any, *args: Any, **kwargs: Any) -> Any:
             with counter.lock:
-                counter.counts[id(self_rest)] += 1
-            return original(self_rest, *args, **kwargs)
+                counter.counts[id(client)] += 1
+            return original(client, *args, **kwargs)
 
-        rest.RESTClientObject.request = request
+        cls.request = request
 
-    def of(self, rest_client: Any) -> int:
+    def of(self, client: Any) -> int:
         with self.lock:
-            return self.counts[id(rest_client)]
+            return self.counts[id(client)]
 
 
 def lost_and_doubled(got: list[str], truth: list[str]) -> tuple[int, int]:

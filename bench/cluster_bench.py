@@ -104,7 +104,7 @@ def bench_wait(
                     return
 
         def run_ours() -> None:
-            rc = ours._api.rest_client
+            rc = ours.transport
             before = counter.of(rc)
             wait_for_job(ours, name, namespace, timeout_s=600)
             returned[OURS] = (time.monotonic(), counter.of(rc) - before)

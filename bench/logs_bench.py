@@ -4,7 +4,9 @@
     python bench/logs_bench.py                 # reuses a live `make cluster-up`, else starts one
     python bench/logs_bench.py --lines 300000 --rounds 3
 
-A one-node job whose container prints LINES lines of 70 bytes and exits; once it has Succeeded
+A one-node job whose container prints LINES lines of 70 bytes and exits, on the cluster's real
+node (a real kubelet serves the log, as on a cluster; ``DDPJOB_NODE=off``: the pod agent's
+simulated node, printed as such); once it has Succeeded
 each client follows the finished pod's log to its end (``kubectl logs -f <job>-master-0``, and
 ``python -m controller logs -f <job>``, which finds rank 0's pod and reads its log once).
 Both write to a file and must print the same text, every line. Rounds alternate the clients so
@@ -46,7 +48,10 @@ out.flush()
 """
 
 
-def job_manifest(name: str, namespace: str, lines: int) -> dict[str, Any]:
+def job_manifest(
+    name: str, namespace: str, lines: int, image: str, placement: dict[str, Any]
+) -> dict[str, Any]:
+    """The printing job; ``placement`` (nodeSelector, tolerations) puts it on the real node."""
     from controller.render.pytorchjob import render_pytorchjob
     from controller.spec import validate_spec
 
@@ -54,12 +59,15 @@ def job_manifest(name: str, namespace: str, lines: int) -> dict[str, Any]:
     spec = {
         "name": name,
         "namespace": namespace,
-        "image": "ghcr.io/ddpjob/trainer:0.1.0",
+        "image": image,
         "nodes": 1,
         "resources": {"cpu": "1", "memory": "1Gi"},
         "command": ["python", "-c", PRINTER.format(lines=lines, pad=pad)],
         "args": [],
     }
+    if placement:
+        spec["node_selector"] = placement["nodeSelector"]
+        spec["tolerations"] = placement["tolerations"]
     return render_pytorchjob(validate_spec(spec))
 
 
@@ -143,14 +151,22 @@ def follow_all(
     return best
 
 
-def run_job(handle: Any, ours: Any, namespace: str, name: str, lines: int) -> None:
+def run_job(handle: Any, ours: Any, namespace: str, name: str, lines: int) -> str:
+    """Run the printing job to Succeeded; the name of the node its pod ran on."""
     from controller.jobs.wait import wait_for_job
+    from localkube import node
 
-    ours.create_job(job_manifest(name, namespace, lines))
+    if node.ENABLED:
+        image, placement = handle.trainer_image(), node.placement()
+    else:
+        image, placement = "ghcr.io/ddpjob/trainer:0.1.0", {}
+    ours.create_job(job_manifest(name, namespace, lines, image, placement))
     job = wait_for_job(ours, name, namespace, timeout_s=300)
     cond = job["status"]["conditions"][-1]["type"]
     if cond != "Succeeded":
         raise SystemExit(f"{name}: the printing job ended {cond}")
+    pod = ours.get_pod(f"{name}-master-0", namespace)
+    return pod["spec"].get("nodeName", "?")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,11 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ours = Cluster(kubeconfig=str(handle.kubeconfig), notice=lambda s: None)
     results: dict[int, dict[str, dict[str, float]]] = {}
+    where = "?"
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for lines in (args.lines // 10, args.lines):
                 name = f"printer-{lines}"
-                run_job(handle, ours, namespace, name, lines)
+                where = run_job(handle, ours, namespace, name, lines)
                 results[lines] = follow_all(
                     handle, name, namespace, lines, args.rounds, Path(tmp), args.baseline
                 )
@@ -197,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         handle.control_plane.release()
 
     ours_name, theirs = OURS, KUBECTL
-    print(f"follow a finished pod's log to its end ({LINE_BYTES} bytes a line; best of ", end="")
+    print(f"follow a finished pod's log to its end, on node {where} ", end="")
+    print(f"({LINE_BYTES} bytes a line; best of ", end="")
     print(f"{args.rounds} rounds, peak RSS the highest)")
     print(
         f"  {'lines':>8s}  {'client':30s} {'wall':>8s} {'lines/s':>10s} {'CPU':>7s} "

@@ -124,7 +124,7 @@ def bench_wait(handle: Any, namespace: str, image: str, counter: RequestCounter)
                     return
 
         def run_ours() -> None:
-            rc = ours._api.rest_client
+            rc = ours.transport
             before = counter.of(rc)
             wait_for_job(ours, name, namespace, kind=TRAINJOB_KIND, timeout_s=900)
             returned[OURS] = (time.monotonic(), counter.of(rc) - before)

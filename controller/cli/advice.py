@@ -63,6 +63,11 @@ def hint(err: DdpjobError) -> str:
             return "Check the cluster, then run the command again: the job itself is not affected"
         if reason == "ClientMissing":
             return "Install the controller extra: `pip install 'ddpjob[controller]'`"
+        if reason == "BadKubeconfig":
+            return (
+                "Fix the kubeconfig (`kubectl config view` shows what it holds), or point at "
+                "another one: `export KUBECONFIG=/path/to/kubeconfig`"
+            )
         return f"Is the cluster up? {KUBECONFIG_HINT}"
     if isinstance(err, Forbidden):
         return (

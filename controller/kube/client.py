@@ -2,10 +2,12 @@
 
 Everything else in ``controller`` works on plain dicts in the API's own JSON shape (camelCase,
 exactly what ``kubectl get -o json`` prints), so the logic that reads them is pure and testable
-without a cluster. The ``kubernetes`` client is imported lazily, inside the methods: ``--help``,
-``validate`` and ``render`` never pay for it.
+without a cluster. Requests go to the API's raw paths through ``transport.py`` (urllib3), not the
+generated ``kubernetes`` client: importing that costs about 0.5 s per command, and only users
+whose kubeconfig runs a credential program (``exec``) pay it. ``--help``, ``validate`` and
+``render`` import neither.
 
-Every ``ApiException`` and connection error goes through ``errors.translate``, the one choke point,
+Every HTTP error and connection error goes through ``errors.translate``, the one choke point,
 into one of ``controller.errors`` carrying the HTTP status, a reason code and the object it was
 about. What the user should do about it is the CLI's business (``controller.cli.advice``).
 
@@ -16,16 +18,16 @@ here polls on a timer.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import quote
 
 from controller.errors import ClusterError, NotFound, Unreachable
-from controller.kube import tally
 from controller.kube.errors import api_message, short_reason, translate
 from controller.kube.logstream import LogStream, LogStreamBroken
+from controller.kube.transport import ApiError, Transport
 from controller.kube.watch import watch
 from controller.kubeflow import PYTORCHJOB, JobAPI
 
@@ -53,133 +55,76 @@ class Cluster:
         self.notice = notice
         self.kubeconfig = kubeconfig
         self.context = context
-        self._api = self._connect(kubeconfig, context)
-        self.server = self._api.configuration.host
+        self.transport = self._connect(kubeconfig, context)
+        self.server = self.transport.host
 
     # ------------------------------------------------------------------------------------
     # Connection
 
     def default_namespace(self) -> str:
-        """The kubeconfig context's namespace, else ``default``."""
-        import os
-
-        if not self.kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            path = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-            with contextlib.suppress(OSError), open(path) as f:
-                return f.read().strip() or "default"
-        from kubernetes import config
-
-        try:
-            _, active = config.list_kube_config_contexts(config_file=self.kubeconfig)
-        except (config.ConfigException, OSError):
-            return "default"
-        if self.context:
-            contexts, _ = config.list_kube_config_contexts(config_file=self.kubeconfig)
-            active = next((c for c in contexts if c.get("name") == self.context), active)
-        return (active or {}).get("context", {}).get("namespace") or "default"
+        """The kubeconfig context's namespace (inside a pod: the pod's), else ``default``."""
+        return self.transport.namespace or "default"
 
     @staticmethod
-    def _connect(kubeconfig: str | None, context: str | None) -> Any:
+    def _connect(kubeconfig: str | None, context: str | None) -> Transport:
         import os
 
+        from controller.kube import transport
+
+        where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
         try:
-            from kubernetes import client, config
+            return transport.connect(kubeconfig, context)
+        except transport.ConfigError as e:
+            raise Unreachable(
+                f"kubeconfig: cannot load {where} (got {e})",
+                reason="NoKubeconfig" if e.missing else "BadKubeconfig",
+            ) from None
         except ImportError:  # pragma: no cover - depends on the install
-            raise ClusterError(
-                "controller: the kubernetes client is not installed (got ImportError)",
+            raise Unreachable(
+                "controller: this kubeconfig runs a credential program (exec), which needs the "
+                "kubernetes client; it is not installed (got ImportError)",
                 reason="ClientMissing",
             ) from None
-        configuration = client.Configuration()
-        try:
-            if kubeconfig or not os.environ.get("KUBERNETES_SERVICE_HOST"):
-                config.load_kube_config(
-                    config_file=kubeconfig,
-                    context=context,
-                    client_configuration=configuration,
-                    persist_config=False,
-                )
-            else:  # inside a pod: the service account's token
-                config.load_incluster_config(client_configuration=configuration)
-        except config.ConfigException as e:
-            where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        except Exception as e:  # the kubernetes client's loader (exec): ConfigException and kin
+            if type(e).__name__ != "ConfigException" and not isinstance(e, OSError | ValueError):
+                raise
             raise Unreachable(
                 f"kubeconfig: cannot load {where} (got {str(e).strip() or type(e).__name__})",
-                reason="NoKubeconfig",
+                reason="BadKubeconfig",
             ) from None
-        except (OSError, ValueError) as e:
-            raise Unreachable(f"kubeconfig: {e}", reason="NoKubeconfig") from None
-        # Fail fast while the API server is away; watches and log streams retry on their own.
-        configuration.retries = 1
-        api = client.ApiClient(configuration)
-        api.rest_client.request = tally.counting(api.rest_client.request)  # --debug prints it
-        return api
 
-    def _call(
-        self, where: str, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
-    ) -> Any:
-        """Call ``fn`` and return its JSON body as dicts; errors translated."""
+    def _json(
+        self,
+        method: str,
+        path: str,
+        where: str,
+        what: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+    ) -> dict[str, Any]:
+        """One request; its JSON body as dicts ({} if empty); errors translated."""
         import urllib3
-        from kubernetes.client.exceptions import ApiException
-
-        kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT_S)
-        kwargs["_preload_content"] = False
-        try:
-            resp = fn(*args, **kwargs)
-            data = resp.data
-        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
-            raise translate(e, where, what, self.server) from None
-        if not data:
-            return {}
-        return json.loads(data)
-
-    def _call_raw(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
-        """One request on a raw path (discovery, reviews); JSON in, JSON out."""
-        import urllib3
-        from kubernetes.client.exceptions import ApiException
 
         try:
-            resp = self._api.call_api(
-                path,
-                method,
-                body=body,
-                header_params={"Accept": "application/json", "Content-Type": "application/json"},
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT_S,
+            resp = self.transport.request(
+                method, path, query=query, body=body, timeout=REQUEST_TIMEOUT_S
             )
-        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
-            raise translate(e, "cluster", path, self.server) from None
-        data = resp[0].data
-        return json.loads(data) if data else {}
-
-    # ------------------------------------------------------------------------------------
-    # API groups
-
-    @property
-    def core(self) -> Any:
-        from kubernetes import client
-
-        return client.CoreV1Api(self._api)
-
-    @property
-    def custom(self) -> Any:
-        from kubernetes import client
-
-        return client.CustomObjectsApi(self._api)
+        except (ApiError, urllib3.exceptions.HTTPError, OSError) as e:
+            raise translate(e, where, what, self.server) from None
+        return json.loads(resp.data) if resp.data else {}
 
     # ------------------------------------------------------------------------------------
     # Discovery and checks
 
     def version(self) -> dict[str, Any]:
         """The API server's /version (gitVersion, ...)."""
-        from kubernetes import client
-
-        return self._call("cluster", "version", client.VersionApi(self._api).get_code)
+        return self._json("GET", "/version", "cluster", "version")
 
     def job_api_served(self, api: JobAPI = PYTORCHJOB) -> bool:
         """True when the API server serves ``api`` (its CRD is installed)."""
         try:
-            body = self._call_raw("GET", f"/apis/{api.group}/{api.version}")
+            body = self._json("GET", f"/apis/{api.group}/{api.version}", "cluster", api.kind)
         except NotFound:
             return False
         return any(r.get("name") == api.plural for r in body.get("resources", []))
@@ -204,9 +149,8 @@ class Cluster:
             "kind": "SelfSubjectAccessReview",
             "spec": {"resourceAttributes": attrs},
         }
-        out = self._call_raw(
-            "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review
-        )
+        path = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+        out = self._json("POST", path, "cluster", path, body=review)
         status = out.get("status", {})
         return bool(status.get("allowed")), status.get("reason", "") or ""
 
@@ -214,30 +158,19 @@ class Cluster:
     # Jobs (a Kubeflow job API: PyTorchJob by default)
 
     def get_job(self, name: str, namespace: str, api: JobAPI = PYTORCHJOB) -> dict[str, Any]:
-        return self._call(
-            "job",
-            f"{api.kind} {namespace}/{name}",
-            self.custom.get_namespaced_custom_object,
-            api.group,
-            api.version,
-            namespace,
-            api.plural,
-            name,
-        )
+        path = _jobs_path(api, namespace, name)
+        return self._json("GET", path, "job", f"{api.kind} {namespace}/{name}")
 
     def list_jobs(
         self, namespace: str, selector: str | None = None, api: JobAPI = PYTORCHJOB
     ) -> list[dict[str, Any]]:
-        kwargs = {"label_selector": selector} if selector else {}
-        body = self._call(
+        query = [("labelSelector", selector)] if selector else None
+        body = self._json(
+            "GET",
+            _jobs_path(api, namespace),
             "list",
             f"{api.kind} list in {namespace}",
-            self.custom.list_namespaced_custom_object,
-            api.group,
-            api.version,
-            namespace,
-            api.plural,
-            **kwargs,
+            query=query,
         )
         return body.get("items", [])
 
@@ -246,82 +179,59 @@ class Cluster:
         api = api_of(manifest)
         meta = manifest.get("metadata", {})
         namespace, name = meta.get("namespace", "default"), meta.get("name", "?")
-        kwargs = {"dry_run": "All"} if dry_run else {}
-        return self._call(
+        return self._json(
+            "POST",
+            _jobs_path(api, namespace),
             "submit",
             f"{api.kind} {namespace}/{name}",
-            self.custom.create_namespaced_custom_object,
-            api.group,
-            api.version,
-            namespace,
-            api.plural,
-            manifest,
-            **kwargs,
+            query=[("dryRun", "All")] if dry_run else None,
+            body=manifest,
         )
 
     def delete_job(self, name: str, namespace: str, api: JobAPI = PYTORCHJOB) -> dict[str, Any]:
         # Foreground: the job object stays (with a deletionTimestamp) until the garbage collector
         # has removed its pods, so waiting for the job to vanish waits for the pods too.
-        return self._call(
+        return self._json(
+            "DELETE",
+            _jobs_path(api, namespace, name),
             "delete",
             f"{api.kind} {namespace}/{name}",
-            self.custom.delete_namespaced_custom_object,
-            api.group,
-            api.version,
-            namespace,
-            api.plural,
-            name,
-            propagation_policy="Foreground",
+            query=[("propagationPolicy", "Foreground")],
         )
 
     def get_cluster_object(self, api: JobAPI, name: str) -> dict[str, Any]:
         """A cluster-scoped custom object (a ClusterTrainingRuntime, ...)."""
-        return self._call(
-            "get",
-            f"{api.kind} {name}",
-            self.custom.get_cluster_custom_object,
-            api.group,
-            api.version,
-            api.plural,
-            name,
-        )
+        path = f"/apis/{api.group}/{api.version}/{api.plural}/{_q(name)}"
+        return self._json("GET", path, "get", f"{api.kind} {name}")
 
     # ------------------------------------------------------------------------------------
     # Pods, logs, events, nodes
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        body = self._call(
-            "pods",
-            f"pods {selector}",
-            self.core.list_namespaced_pod,
-            namespace,
-            label_selector=selector,
+        path = f"/api/v1/namespaces/{_q(namespace)}/pods"
+        body = self._json(
+            "GET", path, "pods", f"pods {selector}", query=[("labelSelector", selector)]
         )
         return body.get("items", [])
 
     def get_pod(self, name: str, namespace: str) -> dict[str, Any]:
-        return self._call(
-            "pod", f"pod {namespace}/{name}", self.core.read_namespaced_pod, name, namespace
-        )
+        path = f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}"
+        return self._json("GET", path, "pod", f"pod {namespace}/{name}")
 
     def list_pods_all_namespaces(self, selector: str) -> list[dict[str, Any]]:
-        body = self._call(
-            "pods",
-            f"pods {selector}",
-            self.core.list_pod_for_all_namespaces,
-            label_selector=selector,
-        )
+        query = [("labelSelector", selector)]
+        body = self._json("GET", "/api/v1/pods", "pods", f"pods {selector}", query=query)
         return body.get("items", [])
 
     def list_events(
         self, namespace: str, field_selector: str | None = None
     ) -> list[dict[str, Any]]:
-        kwargs = {"field_selector": field_selector} if field_selector else {}
-        body = self._call("events", "events", self.core.list_namespaced_event, namespace, **kwargs)
-        return body.get("items", [])
+        query = [("fieldSelector", field_selector)] if field_selector else None
+        path = f"/api/v1/namespaces/{_q(namespace)}/events"
+        return self._json("GET", path, "events", "events", query=query).get("items", [])
 
     def list_nodes(self) -> list[dict[str, Any]]:
-        return self._call("nodes", "nodes", self.core.list_node).get("items", [])
+        return self._json("GET", "/api/v1/nodes", "nodes", "nodes").get("items", [])
 
     def read_log(
         self,
@@ -335,28 +245,17 @@ class Cluster:
     ) -> str:
         """A container's log (not followed), as text."""
         import urllib3
-        from kubernetes.client.exceptions import ApiException
 
-        kwargs: dict[str, Any] = {
-            "container": container,
-            "timestamps": timestamps,
-            "previous": previous,
-        }
-        if tail_lines is not None:
-            kwargs["tail_lines"] = tail_lines
+        query = _log_query(container, False, previous, timestamps, None, tail_lines)
         try:
-            resp = self.core.read_namespaced_pod_log(
-                pod,
-                namespace,
-                _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT_S,
-                **kwargs,
+            resp = self.transport.request(
+                "GET", _log_path(namespace, pod), query=query, timeout=REQUEST_TIMEOUT_S
             )
-            return resp.data.decode("utf-8", errors="replace")
-        except ApiException as e:
+        except ApiError as e:
             raise _log_error(e, namespace, pod, self.server) from None
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise translate(e, "logs", f"pod {namespace}/{pod}", self.server) from None
+        return resp.data.decode("utf-8", errors="replace")
 
     def stream_log(
         self,
@@ -377,31 +276,20 @@ class Cluster:
         errors are translated (pod gone: NotFound; container not started: NotFound, NoLogYet).
         """
         import urllib3
-        from kubernetes.client.exceptions import ApiException
 
-        # The generated client has no sinceTime: the request is made on the raw path.
-        query = [
-            ("container", container),
-            ("follow", "true" if follow and not previous else "false"),
-            ("previous", "true" if previous else "false"),
-            ("timestamps", "true" if timestamps else "false"),
-        ]
-        if since_time:
-            query.append(("sinceTime", since_time))
-        if tail_lines is not None:
-            query.append(("tailLines", str(tail_lines)))
+        query = _log_query(
+            container, follow and not previous, previous, timestamps, since_time, tail_lines
+        )
         try:
-            resp, *_ = self._api.call_api(
-                f"/api/v1/namespaces/{namespace}/pods/{pod}/log",
+            resp = self.transport.request(
                 "GET",
-                query_params=query,
-                header_params={"Accept": "*/*"},
-                auth_settings=["BearerToken"],
-                _preload_content=False,
+                _log_path(namespace, pod),
+                query=query,
                 # No read timeout: a quiet trainer may print nothing for minutes.
-                _request_timeout=(REQUEST_TIMEOUT_S[0], None),
+                timeout=(REQUEST_TIMEOUT_S[0], None),
+                stream=True,
             )
-        except ApiException as e:
+        except ApiError as e:
             raise _log_error(e, namespace, pod, self.server) from None
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise LogStreamBroken(short_reason(e)) from None
@@ -422,9 +310,15 @@ class Cluster:
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """Yield ``(event_type, object)`` for ``kind`` in {"job", "pod", "event"}; see
         :func:`controller.kube.watch.watch`."""
+        if kind == "job":
+            path = _jobs_path(api, namespace)
+        elif kind in ("pod", "event"):
+            path = f"/api/v1/namespaces/{_q(namespace)}/{kind}s"
+        else:
+            raise ValueError(f"watch: unknown kind {kind!r}")
         return watch(
             self,
-            self._list_fn(kind, namespace, api),
+            path,
             f"watch {kind}s",
             kind,
             selector=selector,
@@ -432,22 +326,40 @@ class Cluster:
             deadline=deadline,
         )
 
-    def _list_fn(self, kind: str, namespace: str, api: JobAPI) -> Callable[..., Any]:
-        import functools
 
-        if kind == "job":
-            return functools.partial(
-                self.custom.list_namespaced_custom_object,
-                api.group,
-                api.version,
-                namespace,
-                api.plural,
-            )
-        if kind == "pod":
-            return functools.partial(self.core.list_namespaced_pod, namespace)
-        if kind == "event":
-            return functools.partial(self.core.list_namespaced_event, namespace)
-        raise ValueError(f"watch: unknown kind {kind!r}")
+def _q(name: str) -> str:
+    """One path segment (a name or namespace), quoted: a stray ``/`` cannot change the path."""
+    return quote(name, safe="")
+
+
+def _jobs_path(api: JobAPI, namespace: str, name: str | None = None) -> str:
+    path = f"/apis/{api.group}/{api.version}/namespaces/{_q(namespace)}/{api.plural}"
+    return f"{path}/{_q(name)}" if name else path
+
+
+def _log_path(namespace: str, pod: str) -> str:
+    return f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(pod)}/log"
+
+
+def _log_query(
+    container: str,
+    follow: bool,
+    previous: bool,
+    timestamps: bool,
+    since_time: str | None,
+    tail_lines: int | None,
+) -> list[tuple[str, str]]:
+    query = [
+        ("container", container),
+        ("follow", "true" if follow else "false"),
+        ("previous", "true" if previous else "false"),
+        ("timestamps", "true" if timestamps else "false"),
+    ]
+    if since_time:
+        query.append(("sinceTime", since_time))
+    if tail_lines is not None:
+        query.append(("tailLines", str(tail_lines)))
+    return query
 
 
 def _log_error(exc: Any, namespace: str, pod: str, server: str) -> ClusterError:

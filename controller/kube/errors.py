@@ -1,4 +1,4 @@
-"""The API layer's one error translation: a client exception in, a ``controller.errors``
+"""The API layer's one error translation: an HTTP or connection error in, a ``controller.errors``
 error out, carrying the HTTP status, a reason code and the object it was about. No advice: what
 the user should do is the CLI's (``controller.cli.advice``).
 """
@@ -25,9 +25,9 @@ def translate(exc: BaseException, where: str, what: str = "", server: str = "") 
     object (``PyTorchJob ns/name``). The error carries ``status`` and a ``reason`` code; no
     advice.
     """
-    from kubernetes.client.exceptions import ApiException
+    from controller.kube.transport import ApiError
 
-    if not isinstance(exc, ApiException):
+    if not isinstance(exc, ApiError):
         return Unreachable(
             f"{where}: the API server at {server or '?'} does not answer (got {short_reason(exc)})",
             reason="NoAnswer",

@@ -30,19 +30,10 @@ def request_kind(method: str, url: str, query: Any) -> str:
     return method.lower()
 
 
-def counting(request: Any) -> Any:
-    """Wrap a ``RESTClientObject.request`` so every request is counted by kind."""
-
-    def counted(method: str, url: str, query_params: Any = None, *args: Any, **kwargs: Any) -> Any:
-        count(request_kind(method, url, query_params))
-        try:
-            return request(method, url, query_params, *args, **kwargs)
-        except Exception as e:
-            if getattr(e, "status", None) == 403 and _by_rbac(getattr(e, "body", None)):
-                count(FORBIDDEN)
-            raise
-
-    return counted
+def refused(body: Any) -> None:
+    """A 403: counted as refused by RBAC unless an admission webhook denied it."""
+    if _by_rbac(body):
+        count(FORBIDDEN)
 
 
 def _by_rbac(body: Any) -> bool:

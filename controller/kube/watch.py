@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from controller.errors import ClusterError, Unreachable
@@ -33,7 +33,7 @@ RESYNC = "RESYNC"  # a fresh list replaced the watch (after 410 Gone or a long o
 
 def watch(
     cluster: Any,
-    list_fn: Callable[..., Any],
+    path: str,
     where: str,
     kind: str,
     *,
@@ -41,9 +41,10 @@ def watch(
     field_selector: str | None = None,
     deadline: float | None = None,
 ) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Yield ``(event_type, object)`` for what ``list_fn`` lists, until ``deadline``.
+    """Yield ``(event_type, object)`` for the collection at ``path``, until ``deadline``.
 
-    ``cluster`` is the ``kube.client.Cluster`` (its ``_call``, ``server`` and ``notice``).
+    ``cluster`` is the ``kube.client.Cluster`` (its ``_json``, ``transport``, ``server`` and
+    ``notice``).
 
     Starts with a list (each item reported as ADDED, then ``(RESYNC, {"count": n})``), then
     watches from its resourceVersion. A dropped connection resumes from the last resourceVersion
@@ -52,21 +53,21 @@ def watch(
     (time.monotonic()).
     """
     import urllib3
-    from kubernetes.client.exceptions import ApiException
-    from kubernetes.watch.watch import iter_resp_lines
 
-    kwargs: dict[str, Any] = {}
+    from controller.kube.transport import ApiError
+
+    query: list[tuple[str, str]] = []
     if selector:
-        kwargs["label_selector"] = selector
+        query.append(("labelSelector", selector))
     if field_selector:
-        kwargs["field_selector"] = field_selector
+        query.append(("fieldSelector", field_selector))
     known: dict[str, dict[str, Any]] = {}  # uid -> latest object
     rv: str | None = None
     outage = _Outage(cluster, where)
     while deadline is None or time.monotonic() < deadline:
         try:
             if rv is None:
-                body = cluster._call(where, kind, list_fn, **kwargs)
+                body = cluster._json("GET", path, where, kind, query=query or None)
                 outage.over()
                 rv = body.get("metadata", {}).get("resourceVersion")
                 items = body.get("items", [])
@@ -75,17 +76,21 @@ def watch(
             server_timeout = WATCH_SERVER_TIMEOUT_S
             if deadline is not None:
                 server_timeout = max(1, min(server_timeout, int(deadline - time.monotonic()) + 1))
-            resp = list_fn(
-                watch=True,
-                resource_version=rv,
-                allow_watch_bookmarks=True,
-                timeout_seconds=server_timeout,
-                _preload_content=False,
-                _request_timeout=(CONNECT_TIMEOUT_S, server_timeout + 30),
-                **kwargs,
+            resp = cluster.transport.request(
+                "GET",
+                path,
+                query=[
+                    *query,
+                    ("watch", "true"),
+                    ("resourceVersion", rv or ""),
+                    ("allowWatchBookmarks", "true"),
+                    ("timeoutSeconds", str(server_timeout)),
+                ],
+                timeout=(CONNECT_TIMEOUT_S, server_timeout + 30),
+                stream=True,
             )
             try:
-                for line in iter_resp_lines(resp):
+                for line in _lines(resp):
                     event = json.loads(line)
                     etype, obj = event.get("type"), event.get("object", {})
                     if etype == "ERROR":
@@ -114,7 +119,7 @@ def watch(
             finally:
                 resp.close()  # not back to the pool: the stream may be mid-chunk
                 resp.release_conn()
-        except ApiException as e:
+        except ApiError as e:
             if e.status == 410:
                 rv = None
                 tally.count(tally.RELIST)
@@ -126,6 +131,19 @@ def watch(
             outage.wait(e, "no answer")
         except (urllib3.exceptions.HTTPError, OSError) as e:
             outage.wait(e, short_reason(e))
+
+
+def _lines(resp: Any) -> Iterator[bytes]:
+    """The non-empty lines of a watch response (one JSON event each), as they arrive."""
+    pending = b""
+    while True:
+        chunk = resp.read1(64 * 1024)
+        if not chunk:
+            break
+        *lines, pending = (pending + chunk).split(b"\n")
+        yield from (line for line in lines if line.strip())
+    if pending.strip():
+        yield pending
 
 
 class _Outage:

@@ -28,11 +28,10 @@ def bare_cluster() -> Cluster:
 
 
 def api_error(status: int, message: str, details: dict | None = None):
-    from kubernetes.client.exceptions import ApiException
+    from controller.kube.transport import ApiError
 
-    e = ApiException(status=status, reason="x")
-    e.body = json.dumps({"kind": "Status", "message": message, "details": details or {}})
-    return e
+    body = json.dumps({"kind": "Status", "message": message, "details": details or {}})
+    return ApiError(status, "x", body.encode())
 
 
 @pytest.mark.parametrize(
@@ -136,22 +135,6 @@ def test_connection_refused_says_what_to_do():
     assert isinstance(err, errors.Unreachable)
     line = error_lines(err)[0]
     assert "(got connection refused)" in line and "make cluster-up" in line
-
-
-def test_a_log_that_is_not_there_yet_is_not_found_not_bad_input(monkeypatch):
-    """400 from the log endpoint (container not started, no previous run) is transient for a
-    follower: NotFound, which it handles, not UserError, which would end `logs -f`."""
-    from types import SimpleNamespace
-
-    def refuse(*args, **kwargs):
-        raise api_error(400, 'no logs found for container "pytorch" in pod "ns/job-worker-0"')
-
-    monkeypatch.setattr(
-        Cluster, "core", property(lambda self: SimpleNamespace(read_namespaced_pod_log=refuse))
-    )
-    c = bare_cluster()
-    with pytest.raises(errors.NotFound, match="no log for pod ns/job-worker-0 yet"):
-        c.read_log("job-worker-0", "ns", container="pytorch", previous=True)
 
 
 def test_resync_reports_vanished_objects_as_deleted():

@@ -190,15 +190,14 @@ def test_operator_found_by_its_ready_pod():
 
 
 def _api_error(status: int, message: str):
-    """What the API layer raises for an ApiException with this status and message."""
+    """What the API layer raises for an HTTP error with this status and message."""
     import json
 
-    from kubernetes.client.exceptions import ApiException
-
     from controller.kube.client import translate
+    from controller.kube.transport import ApiError
 
-    e = ApiException(status=status, reason="x")
-    e.body = json.dumps({"kind": "Status", "message": message, "details": {}})
+    body = json.dumps({"kind": "Status", "message": message, "details": {}})
+    e = ApiError(status, "x", body.encode())
     return translate(e, "submit", "PyTorchJob default/ddpjob-doctor-probe", "https://x")
 
 

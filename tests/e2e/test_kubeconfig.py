@@ -1,0 +1,151 @@
+"""Kubeconfig shapes against the real API server, each used by a real command: what
+``controller/kube/transport.py`` reads itself (certificates embedded as data, checked against
+``tls-server-name``; a token file with ``insecure-skip-tls-verify``) and what it hands to the
+kubernetes client's loader (an ``exec`` credential program). A wrong token gets the plain 401
+line, and a certificate kubeconfig pointed at another name than the server's certificate holds
+is refused by TLS, so the embedded CA really is what is checked."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.e2e.helpers import ddpjob
+
+pytestmark = [pytest.mark.cluster]
+
+PY = sys.executable
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _admin(cluster) -> tuple[dict, dict]:
+    """The local cluster's admin kubeconfig: its cluster entry and its user entry."""
+    doc = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    return doc["clusters"][0]["cluster"], doc["users"][0]["user"]
+
+
+def _b64(path: str) -> str:
+    return base64.b64encode(Path(path).read_bytes()).decode()
+
+
+def _kubeconfig(path: Path, cluster: dict, user: dict, namespace: str | None = None) -> Path:
+    context = {"cluster": "c", "user": "u", **({"namespace": namespace} if namespace else {})}
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "x", "context": context}],
+        "current-context": "x",
+    }
+    path.write_text(yaml.safe_dump(doc))
+    path.chmod(0o600)
+    return path
+
+
+PROBE = """\
+import sys
+from controller.kube.client import Cluster
+c = Cluster(kubeconfig=sys.argv[1])
+print(c.version()["gitVersion"], c.can_i("create", "pods", namespace=sys.argv[2])[0],
+      c.default_namespace(), "kubernetes" in sys.modules)
+"""
+
+
+def _probe(kubeconfig: Path, namespace: str) -> list[str]:
+    """(server version, may it create pods, the default namespace, kubernetes imported?)"""
+    r = subprocess.run(
+        [PY, "-c", PROBE, str(kubeconfig), namespace],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+def test_embedded_certificates_and_tls_server_name(cluster, namespace, tmp_path):
+    server, user = _admin(cluster)
+    data = {
+        "server": server["server"],
+        "certificate-authority-data": _b64(server["certificate-authority"]),
+        # The server is dialled at 127.0.0.1; its certificate is checked for this name.
+        "tls-server-name": "kubernetes.default.svc",
+    }
+    creds = {
+        "client-certificate-data": _b64(user["client-certificate"]),
+        "client-key-data": _b64(user["client-key"]),
+    }
+    kubeconfig = _kubeconfig(tmp_path / "data", data, creds, namespace)
+    version, allowed, ns, imported = _probe(kubeconfig, namespace)
+    assert version.startswith("v1.") and allowed == "True" and ns == namespace
+    assert imported == "False"
+    # The context's namespace is every command's default.
+    r = ddpjob(cluster, "list", "--kubeconfig", str(kubeconfig))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("no PyTorchJobs or TrainJobs in " + namespace), r.stdout
+    # A name the certificate does not hold: TLS refuses before anything is sent.
+    wrong = _kubeconfig(tmp_path / "wrong", {**data, "tls-server-name": "not-it.example"}, creds)
+    r = ddpjob(cluster, "list", "-n", namespace, "--kubeconfig", str(wrong))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "does not answer" in r.stderr and "not-it.example" in r.stderr, r.stderr
+
+
+def test_a_token_file_and_a_wrong_token(cluster, namespace, tmp_path):
+    """The namespace's default ServiceAccount (no Role): authenticated, and refused pods."""
+    server, _ = _admin(cluster)
+    token = cluster.kubectl("create", "token", "default", "-n", namespace).stdout.strip()
+    (tmp_path / "sa").mkdir()
+    (tmp_path / "sa" / "token").write_text(token)
+    insecure = {"server": server["server"], "insecure-skip-tls-verify": True}
+    kubeconfig = _kubeconfig(tmp_path / "sa" / "config", insecure, {"tokenFile": "token"})
+    version, allowed, ns, imported = _probe(kubeconfig, namespace)
+    assert version.startswith("v1.") and allowed == "False" and ns == "default"
+    assert imported == "False"
+    r = ddpjob(cluster, "list", "-n", namespace, "--kubeconfig", str(kubeconfig))
+    assert r.returncode == 1 and "RBAC forbids this" in r.stderr, r.stderr
+    bad = _kubeconfig(tmp_path / "bad", insecure, {"token": token[:-4] + "AAAA"})
+    r = ddpjob(cluster, "list", "-n", namespace, "--kubeconfig", str(bad))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "rejected our credentials (got 401" in r.stderr, r.stderr
+    assert "Refresh the kubeconfig's token" in r.stderr
+
+
+def test_an_exec_credential_program(cluster, namespace, tmp_path):
+    """A user whose credentials a program prints (as EKS's, GKE's and OIDC logins do): loaded by
+    the kubernetes client's loader, run, and its client certificate used for real."""
+    server, user = _admin(cluster)
+    credential = {
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "kind": "ExecCredential",
+        "status": {
+            "clientCertificateData": Path(user["client-certificate"]).read_text(),
+            "clientKeyData": Path(user["client-key"]).read_text(),
+        },
+    }
+    (tmp_path / "credential.json").write_text(json.dumps(credential))
+    execs = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": "cat",
+            "args": [str(tmp_path / "credential.json")],
+            "interactiveMode": "Never",
+        }
+    }
+    cluster_entry = {
+        "server": server["server"],
+        "certificate-authority": server["certificate-authority"],
+    }
+    kubeconfig = _kubeconfig(tmp_path / "exec", cluster_entry, execs, namespace)
+    version, allowed, ns, imported = _probe(kubeconfig, namespace)
+    assert version.startswith("v1.") and allowed == "True" and ns == namespace
+    assert imported == "True"
+    r = ddpjob(cluster, "list", "--kubeconfig", str(kubeconfig))
+    assert r.returncode == 0, r.stderr
