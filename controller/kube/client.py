@@ -277,9 +277,8 @@ class Cluster:
         """
         import urllib3
 
-        query = _log_query(
-            container, follow and not previous, previous, timestamps, since_time, tail_lines
-        )
+        follow = follow and not previous
+        query = _log_query(container, follow, previous, timestamps, since_time, tail_lines)
         try:
             resp = self.transport.request(
                 "GET",
@@ -293,7 +292,7 @@ class Cluster:
             raise _log_error(e, namespace, pod, self.server) from None
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise LogStreamBroken(short_reason(e)) from None
-        return LogStream(resp)
+        return LogStream(resp, followed=follow)
 
     # ------------------------------------------------------------------------------------
     # Watches

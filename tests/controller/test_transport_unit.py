@@ -177,6 +177,10 @@ def test_a_log_not_there_yet_is_not_found_and_a_log_streams_in_lines(api):
         "timestamps": ["true"],
         "sinceTime": ["2026-01-01T00:00:00Z"],
     }
+    # Not followed (a finished run): read in blocks, the same lines.
+    stream = c.stream_log("j-master-0", "n", container="pytorch", follow=False, timestamps=False)
+    assert list(stream) == ["one", "two", "three", "no newline"] and stream.ended
+    assert api.seen[-1][2]["follow"] == ["false"] and api.seen[-1][2]["timestamps"] == ["false"]
     assert c.read_log("j-master-0", "n", container="pytorch") == "one\ntwo\nthree\nno newline"
 
 
