@@ -71,6 +71,17 @@ def _probe(kubeconfig: Path, namespace: str) -> list[str]:
     return r.stdout.split()
 
 
+def _works_as_admin(cluster, kubeconfig: Path, namespace: str) -> str:
+    """The admin's rights through ``kubeconfig``, the context's namespace the default of every
+    command (``list`` without ``-n``); whether the kubernetes client was imported."""
+    version, allowed, ns, imported = _probe(kubeconfig, namespace)
+    assert version.startswith("v1.") and allowed == "True" and ns == namespace
+    r = ddpjob(cluster, "list", "--kubeconfig", str(kubeconfig))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("no PyTorchJobs or TrainJobs in " + namespace), r.stdout
+    return imported
+
+
 def test_embedded_certificates_and_tls_server_name(cluster, namespace, tmp_path):
     server, user = _admin(cluster)
     data = {
@@ -84,13 +95,7 @@ def test_embedded_certificates_and_tls_server_name(cluster, namespace, tmp_path)
         "client-key-data": _b64(user["client-key"]),
     }
     kubeconfig = _kubeconfig(tmp_path / "data", data, creds, namespace)
-    version, allowed, ns, imported = _probe(kubeconfig, namespace)
-    assert version.startswith("v1.") and allowed == "True" and ns == namespace
-    assert imported == "False"
-    # The context's namespace is every command's default.
-    r = ddpjob(cluster, "list", "--kubeconfig", str(kubeconfig))
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("no PyTorchJobs or TrainJobs in " + namespace), r.stdout
+    assert _works_as_admin(cluster, kubeconfig, namespace) == "False"
     # A name the certificate does not hold: TLS refuses before anything is sent.
     wrong = _kubeconfig(tmp_path / "wrong", {**data, "tls-server-name": "not-it.example"}, creds)
     r = ddpjob(cluster, "list", "-n", namespace, "--kubeconfig", str(wrong))
@@ -144,8 +149,4 @@ def test_an_exec_credential_program(cluster, namespace, tmp_path):
         "certificate-authority": server["certificate-authority"],
     }
     kubeconfig = _kubeconfig(tmp_path / "exec", cluster_entry, execs, namespace)
-    version, allowed, ns, imported = _probe(kubeconfig, namespace)
-    assert version.startswith("v1.") and allowed == "True" and ns == namespace
-    assert imported == "True"
-    r = ddpjob(cluster, "list", "--kubeconfig", str(kubeconfig))
-    assert r.returncode == 0, r.stderr
+    assert _works_as_admin(cluster, kubeconfig, namespace) == "True"
