@@ -1,7 +1,8 @@
 """Kubeconfig shapes against the real API server, each used by a real command: what
 ``controller/kube/transport.py`` reads itself (certificates embedded as data, checked against
 ``tls-server-name``; a token file with ``insecure-skip-tls-verify``) and what it hands to the
-kubernetes client's loader (an ``exec`` credential program). A wrong token gets the plain 401
+kubernetes client's loader (an ``exec`` credential program); inside a pod, the service account.
+A wrong token gets the plain 401
 line, and a certificate kubeconfig pointed at another name than the server's certificate holds
 is refused by TLS, so the embedded CA really is what is checked."""
 
@@ -150,3 +151,32 @@ def test_an_exec_credential_program(cluster, namespace, tmp_path):
     }
     kubeconfig = _kubeconfig(tmp_path / "exec", cluster_entry, execs, namespace)
     assert _works_as_admin(cluster, kubeconfig, namespace) == "True"
+
+
+def test_inside_a_pod_the_service_account(cluster, namespace, tmp_path, monkeypatch):
+    """No kubeconfig and KUBERNETES_SERVICE_HOST set, as in a pod: the service account's
+    folder (CA, token, namespace) and the service address, here pointed at the real API server
+    with a real token of the namespace's default ServiceAccount."""
+    from urllib.parse import urlparse
+
+    from controller.errors import Forbidden
+    from controller.kube import transport
+    from controller.kube.client import Cluster
+
+    server, _ = _admin(cluster)
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "ca.crt").write_bytes(Path(server["certificate-authority"]).read_bytes())
+    (account / "namespace").write_text(namespace)
+    token = cluster.kubectl("create", "token", "default", "-n", namespace).stdout.strip()
+    (account / "token").write_text(token)
+    url = urlparse(server["server"])
+    monkeypatch.setattr(transport, "SERVICE_ACCOUNT", account)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", url.hostname)
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(url.port))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    c = Cluster()
+    assert c.server == server["server"] and c.default_namespace() == namespace
+    assert c.can_i("list", "pods", namespace=namespace)[0] is False  # authenticated, no Role
+    with pytest.raises(Forbidden, match="RBAC forbids this"):
+        c.list_pods(namespace, "a=b")
