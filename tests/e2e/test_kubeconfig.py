@@ -2,9 +2,9 @@
 ``controller/kube/transport.py`` reads itself (certificates embedded as data, checked against
 ``tls-server-name``; a token file with ``insecure-skip-tls-verify``) and what it hands to the
 kubernetes client's loader (an ``exec`` credential program); inside a pod, the service account.
-A wrong token gets the plain 401
-line, and a certificate kubeconfig pointed at another name than the server's certificate holds
-is refused by TLS, so the embedded CA really is what is checked."""
+A wrong token gets the plain 401 line, and a certificate kubeconfig pointed at another name than
+the server's certificate holds is refused by TLS, so the embedded CA really is what is checked.
+"""
 
 from __future__ import annotations
 
