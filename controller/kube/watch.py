@@ -8,6 +8,7 @@ that fresh in between).
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from typing import Any
 from controller.errors import ClusterError, Unreachable
 from controller.kube import tally
 from controller.kube.errors import api_message, short_reason, translate
+from controller.kube.logstream import READ_BYTES, line_blocks
 
 # Seconds to wait for the connection to open.
 CONNECT_TIMEOUT_S = 5
@@ -135,15 +137,8 @@ def watch(
 
 def _lines(resp: Any) -> Iterator[bytes]:
     """The non-empty lines of a watch response (one JSON event each), as they arrive."""
-    pending = b""
-    while True:
-        chunk = resp.read1(64 * 1024)
-        if not chunk:
-            break
-        *lines, pending = (pending + chunk).split(b"\n")
-        yield from (line for line in lines if line.strip())
-    if pending.strip():
-        yield pending
+    for block in line_blocks(functools.partial(resp.read1, READ_BYTES)):
+        yield from (line for line in block.split(b"\n") if line.strip())
 
 
 class _Outage:
