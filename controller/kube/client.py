@@ -85,13 +85,6 @@ class Cluster:
                 "kubernetes client; it is not installed (got ImportError)",
                 reason="ClientMissing",
             ) from None
-        except Exception as e:  # the kubernetes client's loader (exec): ConfigException and kin
-            if type(e).__name__ != "ConfigException" and not isinstance(e, OSError | ValueError):
-                raise
-            raise Unreachable(
-                f"kubeconfig: cannot load {where} (got {str(e).strip() or type(e).__name__})",
-                reason="BadKubeconfig",
-            ) from None
 
     def _json(
         self,

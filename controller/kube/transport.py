@@ -32,6 +32,8 @@ from typing import Any
 
 import urllib3
 
+from controller.kube import tally
+
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 # A rotated service account token is re-read at most this often (the kubernetes client: 60 s).
 TOKEN_REREAD_S = 60.0
@@ -101,8 +103,6 @@ class Transport:
         """``method path?query`` with ``body`` as JSON. ``stream``: the response is returned
         unread (the caller reads and closes it). An HTTP error raises :class:`ApiError`;
         connection errors are urllib3's."""
-        from controller.kube import tally
-
         tally.count(tally.request_kind(method, path, query))
         url = self.host + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
         headers = {"Accept": "application/json, */*"}
@@ -144,7 +144,8 @@ def _drain(resp: urllib3.BaseHTTPResponse) -> bytes:
 def connect(kubeconfig: str | None = None, context: str | None = None) -> Transport:
     """The API server of ``kubeconfig`` (else ``$KUBECONFIG``, else ``~/.kube/config``) and
     ``context`` (else its current context); inside a pod with neither, the service account's.
-    Raises :class:`ConfigError` (or the kubernetes client's ConfigException on its path)."""
+    Raises :class:`ConfigError`, or ImportError for a credential program without the
+    kubernetes client."""
     if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
         return in_cluster()
     paths = _kubeconfig_paths(kubeconfig)
@@ -358,22 +359,25 @@ def _by_kubernetes_client(
     from kubernetes import client, config
 
     configuration = client.Configuration()
-    config.load_kube_config(
-        config_file=kubeconfig,
-        context=context,
-        client_configuration=configuration,
-        persist_config=False,
-    )
 
     def read(path: str | None) -> bytes | None:
         return Path(path).read_bytes() if path else None
 
-    tls = _tls_context(
-        configuration.verify_ssl,
-        ca=read(configuration.ssl_ca_cert),
-        cert=read(configuration.cert_file),
-        key=read(configuration.key_file),
-    )
+    try:
+        config.load_kube_config(
+            config_file=kubeconfig,
+            context=context,
+            client_configuration=configuration,
+            persist_config=False,
+        )
+        ca, cert, key = (
+            read(configuration.ssl_ca_cert),
+            read(configuration.cert_file),
+            read(configuration.key_file),
+        )
+    except (config.ConfigException, OSError, ValueError) as e:
+        raise ConfigError(str(e).strip() or type(e).__name__) from None
+    tls = _tls_context(configuration.verify_ssl, ca=ca, cert=cert, key=key)
     return Transport(
         configuration.host,
         tls,

@@ -333,6 +333,37 @@ def test_bad_credentials_in_a_kubeconfig_say_which(tmp_path, user, words):
     assert r.stderr.count("\n") == 1 and "Fix the kubeconfig" in r.stderr, r.stderr
 
 
+def test_a_bad_kubeconfig_on_the_kubernetes_clients_path_says_which(tmp_path):
+    """An exec user is loaded by the kubernetes client's loader: what it refuses (here the
+    cluster's CA file is missing) is the same one line as on ddpjob's own path."""
+    path = _write(
+        tmp_path / "config",
+        {
+            "clusters": [
+                {
+                    "name": "c",
+                    "cluster": {
+                        "server": "https://127.0.0.1:1",
+                        "certificate-authority": "nothere.crt",
+                    },
+                }
+            ],
+            "users": [{"name": "u", "user": {"exec": {"command": "echo", "args": ["{}"]}}}],
+            "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+            "current-context": "x",
+        },
+    )
+    r = subprocess.run(
+        [PY, "-m", "controller", "status", "q", "--kubeconfig", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"error: kubeconfig: cannot load {path} (got " in r.stderr, r.stderr
+    assert "nothere.crt" in r.stderr and "Fix the kubeconfig" in r.stderr, r.stderr
+
+
 def test_a_plain_kubeconfig_never_imports_the_kubernetes_client(tmp_path):
     """The point of transport.py: a token or certificate kubeconfig costs no import of the
     ~800-module generated client; a kubeconfig that runs a credential program does load it."""
