@@ -186,6 +186,18 @@ def last_termination(pod: dict[str, Any]) -> dict[str, Any]:
     return (cs.get("lastState") or {}).get("terminated") or {}
 
 
+def termination_run(pod: dict[str, Any]) -> tuple[tuple[str, int], bool]:
+    """Which container run :func:`last_termination` describes: ``(pod uid, run index)``, the
+    key a run's kept log is found by, and whether it is the previous run (the container has
+    restarted in place since)."""
+    cs = container_status(pod)
+    previous = not (cs.get("state") or {}).get("terminated") and bool(
+        (cs.get("lastState") or {}).get("terminated")
+    )
+    uid = pod.get("metadata", {}).get("uid", "")
+    return (uid, int(cs.get("restartCount", 0)) - previous), previous
+
+
 @dataclass
 class ReplicaRow:
     """One line of ``status``'s replica table."""
@@ -377,20 +389,17 @@ def explain_failure(job: dict[str, Any], pods: list[dict[str, Any]]) -> Failure:
             node_rank(c[1]),
         ),
     )
-    cs = container_status(pod)
-    in_previous = not (cs.get("state") or {}).get("terminated") and bool(
-        (cs.get("lastState") or {}).get("terminated")
-    )
+    run, in_previous = termination_run(pod)
     return Failure(
         replica=replica_name(pod),
         pod=pod["metadata"]["name"],
         exit_code=term.get("exitCode"),
         reason=term.get("reason") or "Error",
         message=(term.get("message") or "").strip(),
-        restarts=int(cs.get("restartCount", 0)),
+        restarts=int(container_status(pod).get("restartCount", 0)),
         previous=in_previous,
         meaning=termination_meaning(pod, term),
-        run=(pod["metadata"].get("uid", ""), int(cs.get("restartCount", 0)) - in_previous),
+        run=run,
     )
 
 

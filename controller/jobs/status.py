@@ -12,7 +12,6 @@ from controller.errors import ClusterError, JobFailed
 from controller.jobs.apis import JobKind
 from controller.jobs.explain import (
     age,
-    container_status,
     explain_failure,
     is_elastic,
     job_kind,
@@ -23,6 +22,7 @@ from controller.jobs.explain import (
     pod_kind,
     replica_rows,
     sort_events,
+    termination_run,
 )
 from controller.jobs.find import find_job
 from controller.jobs.rank0 import rank0_pod
@@ -54,10 +54,7 @@ class PodHistory:
         term = last_termination(pod)
         if not term or term.get("exitCode", 0) == 0:
             return
-        cs = container_status(pod)
-        restarts = int(cs.get("restartCount", 0))
-        previous = not (cs.get("state") or {}).get("terminated")
-        key = (meta.get("uid", ""), restarts - previous)
+        key, previous = termination_run(pod)
         if key in self._read:
             return
         self._read.add(key)
