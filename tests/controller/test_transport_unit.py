@@ -295,6 +295,18 @@ def test_a_token_file_is_read_again_as_it_rotates(tmp_path, monkeypatch):
     assert auth() == "Bearer two"
 
 
+def _status_refused(kubeconfig: Path) -> subprocess.CompletedProcess:
+    """``status`` with ``kubeconfig``: exit 1, no traceback (the caller checks the line)."""
+    r = subprocess.run(
+        [PY, "-m", "controller", "status", "q", "--kubeconfig", str(kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    return r
+
+
 @pytest.mark.parametrize(
     ("user", "words"),
     [
@@ -322,13 +334,7 @@ def test_bad_credentials_in_a_kubeconfig_say_which(tmp_path, user, words):
     )
     with pytest.raises(ConfigError, match=words):
         transport.connect(str(path))
-    r = subprocess.run(
-        [PY, "-m", "controller", "status", "q", "--kubeconfig", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    r = _status_refused(path)
     assert r.stderr.startswith(f"error: kubeconfig: cannot load {path} (got "), r.stderr
     assert r.stderr.count("\n") == 1 and "Fix the kubeconfig" in r.stderr, r.stderr
 
@@ -353,13 +359,7 @@ def test_a_bad_kubeconfig_on_the_kubernetes_clients_path_says_which(tmp_path):
             "current-context": "x",
         },
     )
-    r = subprocess.run(
-        [PY, "-m", "controller", "status", "q", "--kubeconfig", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    r = _status_refused(path)
     assert f"error: kubeconfig: cannot load {path} (got " in r.stderr, r.stderr
     assert "nothere.crt" in r.stderr and "Fix the kubeconfig" in r.stderr, r.stderr
 
