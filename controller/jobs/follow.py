@@ -5,11 +5,11 @@ A container run is identified by (pod UID, restartCount): a pod the operator re-
 new UID and its log starts from line 0; a container restarted in place gets restartCount + 1
 and its predecessor's log stays readable with ``previous=true``. Within one run the log is
 streamed with timestamps; when a stream breaks (API server restart, network) it is re-opened
-from the second of the last line printed (``sinceTime``) and a ``LineCursor`` drops what was
-already printed, by timestamp (and, for lines sharing one timestamp, by how many of those were
-printed). When a run ends its log is read once more without ``follow``, from that second on, so
-the tail the stream had not delivered yet is not lost; a run that had already ended when it
-was first seen is read that way only, once.
+from the second before the last line printed (``sinceTime``) and a ``LineCursor`` drops what was
+already printed: every line up to that last one, matched by its text and timestamp (a log's
+timestamps can go back, so time alone cannot tell). When a run ends its log is read once more
+without ``follow``, from that second on, so the tail the stream had not delivered yet is not
+lost; a run that had already ended when it was first seen is read that way only, once.
 
 Lines travel in batches (what one network read delivered): one cursor step, one write and one
 flush per batch, and memory bounded by a batch whatever the log's length.
@@ -33,6 +33,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 from controller.errors import ClusterError, Forbidden, NotFound, Unreachable
@@ -79,8 +80,20 @@ class LineCursor:
     """What has been printed of one container run; ``take`` keeps the lines that are new.
 
     Call ``restart_pass()`` before re-reading the run's log (from its beginning, or from
-    ``since()``). Within a pass, once one line was new every later one is (a log's timestamps
-    do not go back), so from there on lines are taken without parsing their timestamps.
+    ``since()``), and ``end_pass()`` when a read that is not followed has delivered everything.
+
+    A re-read is matched by position, not by time. The lines printed are a prefix of the log
+    file, and the API server sends the lines from ``since()`` on in file order, so the lines of a
+    re-read up to the last one printed (``last``, timestamp included) were printed and every
+    line after it is new. Timestamps alone cannot say that: containerd stamps stdout and stderr
+    lines separately, so a line written later can carry an earlier time (a stderr line
+    written before a stdout line, stamped after it). ``since()`` is the second *before* the last
+    line printed, so a new line stamped up to a second before it is still sent.
+
+    Until ``last`` turns up, the lines of the pass are held back, not dropped: if the log was
+    rotated past ``last`` (the kubelet serves only the current file), ``last`` never comes, and
+    all that was read is new. That is known at a line stamped two seconds after ``last`` (no
+    earlier line is stamped that late) or at ``end_pass()``.
 
     ``timestamps=False``: the log is read without timestamps (a third fewer bytes for the API
     server to send) and a re-read from the beginning skips the lines already printed by count.
@@ -90,42 +103,26 @@ class LineCursor:
     def __init__(self, timestamps: bool = True) -> None:
         self.timestamps = timestamps
         self.count = 0  # lines printed from this run
-        self.last_ts: tuple[str, int] | None = None
-        self.at_last_ts = 0  # lines printed that carry exactly last_ts
+        self.last: str | None = None  # the last line printed, timestamp included
+        self.last_run = 0  # how many of the lines printed last are that same line
         self._pass_lines = 0
-        self._pass_at_ts = 0
-        self._caught_up = True  # this pass is past what was printed before
+        self._searching = False  # this pass has not reached `last` yet
+        self._seen = 0  # lines equal to `last` in this pass so far
+        self._held: list[str] = []  # lines of this pass read while searching
+        self._bound: str | None = None  # a line stamped this second or later is after `last`
 
     def restart_pass(self) -> None:
         self._pass_lines = 0
-        self._pass_at_ts = 0
-        self._caught_up = self.count == 0
+        self._seen = 0
+        self._held = []
+        self._searching = self.timestamps and self.count > 0
+        stamp = split_timestamp(self.last)[0] if self._searching and self.last else None
+        self._bound = _shift_second(stamp[0], 2) if stamp else None
 
     def since(self) -> str | None:
-        """RFC 3339 second of the last line printed: a re-read from there misses nothing."""
-        return None if self.last_ts is None else f"{self.last_ts[0]}Z"
-
-    def accept(self, ts: tuple[str, int] | None) -> bool:
-        """One line of the pass, by its timestamp: True if it was not printed before."""
-        self._pass_lines += 1
-        if ts is None:  # no timestamps: count lines
-            if self._pass_lines <= self.count:
-                return False
-            self.count += 1
-            self._caught_up = True
-            return True
-        if self.last_ts is not None and ts < self.last_ts:
-            return False
-        if ts == self.last_ts:
-            self._pass_at_ts += 1
-            if self._pass_at_ts <= self.at_last_ts:
-                return False
-            self.at_last_ts += 1
-        else:
-            self.last_ts, self.at_last_ts, self._pass_at_ts = ts, 1, 1
-        self.count += 1
-        self._caught_up = True
-        return True
+        """RFC 3339 second before the last line printed: a re-read from there misses nothing."""
+        stamp = split_timestamp(self.last)[0] if self.last is not None else None
+        return None if stamp is None else f"{_shift_second(stamp[0], -1)}Z"
 
     def take(self, raw: list[str]) -> list[str]:
         """The texts (timestamps cut off) of the lines in ``raw`` not printed before."""
@@ -135,36 +132,51 @@ class LineCursor:
             new = raw[skip:] if skip else raw
             self.count += len(new)
             return new
-        out: list[str] = []
-        i = 0
-        while i < len(raw) and not self._caught_up:
-            ts, text = split_timestamp(raw[i])
-            i += 1
-            if self.accept(ts):
-                out.append(text)
-        rest = raw[i:] if i else raw
-        if not rest:
-            return out
-        last_ts, _ = split_timestamp(rest[-1])
-        if last_ts is None or split_timestamp(rest[0])[0] is None:  # not timestamped: slowly
-            for line in rest:
-                ts, text = split_timestamp(line)
-                if self.accept(ts):
-                    out.append(text)
-            return out
-        out.extend([line.partition(" ")[2] for line in rest])
-        head = rest[-1].partition(" ")[0]
-        same = 1  # lines at the end of the batch sharing the last one's timestamp
-        while same < len(rest) and rest[-1 - same].partition(" ")[0] == head:
-            same += 1
-        if same == len(rest) and last_ts == self.last_ts:
-            self.at_last_ts += same
+        if not self._searching:
+            return self._print(raw)
+        for i, line in enumerate(raw):
+            if line == self.last:
+                self._seen += 1
+                if self._seen >= self.last_run:  # the last line printed: the rest is new
+                    self._searching, self._held = False, []
+                    return self._print(raw[i + 1 :])
+            elif self._bound is not None:
+                stamp = split_timestamp(line)[0]
+                if stamp is not None and stamp[0] >= self._bound:  # `last` is not in this log
+                    held, self._held, self._searching = self._held, [], False
+                    return self._print(held + raw[i:])
+            self._held.append(line)
+        return []
+
+    def end_pass(self) -> list[str]:
+        """The pass delivered all there is: if it never reached ``last``, what it held is new."""
+        held, self._held, self._searching = self._held, [], False
+        return self._print(held)
+
+    def _print(self, lines: list[str]) -> list[str]:
+        if not lines:
+            return []
+        last = lines[-1]
+        run = 1  # the lines at the end equal to the last one
+        while run < len(lines) and lines[-1 - run] == last:
+            run += 1
+        if run == len(lines) and last == self.last:
+            self.last_run += run
         else:
-            self.last_ts, self.at_last_ts = last_ts, same
-        self._pass_at_ts = self.at_last_ts
-        self.count += len(rest)
-        self._pass_lines += len(rest)
-        return out
+            self.last, self.last_run = last, run
+        self.count += len(lines)
+        if split_timestamp(lines[0])[0] is None or split_timestamp(last)[0] is None:
+            return [split_timestamp(line)[1] for line in lines]  # not timestamped: slowly
+        return [line.partition(" ")[2] for line in lines]
+
+
+def _shift_second(second: str, by: int) -> str:
+    """``2026-01-02T03:04:05`` moved by ``by`` seconds, in the same form."""
+    moved = datetime.strptime(second, _SECOND) + timedelta(seconds=by)
+    return moved.strftime(_SECOND)
+
+
+_SECOND = "%Y-%m-%dT%H:%M:%S"
 
 
 class _Run:
@@ -302,14 +314,19 @@ class RankFollower:
                     self.say(f"logs: stream of {run.pod} broke; re-attaching")
                 run.stop.wait(min(2.0, 0.1 * failures))
 
-    def _offer(self, run: _Run, batch: list[str], *, final: bool = False) -> None:
+    def _offer(
+        self, run: _Run, batch: list[str], *, final: bool = False, end: bool = False
+    ) -> None:
         """Lines read from ``run``'s log: print the new ones (elastic: if ``run`` is rank 0's).
-        Once the run is stopped only its final read may offer (a slow reader thread may not)."""
+        Once the run is stopped only its final read may offer (a slow reader thread may not);
+        ``end``: that read delivered all there is."""
         run.last_line_at = self._last_line_at = time.monotonic()
         with run.lock:
             if run.stop.is_set() and not final:
                 return
             new = run.cursor.take(batch)
+            if end:
+                new += run.cursor.end_pass()
             if not new:
                 return
             with self._emit_lock:
@@ -418,6 +435,7 @@ class RankFollower:
         try:
             for batch in stream.batches():
                 self._offer(run, batch, final=True)
+            self._offer(run, [], final=True, end=True)
         finally:
             stream.close()
 

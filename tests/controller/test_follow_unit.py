@@ -221,7 +221,7 @@ def test_a_run_that_ended_before_it_was_seen_is_read_once_without_follow():
     assert c.opened == [("j-master-0", False, None)]  # one pass: no stream, no quiet wait
 
 
-def test_a_broken_stream_reattaches_from_the_second_of_the_last_line_printed():
+def test_a_broken_stream_reattaches_from_the_second_before_the_last_line_printed():
     c = FakeCluster()
     c.pod_event("ADDED", "j-master-0", "a", "running")
     out: list[str] = []
@@ -238,8 +238,9 @@ def test_a_broken_stream_reattaches_from_the_second_of_the_last_line_printed():
     t.join(timeout=20)
     assert out == [f"early {i}" for i in range(5)] + [f"late {i}" for i in range(6)]
     follows = [since for pod, follow, since in c.opened if follow]
-    assert follows[0] is None and follows[1] == "2026-01-01T00:00:03Z"
-    assert c.opened[-1] == ("j-master-0", False, "2026-01-01T00:00:03Z")  # the final read
+    # the last line printed before the break is stamped :03, so the re-read starts at :02
+    assert follows[0] is None and follows[1] == "2026-01-01T00:00:02Z"
+    assert c.opened[-1] == ("j-master-0", False, "2026-01-01T00:00:02Z")  # the final read
 
 
 def _start(hostname: str) -> str:
