@@ -70,6 +70,21 @@ def test_bad_arguments_are_one_line_and_exit_2(args: list[str], message: str) ->
     assert line.startswith("gpu_check: ") and message in line
 
 
+def test_the_default_fill_is_the_run_that_met_the_mfu_goal(tmp_path: Path) -> None:
+    """On a GPU the one command measures what docs/gpu.md's results stand on: the fill at
+    `large`, batch 24 (49.2% MFU on an H100), the other scenarios at `small`. The CPU dry run
+    keeps `tiny` for both."""
+    args = gc.parse_args([])
+    assert (args.size, args.fill_size, args.budget_s) == ("small", "large", 540)
+    fill, _ = gc.Plan(args, tmp_path).overrides("fill")
+    assert (fill["task_args.n_layer"], fill["task_args.n_embd"]) == (24, 2048)
+    assert (fill["task_args.block_size"], fill["batch_size"]) == (1024, 24)
+    assert (fill["precision"], fill["compile"]) == ("bf16", True)
+    dry = gc.parse_args(["--cpu-dry-run"])
+    assert (dry.size, dry.fill_size) == ("tiny", "tiny")
+    assert gc.parse_args(["--fill-size", "medium"]).fill_size == "medium"
+
+
 def test_schema_is_the_report_models_json_schema() -> None:
     p = _run(["--schema"], CUDA_VISIBLE_DEVICES="")  # needs no GPU
     assert p.returncode == 0, p.stderr
