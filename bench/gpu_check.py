@@ -21,7 +21,7 @@ with ``backend=nccl``, read through its JSON-lines events, its checkpoint and NC
     fill     bf16 + compile at --fill-size (MFU)    syncbn   vision, 2 GPUs, sync_batchnorm
 
 --size defaults to small (GPT-2 small's shape), --fill-size to large at batch 24: the fill that
-met the 45% MFU goal on an H100 (49.2%, docs/gpu.md). The whole default run takes about 400 s
+met the 45% MFU goal on an H100 (48.9-49.2%, docs/gpu.md). The whole default run took 398.5 s
 there, inside the default --budget-s 540. The CPU dry run uses tiny for both.
 
 In this process: the GPU's name (-> its peak dense bf16 FLOP/s), an 8192^3 bf16 matmul timed
