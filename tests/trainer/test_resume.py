@@ -95,7 +95,7 @@ def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(tmp_path: Path) ->
         assert n * accum <= len(_records(tmp_path / "resumed" / "rec", rank)) < 2 * n * accum
 
     resumed = run(torchrun_cmd(2, *args("resumed")))
-    assert resumed.rc == 0, resumed.stderr[-2000:]
+    assert resumed.rc == 0, resumed.stderr[-8000:]  # the rank's own error is above torchrun's
     (note,) = resumed.of("resume")
     assert note["step"] == n and note["path"].endswith(f"step_{n:08d}.pt")
 
