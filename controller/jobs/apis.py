@@ -68,6 +68,9 @@ class JobKind:
     version: str
     #: Condition types that mean the job ended, mapped to SUCCEEDED / FAILED.
     terminal_conditions: dict[str, str]
+    #: After the job is deleted and its pods are gone, how long to watch for pods created again
+    #: by a controller that has not seen the deletion yet (0: they are not).
+    pods_recreated_within_s: float = 0.0
 
     # -- pods ---------------------------------------------------------------------------------
 
@@ -198,6 +201,11 @@ class TrainJobKind(JobKind):
     controller_name = "Trainer controller"
     version = TRAINER_VERSION
     terminal_conditions = {"Complete": SUCCEEDED, "Failed": FAILED}
+    # The Trainer controller creates the JobSet again while the TrainJob is being deleted: on
+    # the local cluster in 9 deletes of 9, 1 to 6 times each. Foreground deletion waits for
+    # those, but the last can come as the TrainJob goes (the JobSet deleted at t, created
+    # again at t + 0.08 s, its Job and two pods at t + 0.1-0.23 s, collected 1.7 s later).
+    pods_recreated_within_s = 5.0
 
     def pods_selector(self, job_name: str) -> str:
         return f"{LABEL_JOBSET_NAME}={job_name}"

@@ -112,7 +112,9 @@ def wait_deleted(
 
     Foreground deletion removes the pods first only where every owner reference on the way
     blocks its owner's deletion; a TrainJob's JobSet, Job and pods may outlive it, and pods take
-    their grace period to stop. "Deleted, and its pods" must be true when this returns."""
+    their grace period to stop. A kind whose controller can create the pods again after that
+    (``pods_recreated_within_s``) is watched that long after its pods are gone, and waited for
+    again if any come. "Deleted, and its pods" must be true when this returns."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     gone = False
     for etype, obj in cluster.watch(
@@ -121,19 +123,8 @@ def wait_deleted(
         if etype == "DELETED" or job_count(etype, obj) == 0:
             gone = True
             break
-    if gone:
-        pods: set[str] = set()
-        for etype, obj in cluster.watch(
-            "pod", namespace, selector=kind.pods_selector(name), deadline=deadline
-        ):
-            # A (re-)list reports what vanished as DELETED and what is there as ADDED, then
-            # RESYNC: the set is right after each event.
-            if etype == "DELETED":
-                pods.discard(obj["metadata"]["name"])
-            elif etype != RESYNC:
-                pods.add(obj["metadata"]["name"])
-            if etype in (RESYNC, "DELETED") and not pods:
-                return
+    if gone and _pods_gone(cluster, kind, name, namespace, deadline):
+        return
     what = "still exists" if not gone else "is gone, but some of its pods are not"
     raise WaitTimeout(
         f"delete: job {namespace}/{name} {what} after {timeout_s:g} s "
@@ -143,6 +134,40 @@ def wait_deleted(
         deleting=True,
         pods_selector=kind.pods_selector(name),
     )
+
+
+def _pods_gone(
+    cluster: Cluster, kind: JobKind, name: str, namespace: str, deadline: float | None
+) -> bool:
+    """Watch the job's pods until there are none (and none came again for
+    ``kind.pods_recreated_within_s``): True, or False at ``deadline``."""
+    pods: set[str] = set()
+    quiet_until: float | None = None  # no pods since; done if none comes by then
+    while deadline is None or time.monotonic() < deadline:
+        until = deadline
+        if quiet_until is not None:
+            until = quiet_until if deadline is None else min(deadline, quiet_until)
+        for etype, obj in cluster.watch(
+            "pod", namespace, selector=kind.pods_selector(name), deadline=until
+        ):
+            # A (re-)list reports what vanished as DELETED and what is there as ADDED, then
+            # RESYNC: the set is right after each event.
+            if etype == "DELETED":
+                pods.discard(obj["metadata"]["name"])
+            elif etype != RESYNC:
+                pods.add(obj["metadata"]["name"])
+            if pods:
+                quiet_until = None
+            elif etype in (RESYNC, "DELETED"):
+                if not kind.pods_recreated_within_s:
+                    return True
+                if quiet_until is None:
+                    quiet_until = time.monotonic() + kind.pods_recreated_within_s
+                    break  # watch again, until the quiet time is up
+        else:  # the watch ended at `until`
+            if quiet_until is not None and time.monotonic() >= quiet_until:
+                return True
+    return False
 
 
 class _PodRecorder:
