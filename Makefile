@@ -110,10 +110,10 @@ e2e: venv $(NODE_DEPS)  ## the end-to-end and local-cluster tests only
 bench: venv  ## benchmarks: ratios measured side by side in one run
 	$(PY) bench/run.py
 
-# The wheels a lent GPU machine's image lacks (bench/gpu-wheels.txt), for its Python (CPython
-# 3.12, x86-64): the device tool's run carries .whl/ (git-ignored) and bench/gpu_env.sh installs
+# The wheels a lent GPU machine's image lacks (bench/gpu/wheels.txt), for its Python (CPython
+# 3.12, x86-64): the device tool's run carries .whl/ (git-ignored) and bench/gpu/env.sh installs
 # them there. See docs/gpu.md for the whole run.
-GPU_WHEELS := bench/gpu-wheels.txt
+GPU_WHEELS := bench/gpu/wheels.txt
 GPU_WHEEL_TARGET := --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
 	--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64
@@ -126,8 +126,8 @@ gpu-wheels:  ## download into .whl/ the wheels a lent GPU machine lacks (docs/gp
 		$$(grep -v '^#' $(GPU_WHEELS) | grep 'if-older' | cut -d' ' -f1)
 	@ls .whl/*.whl .whl/if-older/*.whl
 
-gpu-dry-run: venv  ## bench/gpu_check.py's harness on CPU: the real trainer runs, GPU checks skipped
-	$(PY) bench/gpu_check.py --cpu-dry-run --only fp32,bf16,fp16,resume --steps 8
+gpu-dry-run: venv  ## bench/gpu/check.py's harness on CPU: the real trainer runs, GPU checks skipped
+	$(PY) bench/gpu/check.py --cpu-dry-run --only fp32,bf16,fp16,resume --steps 8
 
 # With docker, exactly the build Docker users always had; with podman the same Dockerfile through
 # localkube.images (containers.conf, the host's CA and pip.conf for pip, SOURCE_DIGEST for

@@ -74,7 +74,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"run --cleanup: takes no SPEC (got {args.spec}); it removes what any earlier "
                 f"run --container left behind. Run `{CLI} run --cleanup` alone"
             )
-        from controller.local_container import cleanup
+        from controller.local.container import cleanup
 
         return cleanup(args.engine or "auto")
     if args.spec is None:
@@ -92,12 +92,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     spec = load_spec(args.spec, args.set)
     if args.container:
-        from controller.local_container import run_container
+        from controller.local.container import run_container
 
         return run_container(
             spec, engine=args.engine or "auto", logs_dir=args.logs_dir, grace_s=args.grace_s
         )
-    from controller.local import run_local
+    from controller.local.processes import run_local
 
     return run_local(spec, logs_dir=args.logs_dir, grace_s=args.grace_s)
 

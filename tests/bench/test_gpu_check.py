@@ -1,4 +1,4 @@
-"""``python bench/gpu_check.py`` as a command: its exits, its trainer command lines, and a real
+"""``python bench/gpu/check.py`` as a command: its exits, its trainer command lines, and a real
 run of its harness on CPU (``--cpu-dry-run``), where the GPU-only checks are skipped.
 """
 
@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_check as gc
-from bench.gpu_figures import lm_flops_per_token
-from bench.gpu_report import Report
+from bench.gpu import check as gc
+from bench.gpu.figures import lm_flops_per_token
+from bench.gpu.report import Report
 from trainer.config import load_config
 from trainer.tasks import load_task
 from trainer.tasks.lm import LMTask
 
 REPO = Path(__file__).resolve().parents[2]
-CHECK = [sys.executable, "bench/gpu_check.py"]
+CHECK = [sys.executable, "bench/gpu/check.py"]
 
 
 def _run(args: list[str], timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
@@ -130,7 +130,7 @@ def test_flops_are_counted_from_the_config_the_run_printed() -> None:
     vocab = len(LMTask().vocab)
     config = {"task": "lm", "task_args": {"n_layer": 3, "n_embd": 48, "block_size": 20}}
     assert gc.lm_flops_of(config) == lm_flops_per_token(3, 48, 20, vocab)
-    probe = {"task": "bench.gpu_probe_task:build", "task_args": {"overflow_at_step": 3}}
+    probe = {"task": "bench.gpu.probe_task:build", "task_args": {"overflow_at_step": 3}}
     defaults = LMTask().model_args
     assert gc.lm_flops_of(probe) == lm_flops_per_token(
         defaults["n_layer"], defaults["n_embd"], defaults["block_size"], vocab
@@ -221,4 +221,4 @@ def test_cpu_dry_run_runs_the_real_trainer_and_reports(tmp_path: Path) -> None:
     assert report.mfu.best == max(r.mfu for r in report.runs.values())
     text = log.read_text()
     assert all(f"===== {name}: exit 0" in text for name in report.runs)
-    assert "task=bench.gpu_probe_task:build" in text
+    assert "task=bench.gpu.probe_task:build" in text

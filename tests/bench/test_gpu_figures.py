@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench.gpu_figures import MFU_GOAL, lm_flops_per_token, mfu, peak_bf16_tflops
+from bench.gpu.figures import MFU_GOAL, lm_flops_per_token, mfu, peak_bf16_tflops
 from trainer.tasks.lm import LMTask
 
 # (n_layer, n_head, n_embd, block_size, seq_len, batch): the default lm size, odd shapes, a

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_report as rep
+from bench.gpu import report as rep
 
 REPO = Path(__file__).resolve().parents[2]
 

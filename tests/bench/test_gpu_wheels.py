@@ -1,4 +1,4 @@
-"""bench/gpu-wheels.txt: the wheels a lent GPU machine lacks, pinned to what the tests run.
+"""bench/gpu/wheels.txt: the wheels a lent GPU machine lacks, pinned to what the tests run.
 
 The GPU machines' image (the device tool's KINDS.md, package list read 2026-11-17) holds torch,
 PyYAML, nvidia-ml-py, tqdm, numpy, packaging and typing-extensions, and not pydantic. The
@@ -27,7 +27,7 @@ def _norm(name: str) -> str:
 def _pins() -> tuple[dict[str, str], dict[str, str]]:
     """(always, if-older): name -> pinned version."""
     always, if_older = {}, {}
-    for line in (REPO / "bench" / "gpu-wheels.txt").read_text().splitlines():
+    for line in (REPO / "bench" / "gpu" / "wheels.txt").read_text().splitlines():
         if not line.strip() or line.startswith("#"):
             continue
         spec, _, comment = line.partition("#")

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from controller.errors import JobFailed, UserError
-from controller.local import node_command, node_path, operator_env, run_local, spec_env
+from controller.local.processes import node_command, node_path, operator_env, run_local, spec_env
 from controller.spec import validate_spec
 from tests.controller.conftest import PYTHON, REPO, minimal
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.engine import (
+from controller.local.engine import (
     LABEL_JOB,
     LABEL_OWNER,
     LABEL_RUN,
@@ -34,7 +34,7 @@ from controller.engine import (
     owner_id,
 )
 from controller.errors import UserError
-from controller.local_container import (
+from controller.local.container import (
     Mount,
     boxes,
     checkpoint_note,
@@ -546,7 +546,7 @@ def test_no_engine_is_one_line(tmp_path):
 
 def test_gpus_the_machine_lacks_are_one_line(tmp_path):
     _need_podman()
-    from controller.local_container import host_gpus
+    from controller.local.container import host_gpus
 
     spec = write(tmp_path, minimal(name="ct-gpu", nodes=2, resources={"gpus": 16}))
     line = _one_line(ddpjob("run", str(spec), "--local", "--container", cwd=tmp_path))

@@ -25,11 +25,11 @@ elastic job's and a TrainJob's containers start together, as their pods do.
 Rank 0 drives the progress bar, every node's output goes to ``runs/<name>/logs/rank-<node>.log``,
 a failing node stops the others and is reported with its exit code and last lines, Ctrl-C or
 SIGTERM stops every container (SIGTERM to its PID 1, SIGKILL after the grace period): the same
-runner as ``run --local`` (controller/local.py), with containers for processes.
+runner as ``run --local`` (controller/local/processes.py), with containers for processes.
 
 Nothing stays behind: containers run with ``--rm``; at the end the run's containers and network
-are removed. A janitor process (controller/local_janitor.py) does it if the controller is killed.
-Every object carries the run id and its owner (controller/engine.py), so a run first removes what
+are removed. A janitor process (controller/local/janitor.py) does it if the controller is killed.
+Every object carries the run id and its owner (controller/local/engine.py), so a run first removes what
 runs whose controller is gone left behind; ``run --cleanup`` does only that.
 """
 
@@ -48,7 +48,7 @@ from decimal import Decimal
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from controller.engine import (
+from controller.local.engine import (
     LABEL_JOB,
     LABEL_OWNER,
     LABEL_RUN,
@@ -67,8 +67,8 @@ from controller.kubeflow import (
     TRAINJOB_REPLICATED_JOB,
     trainjob_master_addr,
 )
-from controller.local import Node, _Runner, _sayer, _signals_to, operator_env, spec_env
-from controller.local_janitor import Janitor, chown_tree
+from controller.local.processes import Node, _Runner, _sayer, _signals_to, operator_env, spec_env
+from controller.local.janitor import Janitor, chown_tree
 from controller.progress import Progress
 from controller.render.pod import container_args, container_command, pod_labels
 from controller.spec import JobSpec, parse_quantity

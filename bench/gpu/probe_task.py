@@ -1,6 +1,6 @@
 """gpu_check's task plug-in: the ``lm`` task with one forced fp16 gradient overflow.
 
-``task=bench.gpu_probe_task:build task_args.overflow_at_step=3`` trains exactly what ``task=lm``
+``task=bench.gpu.probe_task:build task_args.overflow_at_step=3`` trains exactly what ``task=lm``
 trains, except that on the 3rd training micro-batch the gradient flowing back into the logits
 is multiplied by 2**40 in the logits' own dtype. Under fp16 autocast the logits are fp16, so
 the gradient overflows to inf as a real overflow would; GradScaler finds inf in the unscaled
@@ -58,5 +58,5 @@ class OverflowLMTask(LMTask):
         return super().loss(model, batch)
 
 
-# The factory for ``task=bench.gpu_probe_task:build``.
+# The factory for ``task=bench.gpu.probe_task:build``.
 build = OverflowLMTask

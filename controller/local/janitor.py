@@ -3,7 +3,7 @@
 The controller starts it before it creates anything, in a session of its own (Ctrl-C in the
 terminal does not reach it), with the run's plan as JSON and a pipe on its stdin:
 
-    python -m controller.local_janitor '{"engine": {...}, "containers": [...], ...}'
+    python -m controller.local.janitor '{"engine": {...}, "containers": [...], ...}'
 
 After its own clean-up the controller writes ``done`` and closes the pipe; the janitor exits.
 When the pipe closes without ``done`` (the controller was killed, even by SIGKILL, and the
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from controller.engine import Engine, remove
+from controller.local.engine import Engine, remove
 
 DONE = b"done"
 
@@ -36,7 +36,7 @@ class Janitor:
         root = str(Path(__file__).resolve().parents[1])
         path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "controller.local_janitor", json.dumps(plan)],
+            [sys.executable, "-m", "controller.local.janitor", json.dumps(plan)],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

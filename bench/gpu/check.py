@@ -4,12 +4,12 @@ Runbook (docs/gpu.md has every step)::
 
     make gpu-wheels                # here, once: .whl/ holds what the GPU machine's image lacks
     # on the GPU machine, from the repo root (the device tool's run, carry [".whl"]):
-    . bench/gpu_env.sh && python3 bench/gpu_check.py --log $OUT/gpu_check.log \
+    . bench/gpu/env.sh && python3 bench/gpu/check.py --log $OUT/gpu_check.log \
         | tee $OUT/gpu_report.json
 
-    python bench/gpu_check.py --cpu-dry-run --only fp32,bf16,fp16,resume   # the harness on CPU
-    python bench/gpu_check.py --only fill --fill-size medium              # another MFU size
-    python bench/gpu_check.py --schema                                    # the report's schema
+    python bench/gpu/check.py --cpu-dry-run --only fp32,bf16,fp16,resume   # the harness on CPU
+    python bench/gpu/check.py --only fill --fill-size medium              # another MFU size
+    python bench/gpu/check.py --schema                                    # the report's schema
 
 Each scenario is the real trainer, ``torchrun --nproc-per-node 1 -m trainer key=value ...``
 with ``backend=nccl``, read through its JSON-lines events, its checkpoint and NCCL's own log
@@ -30,7 +30,7 @@ kernel. stdout carries the report alone; progress goes to stderr; ``--log`` keep
 output. A time budget (--budget-s) leaves room to print the report inside one device call.
 
 Exit codes: 0 no check failed, 1 a check failed, 2 bad arguments, 3 no CUDA GPU here,
-4 a package the trainer needs is missing (install the wheels: bench/gpu_env.sh).
+4 a package the trainer needs is missing (install the wheels: bench/gpu/env.sh).
 """
 
 from __future__ import annotations
@@ -56,11 +56,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.gpu_figures import lm_flops_per_token, peak_bf16_tflops  # noqa: E402 (stdlib only)
+from bench.gpu.figures import lm_flops_per_token, peak_bf16_tflops  # noqa: E402 (stdlib only)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_GPU, EXIT_MISSING = 0, 1, 2, 3, 4
 
@@ -98,7 +98,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = _Parser(prog="python bench/gpu_check.py", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="python bench/gpu/check.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--only", help=f"comma-separated scenarios (default all): {','.join(SCENARIOS)}")
     p.add_argument(
         "--size", help=f"lm model size for the scenarios (default small): {', '.join(SIZES)}"
@@ -215,7 +215,7 @@ class Plan:
         elif name == "fp16":
             o |= {
                 "precision": "fp16",
-                "task": "bench.gpu_probe_task:build",
+                "task": "bench.gpu.probe_task:build",
                 "task_args.overflow_at_step": OVERFLOW_AT_STEP,
                 "log_every": 1,  # the loss scale of every step, around the overflow
             }
@@ -253,7 +253,7 @@ def lm_flops_of(config: dict[str, Any]) -> int | None:
     trainer settings given on the command line count), or None for another task."""
     from trainer.tasks.lm import LMTask
 
-    if config.get("task") not in ("lm", "bench.gpu_probe_task:build"):
+    if config.get("task") not in ("lm", "bench.gpu.probe_task:build"):
         return None
     known = inspect.signature(LMTask).parameters
     task = LMTask(**{k: v for k, v in config.get("task_args", {}).items() if k in known})
@@ -282,7 +282,7 @@ def _child_env(run_dir: Path) -> dict[str, str]:
 
 def run_scenario(name: str, plan: Plan, timeout_s: float, log) -> Any:
     """Run one scenario to its end (or its timeout) and collect what it left behind."""
-    from bench.gpu_report import RunResult
+    from bench.gpu.report import RunResult
 
     overrides, nproc = plan.overrides(name)
     run_dir = plan.run_dir(name)
@@ -529,7 +529,7 @@ def missing_package() -> str | None:
             hint = (
                 "run this with the Python that holds torch"
                 if module == "torch"
-                else "install the wheels first: . bench/gpu_env.sh (docs/gpu.md)"
+                else "install the wheels first: . bench/gpu/env.sh (docs/gpu.md)"
             )
             return f"{dist} does not import here ({type(e).__name__}: {e}); {hint}"
     return None
@@ -537,7 +537,7 @@ def missing_package() -> str | None:
 
 def check(args: argparse.Namespace, work: Path, log) -> dict[str, Any]:
     """Run the probes and the scenarios; return the report as a JSON-ready dict."""
-    from bench import gpu_report as rep
+    from bench.gpu import report as rep
 
     clock = time.monotonic()
     started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -635,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
             _say(why)
             return EXIT_MISSING
         if args.schema:
-            from bench.gpu_report import Report
+            from bench.gpu.report import Report
 
             print(json.dumps(Report.model_json_schema(), indent=1))
             return EXIT_OK

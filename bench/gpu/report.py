@@ -5,7 +5,7 @@ held, in; a ``Report`` out. No torch, no subprocesses, so tests/bench can check 
 on hand-made inputs as well as on a real CPU dry run.
 
 A check is ``pass``, ``fail`` or ``skip``, with one line of ``why`` and the readings it rests on
-in ``evidence``. The report is ``ok`` when no check failed; ``python bench/gpu_check.py`` then
+in ``evidence``. The report is ``ok`` when no check failed; ``python bench/gpu/check.py`` then
 exits 0, otherwise 1.
 """
 
@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bench.gpu_figures import MFU_GOAL, mfu
+from bench.gpu.figures import MFU_GOAL, mfu
 
 REPORT_NAME = "ddpjob gpu_check"
 # The six readings metrics.GpuMonitor puts in every `train` event's `gpus` list (README).
@@ -140,7 +140,7 @@ class Mfu(_Model):
 
 
 class Report(_Model):
-    """What ``python bench/gpu_check.py`` prints: one JSON object."""
+    """What ``python bench/gpu/check.py`` prints: one JSON object."""
 
     report: Literal["ddpjob gpu_check"] = Field(description="What this object is.")
     schema_version: Literal[1] = Field(description="Bumped when a field changes meaning.")

@@ -4,7 +4,7 @@
     engine.image_workdir(ref)       # None: the image is not in the engine's local store
     reap(engine)                    # objects of runs whose controller process is gone
 
-``run --local --container`` (controller/local_container.py) is the one user. Every container and
+``run --local --container`` (controller/local/container.py) is the one user. Every container and
 network a run creates carries :data:`LABEL_RUN` (the run id) and :data:`LABEL_OWNER` (which
 controller process owns it), so leftovers of a controller that was killed can be told apart
 from those of a run still going, and removed.

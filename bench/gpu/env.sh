@@ -1,7 +1,7 @@
 # shellcheck shell=bash
-# Source it on a lent GPU machine, from the repo root, before bench/gpu_check.py:
+# Source it on a lent GPU machine, from the repo root, before bench/gpu/check.py:
 #
-#     . bench/gpu_env.sh && python3 bench/gpu_check.py ...
+#     . bench/gpu/env.sh && python3 bench/gpu/check.py ...
 #
 # It installs the wheels that `make gpu-wheels` put in .whl/ (the device tool's run carries
 # them: carry [".whl"]) into /tmp/site, and puts /tmp/site first on PYTHONPATH: only what the
@@ -53,7 +53,7 @@ _gpu_env() {
     fi
     if [[ -n "$unmet" ]]; then
         echo "gpu_env: still unmet after installing .whl: $unmet. Add their wheels to" \
-            "bench/gpu-wheels.txt and run 'make gpu-wheels' again" >&2
+            "bench/gpu/wheels.txt and run 'make gpu-wheels' again" >&2
         return 4
     fi
     echo "gpu_env: $site first on PYTHONPATH, with $(cd "$site" && echo *.dist-info | sed 's/\.dist-info//g')" >&2
