@@ -7,14 +7,18 @@
 # both run this file the same way. See docs/image.md.
 #
 # Base: the official PyTorch runtime image. Its torch wheel was built against exactly this CUDA
-# 12.8 + cuDNN 9 + NCCL, and they ship together, so the image carries one copy of the CUDA
+# 13.2 + cuDNN 9 + NCCL, and they ship together, so the image carries one copy of the CUDA
 # libraries. (An nvidia/cuda base plus `pip install torch` carries two: pip's torch brings its
-# own nvidia-* wheels, ~3 GB, and ignores the base's.) "runtime", not "devel": no compiler needed.
+# own nvidia-* wheels, several GB, and ignores the base's.) "runtime", not "devel": no compiler.
+# TORCH_VERSION is pyproject.toml's [tool.uv] pin (uv.lock); tests/test_generated.py holds the two
+# equal. CUDA 13.2 is the CUDA of torch's default PyPI wheel, which the lock and the local
+# stand-in base install; it needs an NVIDIA driver >= 580.65.06 (docs/image.md).
 # Pinned by tag; to pin by digest too, append @sha256:... from
-# `docker buildx imagetools inspect pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime`.
-# Another base must keep the contract: `python` and `pip` on PATH, torch 2.8.0 built for CUDA.
-# podman builds on the local stand-in localhost/torch-base:2.8.0 when this one cannot be pulled.
-ARG BASE_IMAGE=pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime
+# `docker buildx imagetools inspect pytorch/pytorch:<tag>`.
+# Another base must keep the contract: `python3` and pip, torch at TORCH_VERSION built for CUDA.
+# podman builds on the local stand-in localhost/torch-base:<version> when this one cannot be pulled.
+ARG TORCH_VERSION=2.15.0
+ARG BASE_IMAGE=pytorch/pytorch:${TORCH_VERSION}-cuda13.2-cudnn9-runtime
 
 # The project's wheel, built from exactly the package files. COPY honours .dockerignore under
 # BuildKit and buildah alike; a bind mount of the context does not under buildah (the whole
@@ -24,9 +28,11 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY trainer/ trainer/
 COPY controller/ controller/
-# requirements.txt names the wheel with the extra the image installs: ddpjob[trainer] @ file://...
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheel . \
-    && printf 'ddpjob[trainer] @ file://%s\n' /wheel/ddpjob-*.whl > /wheel/requirements.txt
+# --no-build-isolation: the base's setuptools builds it (the stand-in's is the locked one), so the
+# build fetches no build backend from a registry on the day.
+RUN python3 -m pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheel .
+# The trainer extra's packages but torch, pinned with hashes: a view of uv.lock.
+COPY requirements/image.txt /wheel/
 
 FROM ${BASE_IMAGE}
 
@@ -36,6 +42,7 @@ ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_BREAK_SYSTEM_PACKAGES=1 \
     HOME=/home/trainer \
     XDG_CACHE_HOME=/home/trainer/.cache
 
@@ -50,15 +57,19 @@ RUN groupadd --gid 1000 trainer \
     && chown 1000:1000 /workspace /checkpoints /data \
     && chmod 1777 /tmp
 
-# Install ddpjob[trainer] from the wheel stage, which leaves nothing in this layer. The base's
-# torch already satisfies `torch>=2.5,<3`, so pip keeps it; the check after fails the build if
+# Install ddpjob[trainer] from the wheel stage, which leaves nothing in this layer: first its
+# requirements but torch, exactly as uv.lock pins them (hashes checked; nothing resolved on the
+# day), then the wheel itself. The base's torch is kept; the check after fails the build if
 # anything replaced it (e.g. a CPU wheel) or if the trainer does not import.
+# PIP_BREAK_SYSTEM_PACKAGES (above): upstream's base installs torch into the system Python.
 # With podman/buildah, build with --layers=false (`make image` does): their layer cache gets this
 # mount wrong both ways, reusing an install after the wheel changed (buildah#4522) and mounting
 # an empty stage when the wheel stage came from the cache (podman#16281, podman 4.3).
+ARG TORCH_VERSION
 RUN --mount=type=bind,from=wheel,source=/wheel,target=/wheel \
-    pip install --no-cache-dir --requirement /wheel/requirements.txt \
-    && python -c "import torch, trainer, trainer.config; assert torch.__version__.startswith('2.8.0'), torch.__version__; assert torch.version.cuda, 'CPU-only torch'"
+    python3 -m pip install --no-cache-dir --no-deps --require-hashes --requirement /wheel/image.txt \
+    && python3 -m pip install --no-cache-dir --no-deps /wheel/ddpjob-*.whl \
+    && python3 -c "import torch, trainer, trainer.config; assert torch.__version__.startswith('${TORCH_VERSION}'), torch.__version__; assert torch.version.cuda, 'CPU-only torch'"
 
 WORKDIR /workspace
 # Numeric, so the kubelet can verify runAsNonRoot without reading /etc/passwd.
@@ -81,4 +92,4 @@ LABEL org.opencontainers.image.title="ddpjob-trainer" \
 
 # Always the trainer; when PET_NPROC_PER_NODE > 1 it re-launches itself under torchrun, so one
 # entrypoint serves every pod shape. Settings come as `key=value` arguments.
-ENTRYPOINT ["python", "-m", "trainer"]
+ENTRYPOINT ["python3", "-m", "trainer"]

@@ -25,10 +25,10 @@ ifeq ($(origin CONTAINER_ENGINE),undefined)
 CONTAINER_ENGINE := $(shell docker info >/dev/null 2>&1 && echo docker || echo podman)
 endif
 endif
-# Another base with the same contract (python, pip, CUDA torch 2.8.0); empty = the Dockerfile's.
+# Another base with the same contract (python, pip, CUDA torch at the locked version); empty = the Dockerfile's.
 BASE_IMAGE ?=
 
-.PHONY: help node-deps venv demo test test-images test-fast lint fmt generate image base-image images push \
+.PHONY: help node-deps venv lock demo test test-images test-fast lint fmt generate image base-image images push \
 	cluster-up cluster-down tools kind-up e2e bench gpu-wheels gpu-dry-run
 
 # First, so that a bare `make` lists the targets: each one's `## ...` comment is its description.
@@ -36,17 +36,20 @@ help:  ## list the targets and what each does
 	@awk '/^[a-z][a-z0-9-]*:.*## / { name = $$0; sub(/:.*/, "", name); desc = $$0; \
 		sub(/^[^#]*## /, "", desc); printf "  %-13s %s\n", name, desc }' $(firstword $(MAKEFILE_LIST))
 
-venv: $(STAMP)  ## create .venv and install ddpjob with every extra (torch included)
+venv: $(STAMP)  ## create .venv and install ddpjob with every extra (torch included), from uv.lock
 
-# torch first, at the image's version, from the wheelhouse the image build shares
-# (localkube/wheelhouse.py): one download of torch's CUDA stack per machine, and the tests run
-# the torch the image ships. Where those wheels do not fit this Python, pip gets torch as usual.
-$(STAMP): pyproject.toml localkube/torch-base.txt
+# Exactly uv.lock, nothing resolved on the day: pip bootstraps uv at its locked version and hash
+# (requirements/uv.txt), then `uv sync --frozen` installs every extra as locked, ddpjob editable.
+# uv never fetches a Python of its own here. `make lock` changes the pins (localkube/lock.py).
+$(STAMP): pyproject.toml uv.lock requirements/uv.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m localkube.wheelhouse --install
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --require-hashes --no-deps -r requirements/uv.txt
+	UV_PYTHON_DOWNLOADS=never UV_PROJECT_ENVIRONMENT=$(VENV) $(VENV)/bin/uv sync -q --frozen \
+		--all-extras --python $(PY)
 	touch $(STAMP)
+
+lock: venv  ## re-resolve the pins into uv.lock and write its views (requirements/); UPGRADE=1 moves every pin
+	$(PY) -m localkube.lock$(if $(UPGRADE), --upgrade)
 
 demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 	$(PY) -m controller run $(SPEC) --local
@@ -110,20 +113,19 @@ e2e: venv $(NODE_DEPS)  ## the end-to-end and local-cluster tests only
 bench: venv  ## benchmarks: ratios measured side by side in one run
 	$(PY) bench/run.py
 
-# The wheels a lent GPU machine's image lacks (bench/gpu/wheels.txt), for its Python (CPython
-# 3.12, x86-64): the device tool's run carries .whl/ (git-ignored) and bench/gpu/env.sh installs
-# them there. See docs/gpu.md for the whole run.
-GPU_WHEELS := bench/gpu/wheels.txt
+# The wheels a lent GPU machine's image lacks (requirements/gpu-wheels.txt, a view of uv.lock),
+# for its Python (CPython 3.12, x86-64), checked against the lock's hashes: the device tool's run
+# carries .whl/ (git-ignored) and bench/gpu/env.sh installs them there. typing-extensions goes to
+# .whl/if-older/: env.sh adds it only where the image's is too old. See docs/gpu.md.
 GPU_WHEEL_TARGET := --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
 	--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64
 
 gpu-wheels:  ## download into .whl/ the wheels a lent GPU machine lacks (docs/gpu.md)
 	rm -rf .whl && mkdir -p .whl/if-older
-	$(PYTHON) -m pip download -q $(GPU_WHEEL_TARGET) -d .whl \
-		$$(grep -v -e '^#' -e 'if-older' $(GPU_WHEELS) | cut -d' ' -f1)
-	$(PYTHON) -m pip download -q $(GPU_WHEEL_TARGET) -d .whl/if-older \
-		$$(grep -v '^#' $(GPU_WHEELS) | grep 'if-older' | cut -d' ' -f1)
+	$(PYTHON) -m pip download -q $(GPU_WHEEL_TARGET) --require-hashes -d .whl \
+		-r requirements/gpu-wheels.txt
+	mv .whl/typing_extensions-*.whl .whl/if-older/
 	@ls .whl/*.whl .whl/if-older/*.whl
 
 gpu-dry-run: venv  ## bench/gpu/check.py's harness on CPU: the real trainer runs, GPU checks skipped

@@ -380,26 +380,31 @@ DEBIAN_MIRRORS = (
 )
 
 
+def dockerfile_args() -> dict[str, str]:
+    """The Dockerfile's ``ARG NAME=default`` defaults, ``${OTHER}`` expanded as docker does."""
+    found: dict[str, str] = {}
+    for name, value in re.findall(r"^ARG (\w+)=(\S+)$", DOCKERFILE.read_text(), re.M):
+        found.setdefault(name, re.sub(r"\$\{(\w+)\}", lambda m: found.get(m[1], ""), value))
+    return found
+
+
 def upstream_base() -> str:
     """The Dockerfile's default ``BASE_IMAGE`` (what Docker users build on)."""
-    match = re.search(r"^ARG BASE_IMAGE=(\S+)$", DOCKERFILE.read_text(), re.M)
-    if not match:
+    base = dockerfile_args().get("BASE_IMAGE")
+    if not base:
         raise ImageError(
             f"localkube.images: no `ARG BASE_IMAGE=...` default in {DOCKERFILE} (got none). "
             "The stand-in base is named after it."
         )
-    return match.group(1)
+    return base
 
 
 def torch_version() -> str:
-    """The torch version the Dockerfile asserts (``torch.__version__.startswith('X')``)."""
-    match = re.search(r"torch\.__version__\.startswith\('([\d.]+)'\)", DOCKERFILE.read_text())
-    if not match:
-        raise ImageError(
-            f"localkube.images: the Dockerfile asserts no torch version (got none in "
-            f"{DOCKERFILE}). Keep its build-time check: the stand-in base is pinned to it."
-        )
-    return match.group(1)
+    """torch's version: pyproject.toml's ``[tool.uv]`` pin, which uv.lock follows (the Dockerfile's
+    ``TORCH_VERSION`` default is held to it by tests/test_generated.py)."""
+    from .lock import torch_version as locked
+
+    return locked()
 
 
 def base_image(log=sys.stderr) -> str:
@@ -411,13 +416,10 @@ def base_image(log=sys.stderr) -> str:
     """
     version = torch_version()
     containerfile = BASE_CONTAINERFILE.read_text()
-    if f"startswith('{version}')" not in containerfile or (
-        f"torch=={version} " not in BASE_REQUIREMENTS.read_text()
-    ):
+    if not re.search(rf"^torch=={re.escape(version)} ", BASE_REQUIREMENTS.read_text(), re.M):
         raise ImageError(
-            f"localkube.images: the stand-in base is not torch {version} (got another version "
-            f"in {BASE_CONTAINERFILE.name} or {BASE_REQUIREMENTS.name}). Pin the version the "
-            "Dockerfile asserts in both."
+            f"localkube.images: {BASE_REQUIREMENTS.name} does not pin torch {version} (the "
+            "version pyproject.toml names). Run `make lock`."
         )
     mmdebstrap = [
         "mmdebstrap",
@@ -428,7 +430,9 @@ def base_image(log=sys.stderr) -> str:
         "--dpkgopt=path-exclude=/usr/share/locale/*",
         DEBIAN_SUITE,
     ]
-    inputs = _digest(containerfile, BASE_REQUIREMENTS.read_bytes(), *mmdebstrap, *DEBIAN_MIRRORS)
+    inputs = _digest(
+        containerfile, version, BASE_REQUIREMENTS.read_bytes(), *mmdebstrap, *DEBIAN_MIRRORS
+    )
     ref = f"localhost/torch-base:{version}"
     if built_inputs(ref) == inputs:
         return ref
@@ -450,7 +454,13 @@ def base_image(log=sys.stderr) -> str:
                 ctx / "Containerfile",
                 inputs,
                 # --no-cache: the wheels come in by a volume, which buildah's cache ignores.
-                args=["--no-cache", "--volume", f"{house}:/wheels:ro"],
+                args=[
+                    "--no-cache",
+                    "--volume",
+                    f"{house}:/wheels:ro",
+                    "--build-arg",
+                    f"TORCH_VERSION={version}",
+                ],
                 log=log,
             )
         print(
@@ -566,7 +576,13 @@ def trainer_build_argv(
     for path in ("/etc/ssl/certs/ca-certificates.crt", "/etc/pip.conf"):
         if Path(path).is_file():
             volumes += ["--volume", f"{path}:{path}:ro"]
-    build_args = {"BASE_IMAGE": base, "VERSION": version, "REVISION": revision, "CREATED": created}
+    build_args = {
+        "BASE_IMAGE": base,
+        "TORCH_VERSION": torch_version(),
+        "VERSION": version,
+        "REVISION": revision,
+        "CREATED": created,
+    }
     return [
         "podman",
         "build",

@@ -1,4 +1,5 @@
-"""Every generated file is what `make generate` writes now (controller/generate.py).
+"""Every generated file is what `make generate` writes now (controller/generate.py), and the lock
+is what `make lock` would write (localkube/lock.py).
 
 The generator runs into a temporary folder and each file it makes is compared with the checked-in
 one, so a file added to the generator later is covered too. The other way round: every file in
@@ -8,11 +9,13 @@ the checkout that carries the generated mark is one the generator still makes.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
 
 from controller import generate
+from localkube import images, lock
 
 REPO = Path(__file__).resolve().parents[1]
 FIX = "run `make generate` and review the diff"
@@ -84,3 +87,50 @@ def test_generate_removes_a_marked_file_it_no_longer_makes(tmp_path):
     assert (written, removed) == (["a/one.yaml"], ["a/old.yaml"])
     assert _files(tmp_path) == ["a/mine.yaml", "a/one.yaml"]
     assert generate.write(files, tmp_path) == ([], [])  # nothing to do the second time
+
+
+# ------------------------------------------------------------------ the lock (make lock)
+
+
+def test_the_lock_matches_pyproject():
+    """uv.lock still satisfies pyproject.toml (`uv lock --check --offline`: no registry asked)."""
+    try:
+        lock.check_lock()
+    except lock.LockError as exc:
+        pytest.fail(f"{exc}; run `make lock` and review the diff", pytrace=False)
+
+
+def test_every_view_of_the_lock_is_current(tmp_path):
+    lock.write_views(tmp_path)
+    stale = [
+        rel
+        for rel in lock.VIEWS
+        if not (REPO / rel).is_file() or (REPO / rel).read_text() != (tmp_path / rel).read_text()
+    ]
+    assert not stale, f"stale views of uv.lock: {stale}; run `make lock` and review the diff"
+
+
+def test_a_changed_requirement_makes_the_lock_stale(tmp_path):
+    """The check bites: a copy of the project with one more dependency fails it."""
+    for name in ("pyproject.toml", "uv.lock", "README.md"):
+        (tmp_path / name).write_bytes((REPO / name).read_bytes())
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('"PyYAML>=6,<7",', '"PyYAML>=6,<7", "six",'))
+    proc = lock.run_uv("lock", "--check", "--offline", cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "update" in proc.stderr.lower() or "lockfile" in proc.stderr.lower(), proc.stderr
+
+
+def test_torch_is_named_once_and_the_rest_follow():
+    """pyproject.toml's [tool.uv] pin is torch's version; the lock, the views, the Dockerfile's
+    default and the stand-in base follow it."""
+    version = lock.torch_version()
+    assert lock.pinned("requirements/torch-base.txt")["torch"] == [version]
+    assert images.dockerfile_args()["TORCH_VERSION"] == version
+    assert images.upstream_base().startswith(f"pytorch/pytorch:{version}-cuda")
+    assert version not in images.BASE_CONTAINERFILE.read_text()
+    fix = "pin it in pyproject.toml's [tool.uv] only, then `make lock`"
+    for doc in ("docs/image.md", "README.md"):
+        text = (REPO / doc).read_text()
+        others = set(re.findall(r"\btorch[ =]=?(2\.\d+\.\d+)\b", text)) - {version}
+        assert not others, f"{doc} names torch {others}, not {version}; {fix}"

@@ -52,8 +52,8 @@ _gpu_env() {
         unmet=$(_gpu_env_unmet "$site") || return 4
     fi
     if [[ -n "$unmet" ]]; then
-        echo "gpu_env: still unmet after installing .whl: $unmet. Add their wheels to" \
-            "bench/gpu/wheels.txt and run 'make gpu-wheels' again" >&2
+        echo "gpu_env: still unmet after installing .whl: $unmet. Add them to the gpu-wheels group" \
+            "in pyproject.toml, run make lock and make gpu-wheels again" >&2
         return 4
     fi
     echo "gpu_env: $site first on PYTHONPATH, with $(cd "$site" && echo *.dist-info | sed 's/\.dist-info//g')" >&2

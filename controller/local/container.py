@@ -29,8 +29,8 @@ runner as ``run --local`` (controller/local/processes.py), with containers for p
 
 Nothing stays behind: containers run with ``--rm``; at the end the run's containers and network
 are removed. A janitor process (controller/local/janitor.py) does it if the controller is killed.
-Every object carries the run id and its owner (controller/local/engine.py), so a run first removes what
-runs whose controller is gone left behind; ``run --cleanup`` does only that.
+Every object carries the run id and its owner (controller/local/engine.py), so a run first removes
+what runs whose controller is gone left behind; ``run --cleanup`` does only that.
 """
 
 from __future__ import annotations
@@ -48,6 +48,15 @@ from decimal import Decimal
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
+from controller.errors import DdpjobError, JobFailed, UserError
+from controller.kubeflow import (
+    ENV_MASTER_ADDR,
+    PORT,
+    TRAINER_UID,
+    TRAINJOB_MASTER_PORT,
+    TRAINJOB_REPLICATED_JOB,
+    trainjob_master_addr,
+)
 from controller.local.engine import (
     LABEL_JOB,
     LABEL_OWNER,
@@ -58,17 +67,8 @@ from controller.local.engine import (
     reap,
     remove,
 )
-from controller.errors import DdpjobError, JobFailed, UserError
-from controller.kubeflow import (
-    ENV_MASTER_ADDR,
-    PORT,
-    TRAINER_UID,
-    TRAINJOB_MASTER_PORT,
-    TRAINJOB_REPLICATED_JOB,
-    trainjob_master_addr,
-)
-from controller.local.processes import Node, _Runner, _sayer, _signals_to, operator_env, spec_env
 from controller.local.janitor import Janitor, chown_tree
+from controller.local.processes import Node, _Runner, _sayer, _signals_to, operator_env, spec_env
 from controller.progress import Progress
 from controller.render.pod import container_args, container_command, pod_labels
 from controller.spec import JobSpec, parse_quantity

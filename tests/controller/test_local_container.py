@@ -24,15 +24,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.local.engine import (
-    LABEL_JOB,
-    LABEL_OWNER,
-    LABEL_RUN,
-    Engine,
-    find_runs,
-    owner_alive,
-    owner_id,
-)
 from controller.errors import UserError
 from controller.local.container import (
     Mount,
@@ -42,6 +33,15 @@ from controller.local.container import (
     gpu_slices,
     launcher_env,
     run_argv,
+)
+from controller.local.engine import (
+    LABEL_JOB,
+    LABEL_OWNER,
+    LABEL_RUN,
+    Engine,
+    find_runs,
+    owner_alive,
+    owner_id,
 )
 from controller.spec import validate_spec
 from localkube import images

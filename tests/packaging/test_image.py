@@ -117,10 +117,9 @@ def test_hadolint_bites():
 def test_base_image_is_a_pinned_cuda_runtime(dockerfile):
     # Every stage starts from BASE_IMAGE, whose default is upstream's pinned runtime image.
     assert only(dockerfile, "FROM") == ["${BASE_IMAGE} AS wheel", "${BASE_IMAGE}"]
-    (default,) = [a for a in only(dockerfile, "ARG") if a.startswith("BASE_IMAGE=")]
-    image, _, tag = default.removeprefix("BASE_IMAGE=").partition(":")
+    base = images.upstream_base()
+    image, _, tag = base.partition(":")
     assert image == "pytorch/pytorch"
-    assert images.upstream_base() == f"{image}:{tag}"
     # <torch>-cuda<x.y>-cudnn<n>-runtime: a CUDA build of torch, no compiler toolchain.
     assert re.fullmatch(r"\d+\.\d+\.\d+-cuda\d+\.\d+-cudnn\d+-runtime(@sha256:[0-9a-f]{64})?", tag)
     torch_version = tag.split("-")[0]
@@ -132,28 +131,29 @@ def test_base_image_is_a_pinned_cuda_runtime(dockerfile):
     lower, upper = re.fullmatch(r"torch>=([\d.]+),<([\d.]+)", torch_req).groups()
     as_tuple = lambda v: tuple(int(p) for p in v.split("."))  # noqa: E731
     assert as_tuple(lower) <= as_tuple(torch_version) < as_tuple(upper), torch_req
-    # ...and the build checks that it was kept.
-    assert f"torch.__version__.startswith('{torch_version}')" in DOCKERFILE.read_text()
+    # ...it is the locked torch, and the build checks that it was kept.
     assert images.torch_version() == torch_version
+    assert "torch.__version__.startswith('${TORCH_VERSION}')" in DOCKERFILE.read_text()
 
 
-def test_stand_in_base_pins_the_asserted_torch_and_leaves_numpy_out():
-    """localkube/torch-base.*: torch at the Dockerfile's version, every wheel pinned with a hash,
-    numpy not among them (the trainer extra must bring what the trainer needs)."""
+def test_stand_in_base_pins_the_locked_torch_and_leaves_numpy_out():
+    """The stand-in base installs uv.lock's view requirements/torch-base.txt: torch at the locked
+    version and what it pulls in, every wheel with its hash, numpy not among them (the trainer
+    extra must bring what the trainer needs); its Containerfile names no version of its own."""
     version = images.torch_version()
     containerfile = images.BASE_CONTAINERFILE.read_text()
-    assert f"startswith('{version}')" in containerfile
-    assert f"PYTORCH_VERSION={version}" in containerfile
-    reqs = re.findall(
-        r"^([a-z0-9-]+)==(\S+) \\\n    --hash=sha256:[0-9a-f]{64}$",
-        images.BASE_REQUIREMENTS.read_text(),
-        re.M,
-    )
-    names = dict(reqs)
+    assert "ARG TORCH_VERSION\n" in containerfile
+    assert "PYTORCH_VERSION=${TORCH_VERSION}" in containerfile
+    assert not re.search(r"\d+\.\d+\.\d+", containerfile)
+    text = images.BASE_REQUIREMENTS.read_text()
+    pin = r"^([a-z0-9-]+)==(\S+) ; [^\\]+\\\n((?:    --hash=sha256:[0-9a-f]{64}.*\n)+)"
+    reqs = re.findall(pin, text, re.M)
+    names = {name: v for name, v, _ in reqs}
     assert names["torch"] == version
     assert "numpy" not in names
     assert any(n.startswith("nvidia-cudnn-cu") for n in names), "not the CUDA build of torch"
-    assert len(reqs) == images.BASE_REQUIREMENTS.read_text().count("--hash=")
+    pinned = re.findall(r"^[a-z0-9-]+==", text, re.M)
+    assert len(reqs) == len(pinned) > 10, "a pin without hashes"
     proc = subprocess.run(
         [hadolint_binary(), "--format", "json", str(images.BASE_CONTAINERFILE)],
         capture_output=True,
@@ -163,24 +163,33 @@ def test_stand_in_base_pins_the_asserted_torch_and_leaves_numpy_out():
     assert json.loads(proc.stdout or "[]") == [], proc.stdout
 
 
-def test_installs_an_extra_the_project_declares(dockerfile):
+def test_installs_the_trainer_extra_as_locked(dockerfile):
+    """The image installs the lock's view of ddpjob[trainer] (hash-checked, torch left to the
+    base), then the wheel without resolving anything."""
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
     ]
     run = " ".join(only(dockerfile, "RUN"))
-    installed = re.findall(r"ddpjob\[([\w,]+)\] @ file://", run)
-    assert installed == ["trainer"]
-    assert "pip install --no-cache-dir --requirement /wheel/requirements.txt" in run
-    for extra in installed[0].split(","):
-        assert extra in extras, f"pyproject.toml declares no extra {extra!r}"
+    assert "--no-deps --require-hashes --requirement /wheel/image.txt" in run
+    assert "--no-deps /wheel/ddpjob-*.whl" in run
+    assert "--no-build-isolation" in run  # the build backend comes from the base, not a registry
+    from localkube.lock import VIEWS
+
+    assert VIEWS["requirements/image.txt"][:2] == ("--extra", "trainer")
+    image_txt = (ROOT / "requirements" / "image.txt").read_text()
+    # torch and its CUDA wheels are the base's (nvidia-ml-py is the trainer's NVML binding).
+    assert not re.search(r"^(torch|triton|nvidia-(?!ml-py)[a-z0-9-]+)==", image_txt, re.M)
+    assert re.search(r"^nvidia-ml-py==", image_txt, re.M)
     # The controller's client libraries stay out of the trainer image.
     assert "kubernetes" not in " ".join(extras["trainer"])
+    assert not re.search(r"^(kubernetes|urllib3|rich)==", image_txt, re.M)
 
 
 def test_entrypoint_is_the_trainer_module(final_stage):
     (entrypoint,) = only(final_stage, "ENTRYPOINT")
     argv = json.loads(entrypoint)  # exec form: signals reach python, not a shell
-    assert argv == ["python", "-m", "trainer"]
+    # python3: upstream's base (2.10+) has the system Python 3, whose `python` may be missing.
+    assert argv == ["python3", "-m", "trainer"]
     main = ROOT / "trainer" / "__main__.py"
     assert main.is_file(), "python -m trainer needs trainer/__main__.py"
     assert not only(final_stage, "CMD"), "a CMD would be appended to every `key=value` argv"
@@ -211,8 +220,15 @@ def test_dockerignore_lets_in_exactly_what_pip_needs():
     ]
     assert lines[0] == "*", "a whitelist: nothing enters the build context unless named"
     allowed = {ln[1:].rstrip("/") for ln in lines if ln.startswith("!")}
-    assert allowed == {"pyproject.toml", "README.md", "trainer", "controller"}
-    # pip builds the wheel from these; README.md is pyproject's `readme`.
+    assert allowed == {
+        "pyproject.toml",
+        "README.md",
+        "trainer",
+        "controller",
+        "requirements/image.txt",
+    }
+    # pip builds the wheel from these; README.md is pyproject's `readme`; image.txt is what the
+    # final stage installs (a view of uv.lock).
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert pyproject["project"]["readme"] in allowed
     assert set(pyproject["tool"]["setuptools"]["packages"]["find"]["include"]) == {
@@ -362,7 +378,7 @@ def test_make_image_builds_here_on_the_stand_in_base(built_image):
     for key in ("title", "revision", "created", "source", "licenses"):
         assert labels[f"org.opencontainers.image.{key}"] not in ("", "unknown"), key
     assert info["Config"]["User"] == "1000:1000"
-    assert info["Config"]["Entrypoint"] == ["python", "-m", "trainer"]
+    assert info["Config"]["Entrypoint"] == ["python3", "-m", "trainer"]
     assert info["Config"]["WorkingDir"] == "/workspace"
     # The wheel stage leaves nothing behind: no sources, no wheel, no requirements file.
     ls = podman("run", "--rm", "--entrypoint", "sh", built_image, "-c", "ls / /src /wheel || true")

@@ -1,16 +1,15 @@
 """``pip install "ddpjob[trainer]"`` is all a pod needs: every import of trainer/ is declared.
 
 The static test reads the imports; the slow one proves it for real: a fresh virtual environment
-(no system site packages, not even pip of its own) gets exactly ``.[trainer]`` and trains two
+(no system site packages, not even pip of its own) gets exactly ``.[trainer]``, resolved by pip
+from the wheel's own metadata among the lock's wheels only (no registry asked), and trains two
 gloo ranks to the end.
 """
 
 from __future__ import annotations
 
 import ast
-import contextlib
 import importlib.metadata as md
-import os
 import re
 import shutil
 import subprocess
@@ -80,19 +79,6 @@ def test_every_third_party_import_of_trainer_is_declared_in_the_trainer_extra() 
         assert dist in _declared(extra), f"{dist}: needed indirectly, not in ddpjob[{extra}]"
 
 
-def _constraints(path: Path) -> Path:
-    """Pin every distribution to the version this environment has, torch above all, so the clean
-    venv gets the versions .venv was tested with and the wheelhouse needs nothing new."""
-    pins = sorted(
-        f"{d.metadata['Name']}=={d.version}"
-        for d in md.distributions()
-        if d.metadata["Name"] and _dist_name(d.metadata["Name"]) != "ddpjob"
-    )
-    assert any(p.startswith("torch==") for p in pins)
-    path.write_text("\n".join(pins) + "\n")
-    return path
-
-
 def _wheel(tmp: Path) -> Path:
     """ddpjob's wheel, built from the files the Dockerfile's build context lets in, copied out of
     the checkout so the build writes no build/ or egg-info into it."""
@@ -109,21 +95,13 @@ def _wheel(tmp: Path) -> Path:
     return wheel
 
 
-def _wheelhouse() -> Path:
-    """Where the trainer extra's wheels are kept between runs. pip's own HTTP cache cannot be
-    relied on for them (it stores nothing here), and torch and its CUDA libraries (about 4 GB)
-    are the machine's one copy in ``localkube.wheelhouse``, which ``make venv`` installed
-    .venv's torch from: they are hard-linked in, so pip finds them by name and downloads only
-    the rest."""
-    from localkube.wheelhouse import wheelhouse
+def _wheelhouses() -> list[Path]:
+    """The wheels of the two views of uv.lock an image installs, torch's and the rest of the
+    trainer extra's (``localkube.wheelhouse``: one download per machine, hashes checked). Only
+    the lock's versions are there, so pip's resolution among them is the lock's."""
+    from localkube.wheelhouse import BASE_REQUIREMENTS, wheelhouse
 
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    house = cache / "ddpjob" / "wheels"
-    house.mkdir(parents=True, exist_ok=True)
-    for wheel in wheelhouse().glob("*.whl"):
-        with contextlib.suppress(FileExistsError):
-            os.link(wheel, house / wheel.name)
-    return house
+    return [wheelhouse(), wheelhouse(view=BASE_REQUIREMENTS.with_name("image.txt"))]
 
 
 @pytest.mark.slow
@@ -138,21 +116,18 @@ def test_trainer_extra_alone_trains_two_ranks_in_a_clean_venv(tmp_path: Path) ->
         probe = [py, "-c", "import numpy"]
         assert subprocess.run(probe, capture_output=True, cwd=tmp_path).returncode != 0
 
-        wheel, constraints = _wheel(tmp_path), _constraints(tmp_path / "constraints.txt")
-        pip = [sys.executable, "-m", "pip"]
-        # Fill the wheelhouse with what ddpjob[trainer] requires, by name (a file already there
-        # is not downloaded again), then install offline from it: only the wheel's own metadata
-        # decides what the venv gets.
+        wheel = _wheel(tmp_path)
+        # Offline, from the lock's wheels only: the wheel's own metadata decides what the venv
+        # gets, and a requirement the lock cannot meet fails here instead of fetching anything.
         started = time.monotonic()
-        house = _wheelhouse()
-        download = [*pip, "download", "-q", "-d", house, "-c", constraints]
-        subprocess.run([*download, *_requirements("trainer")], check=True)
+        houses = _wheelhouses()
         fill_s = time.monotonic() - started
-        offline = ["--no-index", "--find-links", house, "-c", constraints]
+        offline = ["--no-index", *(arg for h in houses for arg in ("--find-links", h))]
+        pip = [sys.executable, "-m", "pip"]
         install = [*pip, "--python", py, "install", "-q", *offline, f"{wheel}[trainer]"]
         subprocess.run(install, check=True, timeout=1500)
         install_s = time.monotonic() - started - fill_s
-        print(f"clean venv: wheelhouse {fill_s:.0f}s, pip install .[trainer] {install_s:.0f}s")
+        print(f"clean venv: wheelhouses {fill_s:.0f}s, pip install .[trainer] {install_s:.0f}s")
         version = [py, "-c", "import importlib.metadata as m; print(m.version('torch'))"]
         installed = subprocess.run(version, capture_output=True, text=True, check=True)
         assert installed.stdout.strip() == md.version("torch")
