@@ -54,23 +54,40 @@ lock: venv  ## re-resolve the pins into uv.lock and write its views (requirement
 demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 	$(PY) -m controller run $(SPEC) --local
 
-# The one-time builds first, outside pytest, so a cold machine prints their progress (on a warm
-# machine they build nothing): the Go tools (about 25 min on 2 cores, CPU-bound) and the images
-# (the stand-in torch base: mostly disk and network) run side by side (-j2).
+# make test, in phases (docs/testing.md gives each one's cold and warm time on 2 cores):
+# 1. the node's Debian packages (a no-op when installed);
+# 2. the one-time builds, the Go tools and the images (on a warm machine they build nothing),
+#    in the background while the tests that need neither run (logged to $(BUILD_LOG));
+# 3. ruff; 4. the tests on the local cluster and the built images, on $(TEST_WORKERS) workers
+#    (each test has its own namespace; most of their time is pods starting and training);
+# 5. the few that restart the API server or stop the node (marker `disruptive`), alone.
+# Every phase runs even when one before failed, so one run shows every failure.
 # Without root or apt the node's packages cannot be installed: the suite still runs, and the tests
 # that need the real node fail with one line that says why.
+TEST_WORKERS ?= 3
+BUILD_LOG := build/make-test-builds.log
+PYTEST := $(PY) -m pytest
 test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, end-to-end
 	@$(if $(NODE_DEPS),$(MAKE) --no-print-directory node-deps || echo "make test: the node's \
 		packages are missing; the tests that need the real node will say why" >&2,true)
-	@$(MAKE) --no-print-directory -j2 tools test-images
-	$(PY) -m ruff check .
-	$(PY) -m pytest
+	@mkdir -p $(dir $(BUILD_LOG)); t0=$$SECONDS; rc=0; \
+	echo "make test: building the Go tools and the images in the background ($(BUILD_LOG))"; \
+	$(MAKE) --no-print-directory -j2 tools test-images > $(BUILD_LOG) 2>&1 & builds=$$!; \
+	$(PYTEST) -n 2 -m "not cluster and not image" || rc=1; t1=$$SECONDS; \
+	wait $$builds || { tail -n 40 $(BUILD_LOG); rc=1; }; t2=$$SECONDS; \
+	grep -E "^\[(cluster|images)\] (built|wheelhouse)" $(BUILD_LOG) || true; \
+	$(PY) -m ruff check . || rc=1; \
+	$(PYTEST) -n $(TEST_WORKERS) -m "(cluster or image) and not disruptive" || rc=1; t3=$$SECONDS; \
+	$(PYTEST) -m disruptive || rc=1; t4=$$SECONDS; \
+	echo "make test: offline tests $$((t1-t0))s, builds done at $$((t2-t0))s, cluster and" \
+		"image tests $$((t3-t2))s, disruptive tests $$((t4-t3))s; total $$((t4-t0))s"; \
+	exit $$rc
 
 test-images: venv  ## make images for make test: where they cannot be built, the image tests say why
 	@$(MAKE) --no-print-directory images || echo "make test: images not built; see the image tests" >&2
 
-test-fast: venv  ## everything that needs no control plane
-	$(PY) -m pytest -m "not cluster"
+test-fast: venv  ## everything that needs no cluster and no built image
+	$(PYTEST) -n 2 -m "not cluster and not image"
 
 lint: venv  ## ruff: lint and check formatting
 	$(PY) -m ruff check .

@@ -12,8 +12,11 @@
 2. Following rank 0's log across a pod restart: the trainer of a one-node job is killed (-9)
    mid-run, the operator re-creates the pod and training resumes from the last checkpoint.
    ddpjob's ``RankFollower`` and the SDK's ``get_job_logs(follow=True)`` follow at the same
-   time; each is compared with what the pods really printed (the pod agent's log files): lines
-   lost and lines printed twice.
+   time; each is compared with what the pods really printed (the node's container logs, kept
+   past the kubelet's cleanup): lines lost and lines printed twice.
+
+The pods run on the real node in this checkout's image, a quarter CPU each (the three waited
+jobs run at once on 2 cores), with checkpoints on a local PersistentVolume (claim ``ckpt``).
 """
 
 from __future__ import annotations
@@ -36,15 +39,19 @@ import yaml  # noqa: E402
 
 from bench.apicount import RequestCounter, lost_and_doubled  # noqa: E402
 
+CLAIM = "ckpt"
+
 
 def job_manifest(
-    name: str, namespace: str, ckpt: Path, max_steps: int, log_every: int = 5, nodes: int = 2
+    name: str, namespace: str, max_steps: int, log_every: int = 5, nodes: int = 2
 ) -> dict[str, Any]:
     from controller.render.pytorchjob import render_pytorchjob
     from controller.spec import validate_spec
 
     spec = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
     spec.update(name=name, namespace=namespace, nodes=nodes)
+    spec["resources"] = {"cpu": "250m", "memory": "1536Mi"}
+    spec["volumes"] = [{"name": "ckpt", "claim": CLAIM, "mount_path": "/ckpt"}]
     spec["trainer"].update(
         max_steps=max_steps,
         log_every=log_every,
@@ -52,7 +59,7 @@ def job_manifest(
         resume="auto",
         warmup_steps=0,
         task_args={"image_size": 16, "noise": 2.0},
-        checkpoint={"dir": str(ckpt), "every_steps": 10},
+        checkpoint={"dir": f"/ckpt/{name}", "every_steps": 10},
     )
     return render_pytorchjob(validate_spec(spec))
 
@@ -62,9 +69,7 @@ SDK = "Kubeflow SDK wait_for_job_conditions (defaults)"
 OURS = "ddpjob wait_for_job (watch)"
 
 
-def bench_wait(
-    cluster_handle: Any, namespace: str, tmp: Path, counter: RequestCounter
-) -> dict[str, Any]:
+def bench_wait(cluster_handle: Any, namespace: str, counter: RequestCounter) -> dict[str, Any]:
     """Three jobs of different lengths at once; per job: an observer, ours, the SDK."""
     from kubeflow.training import TrainingClient
     from kubernetes import client, config, watch
@@ -79,9 +84,7 @@ def bench_wait(
     lock = threading.Lock()
 
     def one(name: str, steps: int) -> None:
-        submitter.create_job(
-            job_manifest(name, namespace, tmp / f"ckpt-{name}", steps, log_every=100)
-        )
+        submitter.create_job(job_manifest(name, namespace, steps, log_every=100))
         created = time.monotonic()
         ours = Cluster(kubeconfig=kubeconfig, notice=lambda s: None)
         sdk = TrainingClient(config_file=kubeconfig, namespace=namespace)
@@ -140,14 +143,14 @@ def bench_wait(
     return {"rows": sorted(rows, key=lambda r: (r["job"], r["who"]))}
 
 
-def bench_logs(cluster_handle: Any, ours: Any, namespace: str, tmp: Path) -> dict[str, Any]:
+def bench_logs(cluster_handle: Any, ours: Any, namespace: str) -> dict[str, Any]:
     from controller.jobs.follow import RankFollower
     from localkube.handle import wait_until
 
     name = "bench-logs"
     # One node: a restarted master then resumes alone (with two, the survivor of a lost peer
     # exits 1 today and the job fails; see tests/e2e/test_recovery.py).
-    ours.create_job(job_manifest(name, namespace, tmp / "ckpt-logs", 600, nodes=1))
+    ours.create_job(job_manifest(name, namespace, 600, nodes=1))
     got: list[str] = []
     follower = RankFollower(ours, namespace, name, 0, got.extend, lambda s: None)
     done = threading.Event()
@@ -222,14 +225,15 @@ def main() -> int:
         )
 
     wait_until("service account", has_sa, 30)
-    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / namespace
-    tmp.mkdir(parents=True, exist_ok=True)
+    handle.trainer_image()  # this checkout's, under the examples' name
+    handle.local_volume(namespace, CLAIM)
     ours = Cluster(kubeconfig=str(handle.kubeconfig), notice=lambda s: None)
     try:
-        wait = bench_wait(handle, namespace, tmp, counter)
-        logs = bench_logs(handle, ours, namespace, tmp)
+        wait = bench_wait(handle, namespace, counter)
+        logs = bench_logs(handle, ours, namespace)
     finally:
         core.delete_namespace(namespace)
+        handle.delete_local_volumes(namespace)
         # Drop our lease: the cluster stops only if this run started it and nobody else uses it.
         handle.control_plane.release()
     print("wait for a job to end: 3 jobs at once, each waited for by both clients at once")

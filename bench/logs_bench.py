@@ -5,8 +5,7 @@
     python bench/logs_bench.py --lines 300000 --rounds 5
 
 A one-node job whose container prints LINES lines of 70 bytes and exits, on the cluster's real
-node (a real kubelet serves the log, as on a cluster; ``DDPJOB_NODE=off``: the pod agent's
-simulated node, printed as such); once it has Succeeded
+node (a real kubelet serves the log, as on a cluster); once it has Succeeded
 each client follows the finished pod's log to its end (``kubectl logs -f <job>-master-0``, and
 ``python -m controller logs -f <job>``, which finds rank 0's pod and reads its log once).
 Both write to a file and must print the same text, every line. Rounds alternate the clients so
@@ -51,10 +50,8 @@ out.flush()
 """
 
 
-def job_manifest(
-    name: str, namespace: str, lines: int, image: str, placement: dict[str, Any]
-) -> dict[str, Any]:
-    """The printing job; ``placement`` (nodeSelector, tolerations) puts it on the real node."""
+def job_manifest(name: str, namespace: str, lines: int, image: str) -> dict[str, Any]:
+    """The printing job (it lands on the real node, like every pod)."""
     from controller.render.pytorchjob import render_pytorchjob
     from controller.spec import validate_spec
 
@@ -65,12 +62,9 @@ def job_manifest(
         "image": image,
         "nodes": 1,
         "resources": {"cpu": "1", "memory": "1Gi"},
-        "command": ["python", "-c", PRINTER.format(lines=lines, pad=pad)],
+        "command": ["python3", "-c", PRINTER.format(lines=lines, pad=pad)],
         "args": [],
     }
-    if placement:
-        spec["node_selector"] = placement["nodeSelector"]
-        spec["tolerations"] = placement["tolerations"]
     return render_pytorchjob(validate_spec(spec))
 
 
@@ -160,13 +154,8 @@ def follow_all(
 def run_job(handle: Any, ours: Any, namespace: str, name: str, lines: int) -> str:
     """Run the printing job to Succeeded; the name of the node its pod ran on."""
     from controller.jobs.wait import wait_for_job
-    from localkube import node
 
-    if node.ENABLED:
-        image, placement = handle.trainer_image(), node.placement()
-    else:
-        image, placement = "ghcr.io/ddpjob/trainer:0.1.0", {}
-    ours.create_job(job_manifest(name, namespace, lines, image, placement))
+    ours.create_job(job_manifest(name, namespace, lines, handle.trainer_image()))
     job = wait_for_job(ours, name, namespace, timeout_s=300)
     cond = job["status"]["conditions"][-1]["type"]
     if cond != "Succeeded":

@@ -1,4 +1,8 @@
-"""CLI: ``python -m localkube {build,up,down,status,kind-up,kind-down}``."""
+"""CLI: ``python -m localkube {build,up,down,status,load,kind-up,kind-down}``.
+
+``load REF [--as NAME]`` is ``kind load docker-image`` for the real node: podman's image REF
+into the node's containerd (only the layers it lacks), also named NAME when given.
+"""
 
 from __future__ import annotations
 
@@ -16,9 +20,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run one sub-command; return the process exit code."""
     parser = argparse.ArgumentParser(prog="python -m localkube")
     parser.add_argument(
-        "command", choices=("build", "up", "down", "status", "kind-up", "kind-down")
+        "command", choices=("build", "up", "down", "status", "load", "kind-up", "kind-down")
     )
+    parser.add_argument("ref", nargs="?", help="load: an image in podman's store")
+    parser.add_argument("--as", dest="name", help="load: also name it NAME on the node")
     args = parser.parse_args(argv)
+    if (args.command == "load") != bool(args.ref):
+        parser.error("an image reference goes with `load`, and only with it")
     if args.command.startswith("kind-"):
         from . import kind
 
@@ -47,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
             print(cp.export_line())
         elif args.command == "down":
             cp.down()
+        elif args.command == "load":
+            if not cp.is_live():
+                raise LocalkubeError("localkube load: no cluster runs here. Run `make cluster-up`.")
+            print(node.load(args.ref, args.name))
         else:
             live = cp.is_live()
             print(

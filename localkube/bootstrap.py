@@ -17,7 +17,10 @@ from controller import kubeflow
 from .context import Context
 from .pki import PKI
 
-#: Fake GPU nodes managed by kwok: scheduling and fit tests see 8 GPUs each.
+#: Fake GPU nodes managed by kwok: capacity only, for scheduling, fit and queue tests (8 GPUs
+#: each). Tainted (:data:`KWOK_TAINT`), so nothing lands there without tolerating it, and a pod
+#: bound there is never started (no kwok pod stage matches): every pod that runs, runs in
+#: containers on the real node (node.py).
 KWOK_NODES = ("kwok-node-0", "kwok-node-1")
 KWOK_NODE_CAPACITY = {
     "cpu": "32",
@@ -27,9 +30,14 @@ KWOK_NODE_CAPACITY = {
     "ephemeral-storage": "1Ti",
 }
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+#: A GPU node's taint as managed clusters set it (GKE: nvidia.com/gpu=present:NoSchedule). The
+#: API server's ExtendedResourceToleration admission adds the toleration to every pod that asks
+#: for nvidia.com/gpu, as on those clusters: a GPU pod can be bound to a kwok node (and is never
+#: started there), a CPU pod cannot, and lands on the real node.
+KWOK_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 
-#: kwok keeps its default node stages; the only pod stage never matches, so kwok leaves pods to
-#: the pod agent (which runs them and reports real status) instead of faking Running/Succeeded.
+#: kwok keeps its default node stages; the only pod stage never matches, so kwok fakes nothing
+#: for pods (no Running, no Succeeded): a pod bound to a kwok node stays Pending, never started.
 KWOK_CONFIG = """\
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokConfiguration
@@ -38,7 +46,7 @@ options: {}
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
 metadata:
-  name: pod-left-to-ddpjob-agent
+  name: pods-never-start
 spec:
   resourceRef:
     apiGroup: v1
@@ -111,10 +119,11 @@ def cluster_role_binding(name: str, role: str, user: str) -> dict:
 
 
 def kwok_node(name: str) -> dict:
-    """A fake node kwok keeps Ready, with 8 GPUs of allocatable capacity."""
+    """A fake node kwok keeps Ready, with 8 GPUs of allocatable capacity, tainted."""
     return {
         "apiVersion": "v1",
         "kind": "Node",
+        "spec": {"taints": [KWOK_TAINT]},
         "metadata": {
             "name": name,
             "annotations": {KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import ssl
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,7 +124,9 @@ def _apiserver(ctx: Context) -> list[str]:
         "--authorization-mode",
         "Node,RBAC",
         "--enable-admission-plugins",
-        "NodeRestriction,PodSecurity",
+        # ExtendedResourceToleration: pods asking for nvidia.com/gpu tolerate the GPU nodes'
+        # taint (bootstrap.KWOK_TAINT), as on managed GPU clusters.
+        "NodeRestriction,PodSecurity,ExtendedResourceToleration",
         "--service-cluster-ip-range",
         "10.0.0.0/24",
         "--service-account-issuer",
@@ -352,25 +353,6 @@ TRAINER_CONTROLLER = Component(
     ports=trainer_v2.TRAINER_PORTS,
 )
 
-# ------------------------------------------------------------------------------------ pod agent
-
-
-def _pod_agent(ctx: Context) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "localkube.agent",
-        "--kubeconfig",
-        ctx.kubeconfig("admin"),
-        "--state-dir",
-        str(ctx.state_dir),
-        "--nodes",
-        ",".join(bootstrap.KWOK_NODES),
-    ]
-
-
-POD_AGENT = Component("pod-agent", _pod_agent, lambda ctx: (ctx.state_dir / "agent.ready").exists())
-
 # ------------------------------------------------------------------------------------ real node
 
 
@@ -446,11 +428,8 @@ NODE: tuple[Component | Step, ...] = (
 
 def _torch_runtime(ctx: Context) -> None:
     """The torch-distributed runtime with this checkout's trainer image (named, not built: the
-    node's images step builds and imports it), placed on the real node where there is one (else
-    on the kwok nodes, where the pod agent runs its pods)."""
-    trainer_v2.install_runtime(
-        ctx, images.trainer_ref(), node.placement() if node.ENABLED else None
-    )
+    node's images step builds and imports it)."""
+    trainer_v2.install_runtime(ctx, images.trainer_ref())
 
 
 def _default_service_account(ctx: Context) -> bool:
@@ -471,7 +450,6 @@ SEQUENCE: tuple[Component | Step, ...] = (
     JOBSET_CONTROLLER,
     TRAINER_CONTROLLER,
     Step("torch-distributed-runtime", _torch_runtime),
-    POD_AGENT,
     *(NODE if node.ENABLED else ()),
 )
 

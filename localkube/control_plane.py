@@ -2,7 +2,7 @@
 
 State lives in ``<repo>/.cluster/``: ``kubeconfig`` (admin), ``state.json`` (the pids this module
 started, with their start times so a recycled pid is never signalled), ``logs/``, ``pki/``,
-``etcd/`` and the pod agent's ``pods/``. ``up()`` is idempotent: with a live cluster it only
+``etcd/``. ``up()`` is idempotent: with a live cluster it only
 prints the export line. ``down()`` stops exactly the recorded processes and removes the state.
 
 What runs, in what order and how each is probed: ``components.py``. Credentials and the objects
@@ -11,12 +11,9 @@ applied at start: ``bootstrap.py``. Pids, the state file and the lock: ``procs.p
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -369,19 +366,10 @@ class ControlPlane:
 
     def _stop(self, state: dict) -> None:
         recorded = state.get("processes", {})
-        # Pod processes the agent started (in case the agent died before it could stop them).
-        pod_procs = {}
-        with contextlib.suppress(OSError, ValueError):
-            pod_procs = json.loads((self.state_dir / "agent-pids.json").read_text())
         for component in reversed(components()):
             info = recorded.get(component.name)
             if info:
                 procs.terminate(info["pid"], info["start"], 5, self.say, component.name)
-        for key, info in pod_procs.items():
-            if proc_start_time(info["pid"]) == info["start"]:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(info["pid"], signal.SIGKILL)
-                self.say(f"killed leftover pod process {key} (pid {info['pid']})")
         self._reset_host()
         self.say("stopped")
 
@@ -405,7 +393,7 @@ def _harness_hash() -> str:
     started from other code is restarted by the next ``up``."""
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    names = ("agent.py", "bootstrap.py", "components.py", "control_plane.py", "pki.py")
+    names = ("bootstrap.py", "components.py", "control_plane.py", "pki.py")
     for name in (*names, "trainer_v2.py", "node.py", "host.py", "volumes.py"):
         digest.update((here / name).read_bytes())
     return digest.hexdigest()[:10]

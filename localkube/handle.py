@@ -11,8 +11,8 @@
 
 The pytest fixture ``cluster`` (tests/conftest.py) is this, for a whole test session.
 ``running_pod``, ``pod_pid`` (the trainer's host pid) and ``pod_log_lines`` (what a pod's runs
-printed, kept past the kubelet's cleanup: podlogs.py) look at pods on the real node and at those
-the pod agent runs for the kwok nodes alike.
+printed, kept past the kubelet's cleanup: podlogs.py) look at pods on the real node, where every
+pod runs.
 """
 
 from __future__ import annotations
@@ -151,44 +151,28 @@ class Cluster:
         return None
 
     def pod_pid(self, namespace: str, pod: dict[str, Any]) -> int | None:
-        """The host pid of ``pod``'s trainer; None while it does not run. On the real node: its
-        container's first process (PID 1 inside), from the containerd shim's ``init.pid``. On a
-        kwok node: the process the pod agent started (agent-pids.json)."""
-        if pod.get("spec", {}).get("nodeName") == node.NODE_NAME:
-            for status in pod.get("status", {}).get("containerStatuses") or []:
-                container_id = status.get("containerID", "")
-                if not status.get("state", {}).get("running") or "://" not in container_id:
-                    continue
-                task = host.CONTAINERD_STATE / "io.containerd.runtime.v2.task" / "k8s.io"
-                try:
-                    return int((task / container_id.split("://", 1)[1] / "init.pid").read_text())
-                except (OSError, ValueError):
-                    return None
-            return None
-        path = self.control_plane.state_dir / "agent-pids.json"
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
-        meta = pod["metadata"]
-        info = data.get(f"{namespace}/{meta['name']}/{meta['uid']}")
-        return info["pid"] if info else None
+        """The host pid of ``pod``'s trainer (its container's first process, PID 1 inside, from
+        the containerd shim's ``init.pid``); None while it does not run."""
+        for status in pod.get("status", {}).get("containerStatuses") or []:
+            container_id = status.get("containerID", "")
+            if not status.get("state", {}).get("running") or "://" not in container_id:
+                continue
+            task = host.CONTAINERD_STATE / "io.containerd.runtime.v2.task" / "k8s.io"
+            try:
+                return int((task / container_id.split("://", 1)[1] / "init.pid").read_text())
+            except (OSError, ValueError):
+                return None
+        return None
 
     def pod_log_lines(
         self, namespace: str, pod_name: str, containers: tuple[str, ...] | None = None
     ) -> list[str]:
         """Everything every run of the pod named ``pod_name`` printed (each UID the name had,
         each restart), in order: the ground truth for a followed log. The training container
-        (``pytorch`` or ``node``) unless ``containers`` names others. The real node's logs come
-        from the log keeper (podlogs.py); the pod agent's are CRI files of the same layout."""
+        (``pytorch`` or ``node``) unless ``containers`` names others, from the log keeper
+        (podlogs.py)."""
         containers = containers or _TRAINING_CONTAINERS
-        files = []
-        for d in (self.control_plane.state_dir / "pods").glob(f"{namespace}_{pod_name}_*"):
-            for container in containers:
-                files.extend((d / container).glob("*.log"))
-        if node.ENABLED:
-            files.extend(self.log_keeper.files(namespace, pod_name, containers))
-        return podlogs.read_lines(files)
+        return podlogs.read_lines(self.log_keeper.files(namespace, pod_name, containers))
 
     @functools.cached_property
     def log_keeper(self) -> podlogs.LogKeeper:

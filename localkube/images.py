@@ -635,6 +635,20 @@ def build_trainer(
     return ref
 
 
+#: Where the project publishes the trainer image (the Makefile's IMAGE, the examples, the chart).
+PUBLISHED_REPOSITORY = "ghcr.io/ddpjob/trainer"
+
+
+def published_ref() -> str:
+    """The name the examples and the chart give the trainer image: the published repository at
+    the project's version. The local cluster's node holds this checkout's image under it too (as
+    ``kind load`` would), so the examples run as written there."""
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    return f"{PUBLISHED_REPOSITORY}:{version}"
+
+
 def trainer_ref() -> str:
     """The reference :func:`trainer_image` builds, without building anything: what the local
     cluster's objects name (the torch-distributed runtime) before or without the image."""

@@ -1,15 +1,18 @@
 """The local cluster's real node: containerd, the CNI bridge, a kubelet and CoreDNS on this machine.
 
-Beside the kwok nodes (scheduling and fit tests, GPUs that are not there) the cluster has one
-node that runs containers: a kubelet (v1.33, from the project's Go module) against containerd
-(Debian's, with runc), pods on a CNI bridge (:data:`host.BRIDGE`, ``10.244.0.0/24``, the gateway
-is the node IP), and CoreDNS on the gateway serving ``cluster.local`` from the API, so that the
-training operator's headless per-replica Services (``<job>-master-0``) resolve to pod IPs.
-Images come in by import (there is no registry): the pause image, the operator's init image.
+Beside the kwok nodes (capacity only: GPUs that are not there, for scheduling, fit and queue
+tests) the cluster has one node that runs containers, and it runs every pod: a kubelet (v1.33,
+from the project's Go module) against containerd (Debian's, with runc), pods on a CNI bridge
+(:data:`host.BRIDGE`, ``10.244.0.0/24``, the gateway is the node IP), and CoreDNS on the gateway
+serving ``cluster.local`` from the API, so that the training operator's headless per-replica
+Services (``<job>-master-0``) resolve to pod IPs. Images come in by import (there is no
+registry): the pause image, the operator's init image, this checkout's trainer image (also under
+the name the examples use: :func:`import_trainer_image`).
 
-The node is tainted (:data:`TAINT`): pods run on it only when they say so (a toleration and a
-nodeSelector ``kubernetes.io/hostname: localkube-node``), so jobs meant for the kwok nodes and
-the pod agent never land here.
+The node is not tainted: a pod that says nothing about placement (a PyTorchJob copied from the
+Kubeflow docs) lands here and runs in its image, with ``MASTER_ADDR`` answered by cluster DNS.
+The kwok nodes are tainted (bootstrap.KWOK_TAINT), so only a pod that tolerates it can be bound
+there, and it is never started.
 
 Where things live: configs, sockets and IPAM leases under /run/ddpjob; containerd's root
 (images survive ``down``) and the kubelet's root-dir under /var/lib/ddpjob; credentials, the
@@ -37,18 +40,6 @@ if TYPE_CHECKING:
     from .context import Context
 
 NODE_NAME = "localkube-node"
-#: Keeps pods that do not ask for the real node off it (they belong to kwok and the agent).
-TAINT = {"key": "ddpjob.local/node", "value": "real", "effect": "NoSchedule"}
-
-
-def placement() -> dict:
-    """The pod spec fields that put a pod on the real node: its hostname and a toleration of
-    :data:`TAINT` (the local cluster's TrainJob runtime carries them; a spec says
-    ``node_selector`` and ``tolerations``)."""
-    return {
-        "nodeSelector": {"kubernetes.io/hostname": NODE_NAME},
-        "tolerations": [{**TAINT, "operator": "Equal"}],
-    }
 
 
 #: ``DDPJOB_NODE=off`` starts the cluster without its real node (non-root machines, or a second
@@ -199,12 +190,37 @@ def import_images(_ctx: Context) -> None:
 def import_trainer_image(log=sys.stderr) -> str:
     """This checkout's trainer image, rebuilt if its code changed (about a minute) and imported
     into the node's containerd if containerd's copy is another image ID (seconds: only the
-    trainer's own layer is sent); its reference. Every pod of a ddpjob job on the node runs it."""
+    trainer's own layer is sent); its reference. Also named as the examples and the chart name it
+    (``images.published_ref()``, e.g. ghcr.io/ddpjob/trainer:0.1.0), as ``kind load`` would: a
+    spec copied from examples/ runs this checkout's trainer, with nothing to pull."""
     from . import images as built
 
     ref = built.trainer_image(log)
     built.import_into_containerd(ref, str(host.CONTAINERD_SOCKET), log=log)
+    alias(ref, built.published_ref())
     return ref
+
+
+def alias(ref: str, name: str) -> None:
+    """Give the node's copy of ``ref`` a second name (one image, no copy: ``ctr images tag``)."""
+    proc = ctr("images", "tag", "--force", ref, name)
+    if proc.returncode != 0:
+        raise LocalkubeError(
+            f"localkube node: could not name {ref} {name} in containerd (got "
+            f"{proc.stderr.decode(errors='replace').strip()}). Is the node's containerd running?"
+        )
+
+
+def load(ref: str, name: str | None = None, log=sys.stderr) -> str:
+    """``kind load`` for the real node: import podman's ``ref`` into the node's containerd (only
+    the layers it lacks), under its own name and ``name`` if given; the name pods use."""
+    from . import images as built
+
+    require()
+    built.import_into_containerd(ref, str(host.CONTAINERD_SOCKET), log=log)
+    if name and name != ref:
+        alias(ref, name)
+    return name or ref
 
 
 def apply_objects(ctx: Context) -> None:
@@ -287,7 +303,6 @@ def kubelet_config(ctx: Context) -> dict:
         # Imported images cannot be pulled again: never collect them.
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
-        "registerWithTaints": [TAINT],
         # A rank 0 log of a few hundred thousand lines stays one file (kubectl logs reads only
         # the current one; upstream rotates at 10Mi).
         "containerLogMaxSize": "256Mi",

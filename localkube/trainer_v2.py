@@ -431,9 +431,9 @@ def apply_objects(ctx: Context) -> None:
     bootstrap.wait_established(ctx, list(CRDS))
 
 
-def torch_runtime(manifests: Path, image: str, placement: dict | None = None) -> dict:
-    """Upstream's torch-distributed ClusterTrainingRuntime with ``image`` in its node container,
-    and ``placement`` (nodeSelector, tolerations: ``node.placement()``) in its pod template."""
+def torch_runtime(manifests: Path, image: str) -> dict:
+    """Upstream's torch-distributed ClusterTrainingRuntime with ``image`` in its node container
+    (its pods land on the real node, like every pod: nothing to place)."""
     runtime = _docs(manifests / "trainer-torch-distributed.yaml")[0]
     jobs = runtime["spec"]["template"]["spec"]["replicatedJobs"]
     job = next((j for j in jobs if j["name"] == kubeflow.TRAINJOB_REPLICATED_JOB), None)
@@ -447,18 +447,15 @@ def torch_runtime(manifests: Path, image: str, placement: dict | None = None) ->
             f"controller/kubeflow.py needs a look."
         )
     node["image"] = image
-    job["template"]["spec"]["template"]["spec"].update(placement or {})
     return runtime
 
 
-def install_runtime(
-    ctx: Context, image: str, placement: dict | None = None, timeout_s: float = 30
-) -> None:
-    """Apply the torch-distributed runtime with ``image`` and ``placement``; Trainer's validating
-    webhook must admit it, so retry while the webhook server is still coming up."""
+def install_runtime(ctx: Context, image: str, timeout_s: float = 30) -> None:
+    """Apply the torch-distributed runtime with ``image``; Trainer's validating webhook must
+    admit it, so retry while the webhook server is still coming up."""
     from .procs import LocalkubeError
 
-    runtime = torch_runtime(ctx.manifests, image, placement)
+    runtime = torch_runtime(ctx.manifests, image)
     deadline = time.monotonic() + timeout_s
     while True:
         try:

@@ -6,10 +6,11 @@ by ``make cluster-up`` is reused and left running; otherwise the fixture starts 
 missing tools first) and the last session that leases it stops exactly what was started.
 ``DDPJOB_CLUSTER=skip`` skips every test that asks for it (they are then reported as skipped).
 
-``real_node`` is that cluster with its real node Ready and this checkout's trainer image on it:
-every test whose pods must run in containers of the image asks for it (the pod agent runs the
-kwok nodes' pods as processes of this machine). Where the node cannot run (no root, missing
-packages, ``DDPJOB_NODE=off``) those tests fail with the one line that says why.
+Every pod runs on the cluster's real node, in this checkout's trainer image, so ``cluster`` also
+makes sure of both: the node Ready, the image rebuilt if the code changed and imported (under its
+own name and the one the examples use). ``real_node`` is the same cluster, named for the tests
+that are about the node itself. Where the node cannot run (no root, missing packages,
+``DDPJOB_NODE=off``) every test that needs the cluster fails with the one line that says why.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from tests.timeouts import outside_test_timeout  # noqa: E402
 
 @pytest.fixture(scope="session")
 def cluster():
-    """A live local cluster for the whole test session (see the module docstring).
+    """A live local cluster for the whole test session (see the module docstring), its node
+    Ready with this checkout's trainer image.
 
     Concurrent sessions (two engineers' runs, ``pytest -n``) share it safely through leases.
     """
@@ -46,10 +48,15 @@ def cluster():
             if not tools.is_built():
                 tools.build(sys.stderr)
             handle = start_or_reuse()
+            node.require()
+            handle.trainer_image()
     except LocalkubeError as exc:
         error = str(exc)
-    if handle is None:
+    if error:
+        if handle is not None:
+            handle.control_plane.release()
         pytest.fail(error, pytrace=False)
+    wait_until("node Ready", lambda: node.node_ready(handle), 60)
     try:
         yield handle
     finally:
@@ -58,22 +65,22 @@ def cluster():
 
 @pytest.fixture(scope="session")
 def real_node(cluster):
-    """The cluster with its real node Ready and this checkout's trainer image on it (rebuilt and
-    imported when the code changed: ``cluster.trainer_image()``); fails in one line when the
-    cluster has no node."""
-    error = None
-    try:
-        node.require()
-        with outside_test_timeout():
-            cluster.trainer_image()
-    except LocalkubeError as exc:
-        error = str(exc)
-    if error:
-        pytest.fail(error, pytrace=False)
-    wait_until("node Ready", lambda: node.node_ready(cluster), 60)
+    """The cluster, for tests about its real node (the same session fixture)."""
     return cluster
 
 
-def pytest_configure(config):
-    """Register the marker used by the tests that need the local cluster."""
-    config.addinivalue_line("markers", "cluster: needs the local Kubernetes cluster (localkube)")
+#: Fixtures that mean a test needs the cluster, or an image `make test` builds (podman). The
+#: markers follow from them, so `make test`'s phases (-m "not cluster and not image" beside the
+#: builds, then the rest) cannot put a test in the wrong one.
+CLUSTER_FIXTURES = frozenset({"cluster", "real_node"})
+IMAGE_FIXTURES = frozenset({"image", "built_image", "pause_ref", "init_ref", "containerd"})
+
+
+def pytest_collection_modifyitems(items):
+    """Mark each test ``cluster`` and ``image`` by the fixtures it uses, directly or not."""
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & CLUSTER_FIXTURES:
+            item.add_marker(pytest.mark.cluster)
+        if used & IMAGE_FIXTURES:
+            item.add_marker(pytest.mark.image)

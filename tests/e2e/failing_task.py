@@ -1,5 +1,6 @@
-"""A task plug-in that raises mid-training on one rank (``task=tests.e2e.failing_task:build``):
-the job must end Failed and ``submit --wait`` must name the replica, exit code and last lines."""
+"""A task plug-in that raises mid-training on one rank (``task=failing_task:build``, put on the
+pods' volume by tests/e2e/helpers.plugin_on_claim): the job must end Failed and ``submit --wait``
+must name the replica, exit code and last lines."""
 
 from __future__ import annotations
 

@@ -1,10 +1,12 @@
 """Helpers for the end-to-end tests: specs, the CLI as a subprocess, rank 0's progress, and
-restarting the API server. Pods, their processes and their log files (the ground truth a followed
-log is compared with) are the local cluster's: ``localkube.handle.Cluster``."""
+restarting the API server. Pods run in containers of this checkout's image on the real node;
+their processes and log files (the ground truth a followed log is compared with) are the local
+cluster's: ``localkube.handle.Cluster``."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -18,7 +20,26 @@ QUICKSTART = REPO / "examples" / "quickstart.yaml"
 PY = sys.executable
 
 
+#: The claim the specs of :func:`write_spec` keep their checkpoints on: a ``local``
+#: PersistentVolume on the node (``cluster.local_volume``), made on first use in a namespace, so
+#: a retried or re-created pod resumes from what the one before wrote.
+CLAIM = "ckpt"
+#: Where :func:`write_spec`'s pods mount it.
+MOUNT = "/ckpt"
+
+
+def ensure_claim(cluster, namespace: str) -> Path:
+    """The claim :data:`CLAIM` in ``namespace`` (made once); the host folder behind it."""
+    from localkube import volumes
+
+    got = cluster.kubectl("get", "pvc", CLAIM, "-n", namespace, check=False)
+    if got.returncode != 0:
+        cluster.local_volume(namespace, CLAIM)
+    return volumes.host_path(namespace, CLAIM)
+
+
 def write_spec(
+    cluster,
     tmp_path: Path,
     name: str,
     namespace: str,
@@ -28,16 +49,23 @@ def write_spec(
     log_every: int = 5,
     **fields: Any,
 ) -> Path:
-    """The quickstart spec, small: few steps, frequent checkpoints in a directory every attempt
-    shares (pods run as local processes), resume=auto so a retried pod continues."""
+    """The quickstart spec, small, as the e2e jobs run on the real node (where every pod runs):
+    the image under the name the examples use (the cluster holds this checkout's trainer image
+    under it), half a CPU per pod, few steps, checkpoints on the claim :data:`CLAIM` at
+    ``/ckpt/<name>`` with resume=auto, so a retried pod continues. ``fields`` override the
+    spec's keys (``trainer`` is merged)."""
+    cluster.trainer_image()  # built, imported and named as the examples name it
+    ensure_claim(cluster, namespace)
     spec = yaml.safe_load(QUICKSTART.read_text())
     spec["name"], spec["namespace"] = name, namespace
+    spec["resources"] = {"cpu": "500m", "memory": "1536Mi"}
+    spec["volumes"] = [{"name": "ckpt", "claim": CLAIM, "mount_path": MOUNT}]
     trainer = spec["trainer"]
     trainer.update(
         max_steps=max_steps, log_every=log_every, eval_every=0, resume="auto", warmup_steps=0
     )
     trainer["task_args"] = {"image_size": 16, "noise": 2.0}
-    trainer["checkpoint"] = {"dir": str(tmp_path / f"ckpt-{name}"), "every_steps": every_steps}
+    trainer["checkpoint"] = {"dir": f"{MOUNT}/{name}", "every_steps": every_steps}
     for key, value in fields.items():
         if key == "trainer":
             trainer.update(value)
@@ -48,30 +76,15 @@ def write_spec(
     return path
 
 
-#: The claim of the real node's checkpoint volume in node_spec's specs.
-CLAIM = "ckpt"
-
-
-def node_spec(cluster, tmp_path: Path, name: str, namespace: str, **fields: Any) -> Path:
-    """:func:`write_spec` for the real node: this checkout's image, the node's placement (its
-    nodeSelector and a toleration of its taint), half a CPU per pod, checkpoints on the claim
-    ``ckpt`` (a local PersistentVolume: ``cluster.local_volume(namespace, CLAIM)``)."""
-    from localkube import node
-
-    placement = node.placement()
-    fields = {
-        "image": cluster.trainer_image(),
-        "resources": {"cpu": "500m", "memory": "1536Mi"},
-        "node_selector": placement["nodeSelector"],
-        "tolerations": placement["tolerations"],
-        "volumes": [{"name": "ckpt", "claim": CLAIM, "mount_path": "/ckpt"}],
-        **fields,
-    }
-    spec = write_spec(tmp_path, name, namespace, **fields)
-    data = yaml.safe_load(spec.read_text())
-    data["trainer"]["checkpoint"]["dir"] = f"/ckpt/{name}"
-    spec.write_text(yaml.safe_dump(data, sort_keys=False))
-    return spec
+def plugin_on_claim(cluster, namespace: str, module: Path) -> dict[str, str]:
+    """Put a task plug-in (a Python file) on the namespace's claim, as a user mounts code into
+    the image; the ``env`` that makes it importable in :func:`write_spec`'s pods."""
+    folder = ensure_claim(cluster, namespace) / "plugins"
+    folder.mkdir(exist_ok=True)
+    (folder / module.name).write_text(module.read_text())
+    for path in (folder, folder / module.name):
+        os.chown(path, 1000, 1000)
+    return {"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{MOUNT}/plugins"}
 
 
 def ddpjob(cluster, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:

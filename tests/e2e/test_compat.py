@@ -10,10 +10,11 @@ from tests.e2e.helpers import ddpjob, write_spec
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
-def test_kubeflow_sdk_reads_our_job(cluster, namespace, tmp_path):
+def test_kubeflow_sdk_reads_our_job(real_node, namespace, tmp_path):
     from kubeflow.training import TrainingClient
 
-    spec = write_spec(tmp_path, "compat", namespace, max_steps=20)
+    cluster = real_node
+    spec = write_spec(cluster, tmp_path, "compat", namespace, max_steps=20)
     r = ddpjob(cluster, "submit", str(spec), "--wait")
     assert r.returncode == 0, r.stderr
 

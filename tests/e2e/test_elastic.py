@@ -20,9 +20,10 @@ def _events(text: str, name: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.startswith(prefix)]
 
 
-def test_an_elastic_job_is_followed_on_the_worker_that_runs_rank_0(cluster, namespace, tmp_path):
-    name = "elastic"
+def test_an_elastic_job_is_followed_on_the_worker_that_runs_rank_0(real_node, namespace, tmp_path):
+    cluster, name = real_node, "elastic"
     spec = write_spec(
+        cluster,
         tmp_path,
         name,
         namespace,

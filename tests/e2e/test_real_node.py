@@ -15,7 +15,7 @@ What each test holds, and what would make it fail:
   and its value is in nothing ddpjob prints.
 
 Recovery on the node (a deleted pod, kill -9 in a container, checkpoints on a PersistentVolume
-written by uid 1000) is in test_recovery.py, run there on the kwok nodes and on this node alike.
+written by uid 1000) is in test_recovery.py.
 """
 
 from __future__ import annotations
@@ -30,11 +30,9 @@ import yaml
 
 from localkube import node
 from localkube.handle import temporary_namespace, wait_until
-from tests.e2e.helpers import CLAIM, QUICKSTART, Background, ddpjob, events, get_json, node_spec
+from tests.e2e.helpers import QUICKSTART, Background, ddpjob, events, get_json, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-
-PLACEMENT = node.placement()
 
 
 @pytest.fixture
@@ -116,8 +114,7 @@ def init_container_ran(p: dict) -> bool:
 
 
 def test_helm_install_of_the_built_image_in_a_restricted_namespace(real_node, rns, tmp_path):
-    real_node.local_volume(rns, CLAIM)
-    spec = node_spec(real_node, tmp_path, "helmjob", rns, max_steps=300, clean_pod_policy="None")
+    spec = write_spec(real_node, tmp_path, "helmjob", rns, max_steps=300, clean_pod_policy="None")
     values = ddpjob(real_node, "render", str(spec), "--values")
     assert values.returncode == 0, values.stderr
     (tmp_path / "values.yaml").write_text(values.stdout)
@@ -131,7 +128,7 @@ def test_helm_install_of_the_built_image_in_a_restricted_namespace(real_node, rn
             rns,
             "helmjob-worker-0",
             'id -u; id -g; echo "$MASTER_ADDR"; getent hosts "$MASTER_ADDR"; '
-            "python -c 'import torch; print(torch.__version__)'",
+            "python3 -c 'import torch; print(torch.__version__)'",
         ).split("\n")
         uid, gid, master_addr, resolved, torch_version = inside[:5]
         assert (uid, gid) == ("1000", "1000"), inside
@@ -165,8 +162,6 @@ def test_quickstart_submit_wait_follow_then_kubectl_logs_exec_describe(real_node
         "namespace": rns,
         "image": image,
         "resources": {"cpu": "500m", "memory": "1536Mi"},
-        "node_selector": PLACEMENT["nodeSelector"],
-        "tolerations": PLACEMENT["tolerations"],
         "clean_pod_policy": "None",
         "trainer.max_steps": 200,
         "trainer.eval_every": 0,
@@ -185,7 +180,7 @@ def test_quickstart_submit_wait_follow_then_kubectl_logs_exec_describe(real_node
         run.stop()
     uid, cmdline = inside.split("\n")[:2]
     assert uid == "1000", inside
-    assert cmdline.split()[:3] == ["python", "-m", "trainer"], cmdline  # the image's entrypoint
+    assert cmdline.split()[:3] == ["python3", "-m", "trainer"], cmdline  # the image's entrypoint
     assert code == 0, out[-2000:] + err[-3000:]
     assert f"submitted pytorchjob {rns}/quickstart" in out
     assert [e["step"] for e in events(out, "train")][-1] == 200
@@ -209,7 +204,7 @@ def test_a_memory_limit_too_small_is_explained_as_oomkilled(real_node, rns, tmp_
     """128 MiB cannot hold the trainer (importing torch alone takes more): the kernel kills it.
     With no retries (restart_policy Never) `submit --wait` fails at once and says what happened
     and what to do."""
-    spec = node_spec(
+    spec = write_spec(
         real_node,
         tmp_path,
         "oom",
@@ -238,8 +233,7 @@ def test_a_memory_limit_too_small_is_explained_as_oomkilled(real_node, rns, tmp_
 def test_shm_size_is_dev_shm_and_nproc_per_node_2_runs_torchrun_in_the_container(
     real_node, rns, tmp_path
 ):
-    real_node.local_volume(rns, CLAIM)
-    spec = node_spec(
+    spec = write_spec(
         real_node,
         tmp_path,
         "shm",
@@ -279,7 +273,7 @@ def test_a_secret_env_reaches_the_trainer_and_is_printed_nowhere(real_node, rns,
     real_node.kubectl(
         "create", "secret", "generic", "api", "-n", rns, f"--from-literal=token={value}"
     )
-    spec = node_spec(
+    spec = write_spec(
         real_node,
         tmp_path,
         "sec",

@@ -1,9 +1,11 @@
-"""submit / wait / status / logs on the local control plane: the real apiserver, the real
-Kubeflow training operator, the real trainer as local processes (gloo on CPU)."""
+"""submit / wait / status / logs on the local cluster: the real apiserver, the real Kubeflow
+training operator, the real trainer in containers of this checkout's image on the real node
+(gloo on CPU)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -12,13 +14,17 @@ from tests.e2e.helpers import (
     QUICKSTART,
     ddpjob,
     get_json,
+    plugin_on_claim,
     write_spec,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
-def test_quickstart_submit_wait_follow_succeeds(cluster, namespace, tmp_path):
+def test_quickstart_submit_wait_follow_succeeds(real_node, namespace, tmp_path):
+    # The example as written (its image name included: the cluster holds this checkout's image
+    # under it), only shorter.
+    cluster = real_node
     r = ddpjob(
         cluster,
         "submit",
@@ -33,8 +39,6 @@ def test_quickstart_submit_wait_follow_succeeds(cluster, namespace, tmp_path):
         "trainer.log_every=5",
         "--set",
         "trainer.eval_every=0",
-        "--set",
-        f"trainer.checkpoint.dir={tmp_path / 'ckpt'}",
     )
     assert r.returncode == 0, r.stderr + r.stdout
     assert f"submitted pytorchjob {namespace}/quickstart" in r.stdout
@@ -85,15 +89,19 @@ def test_quickstart_submit_wait_follow_succeeds(cluster, namespace, tmp_path):
 
 
 def test_a_task_that_raises_fails_with_replica_exit_code_and_last_lines(
-    cluster, namespace, tmp_path
+    real_node, namespace, tmp_path
 ):
+    cluster = real_node
+    env = plugin_on_claim(cluster, namespace, Path(__file__).with_name("failing_task.py"))
     spec = write_spec(
+        cluster,
         tmp_path,
         "boom",
         namespace,
         max_steps=200,
+        env=env,
         trainer={
-            "task": "tests.e2e.failing_task:build",
+            "task": "failing_task:build",
             "task_args": {"fail_at_call": 6, "image_size": 16},
         },
     )
@@ -118,10 +126,15 @@ def test_a_task_that_raises_fails_with_replica_exit_code_and_last_lines(
 
 
 def test_a_job_no_node_can_fit_is_refused_and_with_force_says_why_it_waits(
-    cluster, namespace, tmp_path
+    real_node, namespace, tmp_path
 ):
+    cluster = real_node
     spec = write_spec(
-        tmp_path, "huge", namespace, resources={"gpus": 16, "cpu": "1", "memory": "1Gi"}
+        cluster,
+        tmp_path,
+        "huge",
+        namespace,
+        resources={"gpus": 16, "cpu": "1", "memory": "1Gi"},
     )
     r = ddpjob(cluster, "submit", str(spec))
     assert r.returncode == 1

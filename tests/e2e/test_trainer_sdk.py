@@ -14,7 +14,7 @@ import pytest
 from controller import kubeflow
 from localkube.handle import wait_until
 from tests.e2e.helpers import ddpjob, get_json
-from tests.e2e.test_trainjob import CLAIM, _run_spec
+from tests.e2e.test_trainjob import _trainjob_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -25,15 +25,12 @@ def _rank0_pod(cluster, name: str, namespace: str) -> str:
     return pod["metadata"]["name"]
 
 
-def test_trainer_client_reads_a_trainjob_ddpjob_submitted(
-    cluster, namespace, tmp_path, caplog, real_node
-):
+def test_trainer_client_reads_a_trainjob_ddpjob_submitted(real_node, namespace, tmp_path, caplog):
     from kubeflow.common.types import KubernetesBackendConfig
     from kubeflow.trainer import TrainerClient
 
-    name = "sdk"
-    cluster.local_volume(namespace, CLAIM)
-    spec = _run_spec(cluster, tmp_path, name, namespace, max_steps=60, log_every=2)
+    cluster, name = real_node, "sdk"
+    spec = _trainjob_spec(cluster, tmp_path, name, namespace, max_steps=60, log_every=2)
     r = ddpjob(cluster, "submit", str(spec))
     assert r.returncode == 0, r.stdout + r.stderr
 

@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -43,6 +41,7 @@ from tests.e2e.helpers import (
     events,
     get_json,
     last_step,
+    plugin_on_claim,
     write_spec,
 )
 
@@ -52,8 +51,10 @@ TRAINJOB_EXAMPLE = REPO / "examples" / "trainjob.yaml"
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 
 
-def _trainjob_spec(tmp_path, name: str, namespace: str, **fields):
-    return write_spec(tmp_path, name, namespace, api="trainjob", **fields)
+def _trainjob_spec(cluster, tmp_path, name: str, namespace: str, **fields):
+    """write_spec's job as a TrainJob: this checkout's image, checkpoints on the claim ``ckpt``
+    (so a restarted or re-created pod resumes), half a CPU per node."""
+    return write_spec(cluster, tmp_path, name, namespace, api="trainjob", **fields)
 
 
 def _pods(cluster, name: str, namespace: str) -> list[dict]:
@@ -79,7 +80,7 @@ def test_doctor_reports_both_apis(cluster):
 
 
 def test_submit_status_list_events_delete_a_suspended_trainjob(cluster, namespace, tmp_path):
-    spec = _trainjob_spec(tmp_path, "tj-susp", namespace, suspend=True)
+    spec = _trainjob_spec(cluster, tmp_path, "tj-susp", namespace, suspend=True)
     r = ddpjob(cluster, "submit", str(spec))
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"submitted trainjob {namespace}/tj-susp" in r.stdout
@@ -127,7 +128,7 @@ def test_submit_status_list_events_delete_a_suspended_trainjob(cluster, namespac
 
 
 def test_a_runtime_that_does_not_exist_is_refused_clearly(cluster, namespace, tmp_path):
-    spec = _trainjob_spec(tmp_path, "tj-nort", namespace, runtime="no-such-runtime")
+    spec = _trainjob_spec(cluster, tmp_path, "tj-nort", namespace, runtime="no-such-runtime")
     r = ddpjob(cluster, "submit", str(spec))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "preflight runtime failed: ClusterTrainingRuntime no-such-runtime does not exist" in (
@@ -170,7 +171,7 @@ def test_a_trainjob_whose_jobset_cannot_be_built_is_explained_from_its_events(
 
 def test_a_name_in_both_apis_needs_api(cluster, namespace, tmp_path):
     for api in ("pytorchjob", "trainjob"):
-        spec = write_spec(tmp_path, "twin", namespace, suspend=True, api=api)
+        spec = write_spec(cluster, tmp_path, "twin", namespace, suspend=True, api=api)
         r = ddpjob(cluster, "submit", str(spec), "--no-preflight")
         assert r.returncode == 0, r.stdout + r.stderr
     r = ddpjob(cluster, "status", "twin", "-n", namespace)
@@ -197,28 +198,6 @@ def test_helm_install_of_a_trainjob_is_admitted(cluster, namespace):
 # ---------------------------------------------------------------------------------------------
 # Run level: pods that run, on the real node
 
-CLAIM = "ckpt"
-
-
-def _run_spec(cluster, tmp_path: Path, name: str, namespace: str, **fields) -> Path:
-    """A TrainJob of this checkout's image whose checkpoints live on the PersistentVolume claim
-    ``ckpt`` (create it with ``cluster.local_volume``), so a restarted or re-created pod resumes;
-    one CPU between the two nodes, as the machine has two."""
-    spec = write_spec(
-        tmp_path,
-        name,
-        namespace,
-        api="trainjob",
-        image=cluster.trainer_image(),
-        resources={"cpu": "500m", "memory": "1536Mi"},
-        volumes=[{"name": "ckpt", "claim": CLAIM, "mount_path": "/ckpt"}],
-        **fields,
-    )
-    data = yaml.safe_load(spec.read_text())
-    data["trainer"]["checkpoint"]["dir"] = f"/ckpt/{name}"
-    spec.write_text(yaml.safe_dump(data, sort_keys=False))
-    return spec
-
 
 def _rank_pods(cluster, name: str, namespace: str, rank: int) -> list[dict]:
     return [
@@ -242,8 +221,7 @@ def test_quickstart_as_a_trainjob_succeeds(cluster, namespace, tmp_path, real_no
     rank 0's events: every line rank 0's container printed, once."""
     from localkube.node import NODE_NAME
 
-    cluster.local_volume(namespace, CLAIM)
-    spec = _run_spec(cluster, tmp_path, "tj-quick", namespace, max_steps=40)
+    spec = _trainjob_spec(cluster, tmp_path, "tj-quick", namespace, max_steps=40)
     r = ddpjob(cluster, "submit", str(spec))
     assert r.returncode == 0, r.stdout + r.stderr
     follow = Background(cluster, tmp_path, "tj-quick", "logs", "tj-quick", "-n", namespace, "-f")
@@ -271,8 +249,7 @@ def test_quickstart_as_a_trainjob_succeeds(cluster, namespace, tmp_path, real_no
 
 
 def test_a_suspended_trainjob_resumed_succeeds(cluster, namespace, tmp_path, real_node):
-    cluster.local_volume(namespace, CLAIM)
-    spec = _run_spec(cluster, tmp_path, "tj-later", namespace, max_steps=20, suspend=True)
+    spec = _trainjob_spec(cluster, tmp_path, "tj-later", namespace, max_steps=20, suspend=True)
     r = ddpjob(cluster, "submit", str(spec))
     assert r.returncode == 0, r.stdout + r.stderr
     wait = Background(cluster, tmp_path, "tj-later", "wait", "tj-later", "-n", namespace)
@@ -295,15 +272,14 @@ def test_a_failing_trainjob_is_explained(cluster, namespace, tmp_path, real_node
     """Rank 0 raises at its 6th step. The runtime's Job restarts the containers in place
     (OnFailure: exit 1 too), up to backoffLimit 6 restarts, then fails and deletes the pods; the
     report still names rank 0's pod, its exit code and reason, and its last lines."""
-    code = cluster.local_volume(namespace, CLAIM)
-    shutil.copy(REPO / "tests" / "e2e" / "failing_task.py", code / "failing_task.py")
-    spec = _run_spec(
+    env = plugin_on_claim(cluster, namespace, REPO / "tests" / "e2e" / "failing_task.py")
+    spec = _trainjob_spec(
         cluster,
         tmp_path,
         "tj-fail",
         namespace,
         max_steps=200,
-        env={"PYTHONPATH": "/ckpt"},  # the task plug-in, from the volume
+        env=env,  # the task plug-in, from the volume
         trainer={"task": "failing_task:build", "task_args": {"fail_at_call": 6, "image_size": 16}},
     )
     r = ddpjob(cluster, "submit", str(spec), "--wait", timeout=600)
@@ -343,8 +319,7 @@ def test_a_trainjob_recovers(cluster, namespace, tmp_path, real_node, how):
     rank 0's container printed across its runs: no line lost, none twice."""
     fault, rank, codes = FAULTS[how]
     name = f"tj-{how}"
-    cluster.local_volume(namespace, CLAIM)
-    spec = _run_spec(cluster, tmp_path, name, namespace, max_steps=160, every_steps=10)
+    spec = _trainjob_spec(cluster, tmp_path, name, namespace, max_steps=160, every_steps=10)
     r = ddpjob(cluster, "submit", str(spec))
     assert r.returncode == 0, r.stdout + r.stderr
     exits = ExitCodes(cluster, namespace, f"{JOBSET_NAME}={name}")

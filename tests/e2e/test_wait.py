@@ -38,7 +38,8 @@ def _requests(stderr: str) -> tuple[int, str, int]:
     return int(m[1]), m[2], int(m[3])
 
 
-def test_wait_makes_the_same_few_requests_however_long_the_job_runs(cluster, namespace, tmp_path):
+def test_wait_makes_the_same_few_requests_however_long_the_job_runs(real_node, namespace, tmp_path):
+    cluster = real_node
     # `wait` is about the job's life, not its training: a container that sleeps S seconds.
     jobs = {"short": 15, "long": 60}  # seconds: the short one still runs when its wait starts
     waiters, started = {}, {}
@@ -51,8 +52,9 @@ def test_wait_makes_the_same_few_requests_however_long_the_job_runs(cluster, nam
                         "name": name,
                         "namespace": namespace,
                         "image": "ghcr.io/ddpjob/trainer:0.1.0",
-                        "resources": {"cpu": "1", "memory": "1Gi"},
-                        "command": ["python", "-c", f"import time; time.sleep({sleep_s})"],
+                        # Both jobs' pods fit the node's 2 CPUs at once.
+                        "resources": {"cpu": "200m", "memory": "256Mi"},
+                        "command": ["python3", "-c", f"import time; time.sleep({sleep_s})"],
                         "args": [],
                     }
                 )
@@ -85,12 +87,15 @@ def test_wait_makes_the_same_few_requests_however_long_the_job_runs(cluster, nam
     assert total <= 6 and "watch 2" in kinds and relists == 0, counts
 
 
+@pytest.mark.disruptive
 def test_wait_lists_again_when_its_watch_has_expired_and_still_answers(
-    cluster, namespace, tmp_path
+    real_node, namespace, tmp_path
 ):
-    name = "relist"
-    max_steps = 1000  # long enough to end after the API server is back (see test_recovery)
-    spec = write_spec(tmp_path, name, namespace, max_steps=max_steps, every_steps=500, log_every=25)
+    cluster, name = real_node, "relist"
+    max_steps = 400  # long enough to end after the API server is back (checked below)
+    spec = write_spec(
+        cluster, tmp_path, name, namespace, max_steps=max_steps, every_steps=200, log_every=20
+    )
     r = ddpjob(cluster, "submit", str(spec))
     assert r.returncode == 0, r.stderr
     waiter = Background(cluster, tmp_path, "wait", "wait", name, "-n", namespace, "--debug")

@@ -1,1 +1,1 @@
-"""Tests of the local cluster itself (localkube): components, operator env, the pod agent."""
+"""Tests of the local cluster itself (localkube): components, operator env, the real node."""

@@ -1,4 +1,10 @@
-"""The local control plane runs real PyTorchJobs: operator, scheduler, GC, agent, kubectl logs."""
+"""The local cluster runs real PyTorchJobs: operator, scheduler, GC, the kubelet, kubectl logs.
+
+Every pod runs on the real node, in containers of this checkout's trainer image under the name
+the examples use (``images.published_ref()``): a PyTorchJob written as the Kubeflow docs write
+one, with no placement, lands there; the kwok nodes are GPU capacity only, and a pod bound to
+one is never started.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import time
 
 import pytest
 
+from localkube import bootstrap, images, node
 from localkube.handle import temporary_namespace, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -20,9 +27,9 @@ def _wait(what: str, probe, timeout: float = 90, interval: float = 0.5):
 
 
 @pytest.fixture
-def namespace(cluster):
+def namespace(real_node):
     """A fresh namespace (PodSecurity 'baseline' enforced) removed after the test."""
-    with temporary_namespace(cluster, "t") as name:
+    with temporary_namespace(real_node, "t") as name:
         yield name
 
 
@@ -33,13 +40,26 @@ def _job_yaml(
     worker_cmd: str | None = None,
     restart: str = "Never",
     gpus: int | None = None,
+    volume: dict | None = None,
 ) -> str:
+    """A PyTorchJob as the Kubeflow docs write one: replicas, a restart policy, a container
+    ``pytorch`` with an image and a command; no node selector, no tolerations. ``volume``: one
+    pod volume mounted at /state (the image's user, uid 1000, owns it through fsGroup)."""
     resources = ""
     if gpus is not None:
         resources = f"""
               resources:
                 limits:
                   nvidia.com/gpu: {gpus}"""
+    mounts = pod_volumes = ""
+    if volume is not None:
+        mounts = """
+              volumeMounts:
+                - {name: state, mountPath: /state}"""
+        pod_volumes = f"""
+          securityContext: {{fsGroup: 1000}}
+          volumes:
+            - {json.dumps({"name": "state", **volume})}"""
 
     def replica(kind: str, cmd: str) -> str:
         return f"""
@@ -48,11 +68,11 @@ def _job_yaml(
       restartPolicy: {restart}
       template:
         spec:
-          terminationGracePeriodSeconds: 5
+          terminationGracePeriodSeconds: 5{pod_volumes}
           containers:
             - name: pytorch
-              image: ddpjob-trainer:test
-              command: ["python", "-c", {json.dumps(cmd)}]{resources}"""
+              image: {images.published_ref()}
+              command: ["python3", "-c", {json.dumps(cmd)}]{resources}{mounts}"""
 
     specs = replica("Master", master_cmd)
     if worker_cmd is not None:
@@ -83,21 +103,27 @@ def _pods(cluster, ns: str, job: str) -> list[dict]:
     return _get(cluster, "pods", "-n", ns, "-l", f"training.kubeflow.org/job-name={job}")["items"]
 
 
-def _pid_of(pod: dict) -> int | None:
-    for st in pod.get("status", {}).get("containerStatuses", []):
-        if st["name"] == "pytorch" and st.get("containerID", "").startswith("ddpjob://"):
-            return int(st["containerID"].split("://")[1])
-    return None
+# What each replica saw: the operator's variables, and what cluster DNS says MASTER_ADDR is
+# (retried: the master's Service gets its address once the master pod runs).
+PRINT_ENV = textwrap.dedent("""
+    import json, os, socket, time
+    for _ in range(120):
+        try:
+            ip = socket.gethostbyname(os.environ["MASTER_ADDR"])
+            break
+        except OSError:
+            time.sleep(1)
+    keys = ('MASTER_ADDR', 'MASTER_PORT', 'RANK', 'WORLD_SIZE', 'HOSTNAME')
+    print(json.dumps({**{k: os.environ.get(k) for k in keys}, 'resolved': ip}), flush=True)
+    time.sleep(5)  # a finished master leaves its Service: the worker resolves it meanwhile
+""")
 
 
-PRINT_ENV = (
-    "import json, os; print(json.dumps({k: os.environ.get(k) for k in "
-    "('MASTER_ADDR', 'MASTER_PORT', 'RANK', 'WORLD_SIZE', 'HOSTNAME')}))"
-)
-
-
-def test_pytorchjob_runs_through_operator_and_agent(cluster, namespace):
-    """A Master + 1 Worker job: operator makes pods/services with env; logs; Succeeded."""
+def test_a_kubeflow_docs_pytorchjob_runs_in_the_image_with_a_dns_master_addr(real_node, namespace):
+    """A Master + 1 Worker job with no placement: the operator makes pods, Services and env; the
+    pods run on the real node in the image; MASTER_ADDR is the master's name, which cluster DNS
+    resolves to the master pod's IP; logs; Succeeded."""
+    cluster = real_node
     cluster.kubectl(
         "apply", "-f", "-", input_text=_job_yaml("envjob", namespace, PRINT_ENV, PRINT_ENV)
     )
@@ -118,7 +144,7 @@ def test_pytorchjob_runs_through_operator_and_agent(cluster, namespace):
     assert spec_env["envjob-worker-0"]["WORLD_SIZE"] == "2"
     assert "MASTER_PORT" in spec_env["envjob-master-0"]
 
-    # kubectl logs through apiserver -> kwok's kubelet API -> the agent's log file.
+    # kubectl logs through apiserver -> the kubelet -> containerd's log file.
     printed = {}
     for name in pods:
         _wait(
@@ -137,18 +163,25 @@ def test_pytorchjob_runs_through_operator_and_agent(cluster, namespace):
         ).stdout
         printed[name] = json.loads(out.strip().splitlines()[-1])
     master, worker = printed["envjob-master-0"], printed["envjob-worker-0"]
-    assert master["MASTER_ADDR"] == worker["MASTER_ADDR"] == "127.0.0.1"
-    assert master["MASTER_PORT"] == worker["MASTER_PORT"] != "23456"
+    assert master["MASTER_ADDR"] == worker["MASTER_ADDR"] == "envjob-master-0"  # not rewritten
+    assert master["MASTER_PORT"] == worker["MASTER_PORT"] == "23456"  # the operator's port
     assert (master["RANK"], worker["RANK"]) == ("0", "1")
     assert master["WORLD_SIZE"] == worker["WORLD_SIZE"] == "2"
+    master_ip = pods["envjob-master-0"]["status"]["podIP"]
+    assert master_ip and worker["resolved"] == master["resolved"] == master_ip
 
-    pod = _get(cluster, "pod", "envjob-master-0", "-n", namespace)
-    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
-    assert (term["exitCode"], term["reason"]) == (0, "Completed")
+    for name in pods:
+        pod = _get(cluster, "pod", name, "-n", namespace)
+        assert pod["spec"]["nodeName"] == node.NODE_NAME
+        (status,) = pod["status"]["containerStatuses"]
+        assert status["image"].endswith(images.published_ref()) and status["imageID"]
+        term = status["state"]["terminated"]
+        assert (term["exitCode"], term["reason"]) == (0, "Completed")
 
 
-def test_gpu_request_beyond_node_capacity_stays_pending(cluster, namespace):
+def test_gpu_request_beyond_node_capacity_stays_pending(real_node, namespace):
     """16 GPUs per pod fit no node (8 each): Pending with the scheduler's event."""
+    cluster = real_node
     cluster.kubectl(
         "apply", "-f", "-", input_text=_job_yaml("toobig", namespace, "print('never')", gpus=16)
     )
@@ -174,26 +207,67 @@ def test_gpu_request_beyond_node_capacity_stays_pending(cluster, namespace):
     assert not pod["spec"].get("nodeName")
 
 
-def test_gpu_request_within_capacity_is_scheduled(cluster, namespace):
-    """8 GPUs per pod fit one kwok node each."""
+def test_gpu_pods_are_bound_to_the_kwok_nodes_and_never_started(real_node, namespace):
+    """8 GPUs per pod fit one kwok node each: the API server's ExtendedResourceToleration gave
+    them the GPU nodes' toleration (nothing else can land there), the scheduler binds them,
+    and nothing starts them: no container status, still Pending seconds later."""
+    cluster = real_node
     cluster.kubectl(
         "apply",
         "-f",
         "-",
         input_text=_job_yaml("fits", namespace, "print('ok')", "print('ok')", gpus=8),
     )
-    _wait("job Succeeded", lambda: _job_condition(cluster, namespace, "fits", "Succeeded"))
-    nodes = {p["spec"]["nodeName"] for p in _pods(cluster, namespace, "fits")}
-    assert nodes == {"kwok-node-0", "kwok-node-1"}
+
+    def bound() -> list[dict] | None:
+        pods = _pods(cluster, namespace, "fits")
+        return pods if len(pods) == 2 and all(p["spec"].get("nodeName") for p in pods) else None
+
+    pods = _wait("both pods bound", bound, 60)
+    assert {p["spec"]["nodeName"] for p in pods} == set(bootstrap.KWOK_NODES)
+    for p in pods:
+        tolerations = p["spec"].get("tolerations") or []
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in (
+            tolerations
+        ), tolerations
+    time.sleep(5)
+    for p in _pods(cluster, namespace, "fits"):
+        assert p["status"].get("phase") == "Pending", p["status"]
+        assert not p["status"].get("containerStatuses"), p["status"]
+    assert not _job_condition(cluster, namespace, "fits", "Succeeded")
 
 
-def test_deleting_job_removes_pods_and_kills_processes(cluster, namespace, tmp_path):
-    """Garbage collection deletes the pods; the agent SIGTERMs their processes."""
-    marker = tmp_path / "sigterm"
-    cmd = textwrap.dedent(f"""
-        import signal, sys, time, pathlib
+def test_a_cpu_pod_never_lands_on_a_kwok_node(real_node, namespace):
+    """The kwok nodes' taint keeps a pod that does not tolerate it off them: pinned to one by
+    name (nodeSelector), it stays unschedulable and says why."""
+    cluster = real_node
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "pinned", "namespace": namespace},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": bootstrap.KWOK_NODES[0]},
+            "containers": [{"name": "c", "image": images.published_ref()}],
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input_text=json.dumps(manifest))
+
+    def unschedulable() -> str | None:
+        conditions = _get(cluster, "pod", "pinned", "-n", namespace)["status"].get("conditions")
+        scheduled = next((c for c in conditions or [] if c["type"] == "PodScheduled"), {})
+        return scheduled.get("message") if scheduled.get("reason") == "Unschedulable" else None
+
+    message = _wait("the pod Unschedulable", unschedulable, 60)
+    assert "untolerated taint" in message and "nvidia.com/gpu" in message, message
+
+
+def test_deleting_job_removes_pods_and_terminates_their_containers(real_node, namespace):
+    """Garbage collection deletes the pods; the kubelet SIGTERMs their containers."""
+    cluster = real_node
+    cmd = textwrap.dedent("""
+        import signal, sys, time
         def bye(*_):
-            pathlib.Path({str(marker)!r}).write_text('terminated')
+            print('terminated', flush=True)
             sys.exit(143)
         signal.signal(signal.SIGTERM, bye)
         print('sleeping', flush=True)
@@ -208,10 +282,14 @@ def test_deleting_job_removes_pods_and_kills_processes(cluster, namespace, tmp_p
 
     def running_pids() -> list[int] | None:
         pods = _pods(cluster, namespace, "sleeper")
-        pids = [_pid_of(p) for p in pods if p["status"].get("phase") == "Running"]
+        pids = [cluster.pod_pid(namespace, p) for p in pods]
         return pids if len(pids) == 2 and all(pids) else None
 
-    pids = _wait("both pods Running", running_pids)
+    def master_sleeping() -> bool:
+        return "sleeping" in cluster.pod_log_lines(namespace, "sleeper-master-0")
+
+    pids = _wait("both containers running", running_pids)
+    _wait("the master's handler installed", master_sleeping, 60)
     for pid in pids:
         os.kill(pid, 0)  # alive
     cluster.kubectl("delete", "pytorchjob", "sleeper", "-n", namespace, "--wait=false")
@@ -225,23 +303,29 @@ def test_deleting_job_removes_pods_and_kills_processes(cluster, namespace, tmp_p
         return False
 
     _wait("processes gone", lambda: all(gone(p) for p in pids), 30)
-    assert marker.read_text() == "terminated"
+    assert cluster.pod_log_lines(namespace, "sleeper-master-0")[-1] == "terminated"
 
 
-def test_exit_code_143_is_retried_and_succeeds(cluster, namespace, tmp_path):
-    """restartPolicy ExitCode: 143 (SIGTERM) is retryable; the operator recreates the pod."""
-    marker = tmp_path / "attempted"
-    cmd = textwrap.dedent(f"""
+def test_exit_code_143_is_retried_and_succeeds(real_node, namespace):
+    """restartPolicy ExitCode: 143 (SIGTERM) is retryable; the operator recreates the pod (the
+    attempt is remembered on a PersistentVolume the new pod mounts again)."""
+    cluster = real_node
+    cluster.local_volume(namespace, "state")
+    cmd = textwrap.dedent("""
         import pathlib, sys
-        m = pathlib.Path({str(marker)!r})
+        m = pathlib.Path('/state/attempted')
         if not m.exists():
             m.write_text('1')
             print('first attempt: exiting 143', flush=True)
             sys.exit(143)
         print('second attempt: ok', flush=True)
     """)
+    volume = {"persistentVolumeClaim": {"claimName": "state"}}
     cluster.kubectl(
-        "apply", "-f", "-", input_text=_job_yaml("retry", namespace, cmd, restart="ExitCode")
+        "apply",
+        "-f",
+        "-",
+        input_text=_job_yaml("retry", namespace, cmd, restart="ExitCode", volume=volume),
     )
     _wait("job Succeeded", lambda: _job_condition(cluster, namespace, "retry", "Succeeded"), 120)
     pod = _get(cluster, "pod", "retry-master-0", "-n", namespace)
@@ -249,12 +333,14 @@ def test_exit_code_143_is_retried_and_succeeds(cluster, namespace, tmp_path):
     assert term["exitCode"] == 0
     logs = cluster.kubectl("logs", "retry-master-0", "-n", namespace).stdout
     assert "second attempt: ok" in logs
-    previous = cluster.kubectl("logs", "retry-master-0", "-n", namespace, "--previous").stdout
-    assert "first attempt: exiting 143" in previous
+    # The first pod is gone (re-created under the same name); its run is in the node's logs.
+    runs = cluster.pod_log_lines(namespace, "retry-master-0")
+    assert runs == ["first attempt: exiting 143", "second attempt: ok"], runs
 
 
-def test_exit_code_1_fails_the_job(cluster, namespace):
+def test_exit_code_1_fails_the_job(real_node, namespace):
     """restartPolicy ExitCode: exit 1 is permanent; the job fails and the code is on the pod."""
+    cluster = real_node
     cluster.kubectl(
         "apply",
         "-f",
@@ -270,8 +356,9 @@ def test_exit_code_1_fails_the_job(cluster, namespace):
     assert (term["exitCode"], term["reason"]) == (1, "Error")
 
 
-def test_sigkill_reports_137(cluster, namespace):
-    """A process killed with SIGKILL reports exitCode 137 (128 + 9)."""
+def test_sigkill_reports_137(real_node, namespace):
+    """A container whose process is killed with SIGKILL reports exitCode 137 (128 + 9)."""
+    cluster = real_node
     cluster.kubectl(
         "apply",
         "-f",
@@ -283,7 +370,7 @@ def test_sigkill_reports_137(cluster, namespace):
 
     def pid() -> int | None:
         pods = _pods(cluster, namespace, "killed")
-        return _pid_of(pods[0]) if pods and pods[0]["status"].get("phase") == "Running" else None
+        return cluster.pod_pid(namespace, pods[0]) if pods else None
 
     os.kill(_wait("pod Running", pid), 9)
     _wait(
@@ -297,8 +384,9 @@ def test_sigkill_reports_137(cluster, namespace):
     assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 137
 
 
-def test_pod_security_admission_is_enforced(cluster, namespace):
+def test_pod_security_admission_is_enforced(real_node, namespace):
     """PodSecurity admission rejects a privileged pod in a 'baseline' namespace."""
+    cluster = real_node
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -318,21 +406,22 @@ def test_rbac_is_enforced(cluster):
     assert proc.stdout.strip() == "no"
 
 
-def test_operator_webhook_validates(cluster, namespace):
+def test_operator_webhook_validates(real_node, namespace):
     """The operator's validating webhook rejects a PyTorchJob without a 'pytorch' container."""
+    cluster = real_node
     bad = _job_yaml("badname", namespace, "print(1)").replace("name: pytorch", "name: other")
     proc = cluster.kubectl("apply", "-f", "-", input_text=bad, check=False)
     assert proc.returncode != 0
     assert "pytorch" in proc.stderr
 
 
-def test_on_failure_restarts_in_place_with_restart_count(cluster, namespace, tmp_path):
-    """restartPolicy OnFailure: the agent restarts the container in place (restartCount 1),
-    and `kubectl logs --previous` shows the failed run."""
-    marker = tmp_path / "ran"
-    cmd = textwrap.dedent(f"""
+def test_on_failure_restarts_in_place_with_restart_count(real_node, namespace):
+    """restartPolicy OnFailure: the kubelet restarts the container in place (restartCount 1; the
+    pod's emptyDir outlives the run), and `kubectl logs --previous` shows the failed run."""
+    cluster = real_node
+    cmd = textwrap.dedent("""
         import pathlib, sys
-        m = pathlib.Path({str(marker)!r})
+        m = pathlib.Path('/state/ran')
         if not m.exists():
             m.write_text('1')
             print('run 1 fails', flush=True)
@@ -340,7 +429,12 @@ def test_on_failure_restarts_in_place_with_restart_count(cluster, namespace, tmp
         print('run 2 ok', flush=True)
     """)
     cluster.kubectl(
-        "apply", "-f", "-", input_text=_job_yaml("inplace", namespace, cmd, restart="OnFailure")
+        "apply",
+        "-f",
+        "-",
+        input_text=_job_yaml(
+            "inplace", namespace, cmd, restart="OnFailure", volume={"emptyDir": {}}
+        ),
     )
     _wait("job Succeeded", lambda: _job_condition(cluster, namespace, "inplace", "Succeeded"), 120)
     pod = _get(cluster, "pod", "inplace-master-0", "-n", namespace)
@@ -353,8 +447,9 @@ def test_on_failure_restarts_in_place_with_restart_count(cluster, namespace, tmp
     assert "run 1 fails" in previous
 
 
-def test_logs_follow_streams_and_ends_when_the_container_exits(cluster, namespace):
+def test_logs_follow_streams_and_ends_when_the_container_exits(real_node, namespace):
     """`kubectl logs -f` streams lines as they come and returns once the process exits."""
+    cluster = real_node
     cmd = "import time\nfor i in range(4):\n    print('tick', i, flush=True)\n    time.sleep(1)"
     cluster.kubectl("apply", "-f", "-", input_text=_job_yaml("follow", namespace, cmd))
 

@@ -1,8 +1,8 @@
 """The local cluster's real node: kubelet + containerd + CNI bridge + CoreDNS on this machine.
 
 Pods here are real containers from imported images (the busybox init image: small and fast),
-under the `restricted` Pod Security profile, on the one real node (a nodeSelector and a
-toleration of its taint keep them off the kwok nodes, and kwok's pods off it). The last two
+under the `restricted` Pod Security profile, on the one real node, where every pod lands (the
+kwok nodes' taint keeps pods that do not ask for GPUs off them). The last two
 tests stop the node (kill -9, then `python -m localkube down`) and check what the machine looks
 like afterwards; each brings the cluster back for whatever runs next.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from localkube import host, node
+from localkube import bootstrap, host, node
 from localkube.handle import temporary_namespace, wait_until
 from localkube.procs import proc_start_time
 
@@ -69,7 +69,6 @@ def pod_spec(name: str, ns: str, script: str, **extra) -> dict:
         "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
         "spec": {
             "restartPolicy": "Never",
-            **node.placement(),
             "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000},
             "automountServiceAccountToken": False,
             "containers": [container],
@@ -120,7 +119,8 @@ def terminated(p: dict) -> dict:
 
 
 def test_real_node_is_ready_beside_the_kwok_nodes(real_node):
-    """One kubelet node (containerd, node IP = bridge gateway, tainted) and the kwok nodes."""
+    """One kubelet node (containerd, node IP = bridge gateway, no taint: every pod runs here) and
+    the kwok nodes (GPU capacity, tainted as managed clusters taint GPU nodes)."""
     nodes = {n["metadata"]["name"]: n for n in _get(real_node, "nodes")["items"]}
     assert {node.NODE_NAME, "kwok-node-0", "kwok-node-1"} <= set(nodes)
     for name in (node.NODE_NAME, "kwok-node-0", "kwok-node-1"):
@@ -132,10 +132,11 @@ def test_real_node_is_ready_beside_the_kwok_nodes(real_node):
     assert info["containerRuntimeVersion"].startswith("containerd://1.6")
     addresses = {a["type"]: a["address"] for a in real["status"]["addresses"]}
     assert addresses["InternalIP"] == host.GATEWAY
-    assert {"key": "ddpjob.local/node", "value": "real", "effect": "NoSchedule"} in real["spec"][
-        "taints"
-    ]
+    assert not real["spec"].get("taints"), real["spec"]
     assert "nvidia.com/gpu" not in real["status"]["capacity"]
+    for name in ("kwok-node-0", "kwok-node-1"):
+        assert nodes[name]["spec"]["taints"] == [bootstrap.KWOK_TAINT]
+        assert nodes[name]["status"]["allocatable"]["nvidia.com/gpu"] == "8"
 
 
 def test_restricted_pod_runs_in_a_container_with_logs_and_exec(real_node, ns):
@@ -383,8 +384,6 @@ def test_trainer_image_trains_across_two_pods(real_node, ns):
         namespace=ns,
         image=real_node.trainer_image(),
         resources={"cpu": "500m", "memory": "1536Mi"},
-        node_selector=node.placement()["nodeSelector"],
-        tolerations=node.placement()["tolerations"],
         clean_pod_policy="None",  # keep the worker pod to look at
     )
     data["trainer"].update(
@@ -435,6 +434,7 @@ def _container_pids(cluster, ns: str, name: str) -> list[int]:
     return found
 
 
+@pytest.mark.disruptive
 def test_killed_node_is_cleaned_up_by_the_next_up(real_node, ns):
     """kill -9 of the kubelet and containerd leaves pods running (their shims survive); the
     next `up` removes them through a temporary containerd before starting afresh."""
@@ -453,6 +453,7 @@ def test_killed_node_is_cleaned_up_by_the_next_up(real_node, ns):
     assert not [p for p, start in shims.items() if proc_start_time(p) == start], "old shims"
 
 
+@pytest.mark.disruptive
 def test_cluster_down_restores_the_machine(real_node, ns):
     """`python -m localkube down` with a pod running: no bridge, veth, KUBE-*/CNI chains,
     /kubepods cgroups, pod mounts or log entries left; the sysctls the kubelet changed are back

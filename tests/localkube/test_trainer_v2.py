@@ -2,9 +2,8 @@
 
 What a TrainJob becomes (JobSet -> Indexed Job -> pods with the torch plugin's PET_* env), how
 Trainer reports what goes wrong, and that the training operator v1 still works beside it. The pods
-land on kwok nodes, where the pod agent runs their command as a host process: the object
-assertions hold for any node; the logs and the Complete condition come from that agent (it
-resolves the env's fieldRefs from the pod, and points PET_MASTER_ADDR/PORT at 127.0.0.1).
+run on the real node in this checkout's trainer image (the runtime's), like every pod: the
+logs and the Complete condition come from the kubelet, which resolves the env's fieldRefs.
 """
 
 from __future__ import annotations
@@ -30,8 +29,8 @@ PRINT_PET_ENV = (
 
 
 @pytest.fixture
-def namespace(cluster):
-    with temporary_namespace(cluster, "tv2") as name:
+def namespace(real_node):
+    with temporary_namespace(real_node, "tv2") as name:
         yield name
 
 
@@ -51,7 +50,7 @@ def _trainjob(
     # No image: the runtime's, this checkout's trainer image.
     trainer: dict = {
         "numNodes": num_nodes,
-        "command": ["python", "-c", command],
+        "command": ["python3", "-c", command],
     }
     if num_proc_per_node is not None:
         trainer["numProcPerNode"] = num_proc_per_node
@@ -243,7 +242,7 @@ def test_two_node_trainjob_becomes_indexed_jobset_with_pet_env(cluster, namespac
             "ports"
         ]
 
-    # The pod agent runs the command: each pod's PET_NODE_RANK is its completion index, and
+    # The kubelet runs the command: each pod's PET_NODE_RANK is its completion index, and
     # JobSet's success policy ends the TrainJob Complete.
     trainjob = wait_until(
         "TrainJob Complete",
