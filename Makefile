@@ -58,7 +58,7 @@ demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 # 1. the node's Debian packages (a no-op when installed);
 # 2. the one-time builds, the Go tools and the images (on a warm machine they build nothing),
 #    in the background while the tests that need neither run (logged to $(BUILD_LOG));
-# 3. ruff; 4. the tests on the local cluster and the built images, on $(TEST_WORKERS) workers
+# 3. ruff; 4. the tests on the local cluster and on what was built, on $(TEST_WORKERS) workers
 #    (each test has its own namespace; most of their time is pods starting and training);
 # 5. the few that restart the API server or stop the node (marker `disruptive`), alone.
 # Every phase runs even when one before failed, so one run shows every failure.
@@ -73,11 +73,11 @@ test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, 
 	@mkdir -p $(dir $(BUILD_LOG)); t0=$$SECONDS; rc=0; \
 	echo "make test: building the Go tools and the images in the background ($(BUILD_LOG))"; \
 	$(MAKE) --no-print-directory -j2 tools test-images > $(BUILD_LOG) 2>&1 & builds=$$!; \
-	$(PYTEST) -n 2 -m "not cluster and not image" || rc=1; t1=$$SECONDS; \
+	$(PYTEST) -n 2 -m "not cluster and not built" || rc=1; t1=$$SECONDS; \
 	wait $$builds || { tail -n 40 $(BUILD_LOG); rc=1; }; t2=$$SECONDS; \
 	grep -E "^\[(cluster|images)\] (built|wheelhouse)" $(BUILD_LOG) || true; \
 	$(PY) -m ruff check . || rc=1; \
-	$(PYTEST) -n $(TEST_WORKERS) -m "(cluster or image) and not disruptive" || rc=1; t3=$$SECONDS; \
+	$(PYTEST) -n $(TEST_WORKERS) -m "(cluster or built) and not disruptive" || rc=1; t3=$$SECONDS; \
 	$(PYTEST) -m disruptive || rc=1; t4=$$SECONDS; \
 	echo "make test: offline tests $$((t1-t0))s, builds done at $$((t2-t0))s, cluster and" \
 		"image tests $$((t3-t2))s, disruptive tests $$((t4-t3))s; total $$((t4-t0))s"; \
@@ -87,7 +87,7 @@ test-images: venv  ## make images for make test: where they cannot be built, the
 	@$(MAKE) --no-print-directory images || echo "make test: images not built; see the image tests" >&2
 
 test-fast: venv  ## everything that needs no cluster and no built image
-	$(PYTEST) -n 2 -m "not cluster and not image"
+	$(PYTEST) -n 2 -m "not cluster and not built"
 
 lint: venv  ## ruff: lint and check formatting
 	$(PY) -m ruff check .

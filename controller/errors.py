@@ -68,6 +68,15 @@ class Forbidden(ClusterError):
     """RBAC refused the request (HTTP 403)."""
 
 
+class BadKubeconfig(UserError):
+    """The kubeconfig is missing, unreadable or malformed: bad input (exit 2), nothing was sent.
+    ``reason``: ``NoKubeconfig`` (no such file) or ``BadKubeconfig``; ``path``: where it looked."""
+
+    def __init__(self, message: str, *, reason: str, path: str):
+        super().__init__(message)
+        self.reason, self.path = reason, path
+
+
 class Refused(UserError):
     """The API server or an admission webhook refused what we sent (400, 422, a webhook's
     403): bad input, nothing was created. Carries the status like a ClusterError."""

@@ -211,6 +211,9 @@ def _podman_build(
             str(iidfile),
             "--tag",
             ref,
+            # A failed step's working container holds what it wrote (the stand-in base's: the
+            # whole torch install, gigabytes): remove it as a successful build does.
+            "--force-rm",
             *args,
             str(context),
         ]
@@ -591,6 +594,8 @@ def trainer_build_argv(
         # and caches LABEL steps by their text before ARG substitution. Only the base's layers
         # are reused, as they are; the trainer's own steps become one layer.
         "--layers=false",
+        # A failed step's working container would keep what it wrote (see _podman_build).
+        "--force-rm",
         "--file",
         str(DOCKERFILE),
         "--tag",

@@ -69,18 +69,21 @@ def real_node(cluster):
     return cluster
 
 
-#: Fixtures that mean a test needs the cluster, or an image `make test` builds (podman). The
-#: markers follow from them, so `make test`'s phases (-m "not cluster and not image" beside the
-#: builds, then the rest) cannot put a test in the wrong one.
+#: Fixtures that mean a test needs the cluster, or something else `make test` builds (the images,
+#: the Go tools' helm and kubectl). The markers follow from them, so `make test`'s phases
+#: (-m "not cluster and not built" beside the builds, then the rest) cannot put a test in the
+#: wrong one.
 CLUSTER_FIXTURES = frozenset({"cluster", "real_node"})
-IMAGE_FIXTURES = frozenset({"image", "built_image", "pause_ref", "init_ref", "containerd"})
+BUILT_FIXTURES = frozenset(
+    {"image", "built_image", "pause_ref", "init_ref", "containerd", "helm_bin", "kubectl_bin"}
+)
 
 
 def pytest_collection_modifyitems(items):
-    """Mark each test ``cluster`` and ``image`` by the fixtures it uses, directly or not."""
+    """Mark each test ``cluster`` and ``built`` by the fixtures it uses, directly or not."""
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if used & CLUSTER_FIXTURES:
             item.add_marker(pytest.mark.cluster)
-        if used & IMAGE_FIXTURES:
-            item.add_marker(pytest.mark.image)
+        if used & BUILT_FIXTURES:
+            item.add_marker(pytest.mark.built)

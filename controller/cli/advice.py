@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from controller.errors import ClusterError, Conflict, DdpjobError, Forbidden, NotFound, Unreachable
+from controller.errors import (
+    BadKubeconfig,
+    ClusterError,
+    Conflict,
+    DdpjobError,
+    Forbidden,
+    NotFound,
+    Unreachable,
+)
 from controller.kubeflow import (
     JOBSET_VERSION,
     LABEL_JOB_NAME,
@@ -53,6 +61,13 @@ def hint(err: DdpjobError) -> str:
             selector = err.pods_selector or f"{LABEL_JOB_NAME}={err.name}"
             return f"See `kubectl get pods -l {selector} -n {err.namespace}`"
         return see_status(err.name, err.namespace)
+    if isinstance(err, BadKubeconfig):
+        if err.reason == "NoKubeconfig":
+            return f"Is the cluster up? {KUBECONFIG_HINT}"
+        return (
+            "Fix the kubeconfig (`kubectl config view` shows what it holds), or point at "
+            "another one: `export KUBECONFIG=/path/to/kubeconfig`"
+        )
     if not isinstance(err, ClusterError):
         return ""
     reason = err.reason
@@ -63,11 +78,6 @@ def hint(err: DdpjobError) -> str:
             return "Check the cluster, then run the command again: the job itself is not affected"
         if reason == "ClientMissing":
             return "Install the controller extra: `pip install 'ddpjob[controller]'`"
-        if reason == "BadKubeconfig":
-            return (
-                "Fix the kubeconfig (`kubectl config view` shows what it holds), or point at "
-                "another one: `export KUBECONFIG=/path/to/kubeconfig`"
-            )
         return f"Is the cluster up? {KUBECONFIG_HINT}"
     if isinstance(err, Forbidden):
         return (
@@ -100,7 +110,7 @@ def error_lines(err: DdpjobError) -> list[str]:
     """The ``error:`` lines the CLI prints for ``err``: its message, then the hint."""
     from controller.errors import UserError
 
-    if isinstance(err, UserError):
+    if isinstance(err, UserError) and not isinstance(err, BadKubeconfig):
         return [f"error: {p}" for p in err.problems]
     first, *rest = str(err).splitlines() or [type(err).__name__]
     fix = hint(err)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote
 
-from controller.errors import ClusterError, NotFound, Unreachable
+from controller.errors import BadKubeconfig, ClusterError, NotFound, Unreachable
 from controller.kube.errors import api_message, short_reason, translate
 from controller.kube.logstream import LogStream, LogStreamBroken
 from controller.kube.transport import ApiError, Transport
@@ -75,9 +75,10 @@ class Cluster:
         try:
             return transport.connect(kubeconfig, context)
         except transport.ConfigError as e:
-            raise Unreachable(
+            raise BadKubeconfig(
                 f"kubeconfig: cannot load {where} (got {e})",
                 reason="NoKubeconfig" if e.missing else "BadKubeconfig",
+                path=where,
             ) from None
         except ImportError:  # pragma: no cover - depends on the install
             raise Unreachable(

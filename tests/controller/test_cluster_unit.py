@@ -160,10 +160,13 @@ def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     )
 
 
-def test_no_kubeconfig_is_one_line_exit_1(tmp_path):
-    r = _cli("status", "q", env={"KUBECONFIG": str(tmp_path / "missing"), "HOME": str(tmp_path)})
-    assert r.returncode == 1
+def test_no_kubeconfig_is_one_line_naming_it_exit_2(tmp_path):
+    """Bad input, not a cluster failure: exit 2, the file named, the fix."""
+    missing = tmp_path / "missing"
+    r = _cli("status", "q", env={"KUBECONFIG": str(missing), "HOME": str(tmp_path)})
+    assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert f"kubeconfig: cannot load {missing} (got no such file" in r.stderr, r.stderr
     assert "export KUBECONFIG=" in r.stderr
 
 

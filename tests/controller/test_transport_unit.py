@@ -296,14 +296,15 @@ def test_a_token_file_is_read_again_as_it_rotates(tmp_path, monkeypatch):
 
 
 def _status_refused(kubeconfig: Path) -> subprocess.CompletedProcess:
-    """``status`` with ``kubeconfig``: exit 1, no traceback (the caller checks the line)."""
+    """``status`` with ``kubeconfig``: exit 2 (bad input), no traceback (the caller checks the
+    line)."""
     r = subprocess.run(
         [PY, "-m", "controller", "status", "q", "--kubeconfig", str(kubeconfig)],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     return r
 
 

@@ -311,6 +311,7 @@ def test_podman_build_command():
     assert args["BASE_IMAGE"] == base
     assert f"[images] base {base} ({why})" in proc.stderr
     assert "--layers=false" in argv  # buildah's layer cache and RUN --mount=from: see images.py
+    assert "--force-rm" in argv  # a failed build leaves no working container (gigabytes) behind
     assert args["VERSION"] == "dev"
     volumes = [argv[i + 1] for i, a in enumerate(argv) if a == "--volume"]
     for path in ("/etc/ssl/certs/ca-certificates.crt", "/etc/pip.conf"):

@@ -6,7 +6,6 @@ RBAC) in test_cluster_packaging.py.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from typing import Any
 
@@ -22,19 +21,20 @@ from .conftest import EXAMPLES, K8S, ROOT, tools
 NAMESPACE = "ddpjob"
 
 
+@pytest.fixture(scope="session")
 def kubectl_bin() -> str:
+    """The pinned kubectl the tools folder holds (built now if missing)."""
     built = tools.bin_path("kubectl")
-    found = str(built) if built.exists() else shutil.which("kubectl")
-    if not found:
-        pytest.skip("no kubectl (make tools builds one)")
-    return found
+    if not built.exists():
+        tools.build()
+    return str(built)
 
 
 @pytest.fixture(scope="module")
-def objects() -> list[dict[str, Any]]:
+def objects(kubectl_bin) -> list[dict[str, Any]]:
     """`kubectl kustomize k8s/`, parsed."""
     out = subprocess.run(
-        [kubectl_bin(), "kustomize", str(K8S)], capture_output=True, text=True, check=True
+        [kubectl_bin, "kustomize", str(K8S)], capture_output=True, text=True, check=True
     )
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 

@@ -1,0 +1,81 @@
+"""The examples run as written on the local cluster: no `--set image=`, nothing pulled.
+
+The cluster holds this checkout's trainer image under the name the examples give it
+(``images.published_ref()``, ``kind load``-style); these runs only shorten the training, which
+proves nothing here. ``submit examples/quickstart.yaml --wait --follow`` is in test_submit.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from localkube import images, node
+from tests.e2e.helpers import REPO, ddpjob, events, get_json
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+SHORT = ("--set", "trainer.max_steps=20", "--set", "trainer.eval_every=0")
+
+
+def _image_id(ref: str) -> str:
+    """The image ID the node's containerd holds under ``ref``."""
+    proc = node.ctr("images", "ls", f"name=={ref}")
+    lines = proc.stdout.decode().splitlines()[1:]
+    assert lines, f"{ref} is not on the node"
+    return lines[0].split()[2]
+
+
+def _ran_our_image(cluster, pods: list[dict]) -> None:
+    """Each pod ran on the node, under the examples' name, this checkout's image."""
+    published = images.published_ref()
+    assert _image_id(published) == _image_id(cluster.trainer_image())
+    for pod in pods:
+        assert pod["spec"]["nodeName"] == node.NODE_NAME
+        (container,) = pod["spec"]["containers"]
+        assert container["image"] == published
+        (status,) = pod["status"]["containerStatuses"]
+        assert status["imageID"], status
+
+
+def test_the_trainjob_example_as_written_succeeds(cluster, namespace):
+    example = REPO / "examples" / "trainjob.yaml"
+    assert yaml.safe_load(example.read_text())["image"] == images.published_ref()
+    r = ddpjob(cluster, "submit", str(example), "-n", namespace, "--wait", *SHORT, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert f"job {namespace}/trainjob Succeeded" in r.stdout
+    selector = "jobset.sigs.k8s.io/jobset-name=trainjob"
+    pods = get_json(cluster, "pods", "-n", namespace, "-l", selector)["items"]
+    assert len(pods) == 2
+    _ran_our_image(cluster, pods)
+    st = json.loads(ddpjob(cluster, "status", "trainjob", "-n", namespace, "-o", "json").stdout)
+    assert st["condition"] == "Succeeded" and st["progress"]["step"] == 20
+
+
+def test_helm_install_of_a_rendered_example_succeeds(cluster, namespace, tmp_path: Path):
+    """`helm install` with the values `render --values` writes for the quickstart: the chart's
+    job, the example's image name."""
+    values = ddpjob(
+        cluster, "render", str(REPO / "examples" / "quickstart.yaml"), "--values", *SHORT
+    )
+    assert values.returncode == 0, values.stderr
+    assert yaml.safe_load(values.stdout)["image"] == images.published_ref()
+    (tmp_path / "values.yaml").write_text(values.stdout)
+    cluster.helm(
+        "install", "quickstart", str(REPO / "charts" / "ddpjob"),
+        "-n", namespace, "-f", str(tmp_path / "values.yaml"),
+    )  # fmt: skip
+    try:
+        w = ddpjob(cluster, "wait", "quickstart", "-n", namespace, "--timeout", "400", timeout=420)
+        assert w.returncode == 0, w.stdout + w.stderr
+        log = cluster.kubectl("logs", "quickstart-master-0", "-n", namespace).stdout
+        (done,) = events(log, "done")
+        assert (done["reason"], done["step"]) == ("completed", 20)
+        selector = "training.kubeflow.org/job-name=quickstart"
+        pods = get_json(cluster, "pods", "-n", namespace, "-l", selector)["items"]
+        _ran_our_image(cluster, [p for p in pods if p["metadata"]["name"].endswith("master-0")])
+    finally:
+        cluster.helm("uninstall", "quickstart", "-n", namespace, "--wait", check=False)
