@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from trainer.tasks.lm import LMTask
 
@@ -31,14 +32,17 @@ class _ScaleGrad(torch.autograd.Function):
 
 
 class _OverflowingModel:
-    """Calls the model and routes its output through ``_ScaleGrad`` (what LMTask.loss needs)."""
+    """Calls the model for its logits, routes them through ``_ScaleGrad`` and computes the
+    loss from them outside the model (what LMTask.loss needs: ``(logits, loss)``)."""
 
     def __init__(self, model: torch.nn.Module, factor: float):
         self.model, self.factor = model, factor
         self.training = model.training
 
-    def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
-        return _ScaleGrad.apply(self.model(inputs), self.factor)
+    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor):
+        logits, _ = self.model(inputs)
+        logits = _ScaleGrad.apply(logits, self.factor)
+        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
 class OverflowLMTask(LMTask):

@@ -13,7 +13,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench.gpu.figures import MFU_GOAL, lm_flops_per_token, mfu, peak_bf16_tflops
-from trainer.tasks.lm import LMTask
+from trainer.tasks.lm import VOCAB_MULTIPLE, LMTask
 
 # (n_layer, n_head, n_embd, block_size, seq_len, batch): the default lm size, odd shapes, a
 # sequence shorter than the model's context, and more heads over the same width.
@@ -42,18 +42,24 @@ def test_flops_per_token_is_what_the_model_multiplies(
     n_layer, n_head, n_embd, block, seq_len, batch
 ):
     """With SDPA's math kernel every product is a plain (b)mm and none is recomputed: the
-    counter's total over a training step equals the formula times the tokens, exactly."""
+    counter's total over a training step equals the formula times the tokens, exactly, with
+    the head as wide as the model makes it (the vocabulary padded to a multiple of 64). The
+    MFU counts the real vocabulary: the padded rows' products are work, not model FLOPs."""
     task = LMTask(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block, dropout=0.0)
     with sdpa_kernel([SDPBackend.MATH]):
         total, by_op = _counted(task, seq_len, batch)
     assert "aten.bmm" in by_op  # attention was counted, not skipped
-    formula = lm_flops_per_token(n_layer, n_embd, seq_len, len(task.vocab))
-    assert total == formula * batch * seq_len
+    rows = task.build_model().head.weight.shape[0]
+    assert rows == VOCAB_MULTIPLE > len(task.vocab)
+    assert total == lm_flops_per_token(n_layer, n_embd, seq_len, rows) * batch * seq_len
+    padding = 6 * n_embd * (rows - len(task.vocab))
+    real = lm_flops_per_token(n_layer, n_embd, seq_len, len(task.vocab))
+    assert total == (real + padding) * batch * seq_len
 
 
 def test_attention_reaches_sdpa_causal_without_a_mask(monkeypatch) -> None:
     """Flash attention needs SDPA called with is_causal and no explicit mask: the model's
-    nn.TransformerEncoder layers must pass the causal hint through, not a float mask."""
+    attention must pass the causal hint, not a float mask."""
     calls = []
     real = F.scaled_dot_product_attention
 
