@@ -89,34 +89,63 @@ def build_loader(
 class MicroBatches:
     """An endless stream of micro-batches across epochs that knows where it is.
 
-    ``position()`` is (epoch, batches already taken in that epoch); passing it back to the
+    ``position()`` is (epoch, batches already handed out in that epoch); passing it back to the
     constructor continues the same sequence, which is what exact resume needs.
+
+    ``prefetch()`` draws the next batch ahead of time and starts its copy to ``device``, so
+    that the loop can do the host's share of loading (indexing, collating, pinning) while the
+    GPU is busy with the current backward. A batch drawn ahead but not yet handed out is not
+    counted by ``position()``: a checkpoint taken then resumes at that very batch.
     """
 
-    def __init__(self, loader: DataLoader, epoch: int = 0, batch_in_epoch: int = 0):
+    def __init__(
+        self,
+        loader: DataLoader,
+        epoch: int = 0,
+        batch_in_epoch: int = 0,
+        device: torch.device | None = None,
+    ):
         self.loader = loader
         self.sampler: ResumableSampler = loader.sampler  # type: ignore[assignment]
+        self.device = device  # None: leave batches where the loader put them
         self.epoch = epoch
         self.batch_in_epoch = batch_in_epoch
+        self._drawn = (epoch, batch_in_epoch)  # the position of the loader's iterator
+        self._ahead: tuple[Any, tuple[int, int]] | None = None
         self._it: Iterator[Any] | None = None
 
     def position(self) -> tuple[int, int]:
         return self.epoch, self.batch_in_epoch
 
+    def prefetch(self) -> None:
+        """Draw the next batch now (a no-op when one is already waiting)."""
+        if self._ahead is None:
+            batch = self._draw()
+            if self.device is not None:
+                batch = to_device(batch, self.device)
+            self._ahead = (batch, self._drawn)
+
     def __next__(self) -> Any:
+        self.prefetch()
+        assert self._ahead is not None
+        batch, (self.epoch, self.batch_in_epoch) = self._ahead
+        self._ahead = None
+        return batch
+
+    def _draw(self) -> Any:
+        epoch, taken = self._drawn
         while True:
             if self._it is None:
-                self.sampler.set_epoch(self.epoch)  # a new permutation per epoch, same on all ranks
-                self.sampler.skip_next(self.batch_in_epoch * self.loader.batch_size)
+                self.sampler.set_epoch(epoch)  # a new permutation per epoch, same on all ranks
+                self.sampler.skip_next(taken * self.loader.batch_size)
                 self._it = iter(self.loader)
             try:
                 batch = next(self._it)
             except StopIteration:
                 self._it = None
-                self.epoch += 1
-                self.batch_in_epoch = 0
+                epoch, taken = epoch + 1, 0
                 continue
-            self.batch_in_epoch += 1
+            self._drawn = (epoch, taken + 1)
             return batch
 
 

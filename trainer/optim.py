@@ -1,8 +1,11 @@
-"""Optimizer and learning-rate schedule: AdamW with decoupled decay, linear warmup + cosine."""
+"""Optimizer, learning-rate schedule and weight EMA: AdamW with decoupled decay, linear warmup +
+cosine, and an exponential moving average of the weights updated with foreach kernels."""
 
 from __future__ import annotations
 
+import copy
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -17,7 +20,9 @@ def build_optimizer(
     """AdamW over two groups: matrices decay, biases and norm weights (1-D) do not.
 
     With ``scale_lr`` the peak lr grows linearly with world size (the global batch does).
-    The fused kernel is one launch per step instead of several per parameter; CUDA only.
+    Fused on CUDA and on CPU alike: one kernel per step instead of several per parameter, and
+    the one implementation that honours ``found_inf``, with which the loop skips a step whose
+    loss is not finite on the device, without first reading the loss on the host.
     """
     lr = cfg.lr * world_size if cfg.scale_lr else cfg.lr
     params = [p for p in model.parameters() if p.requires_grad]
@@ -25,7 +30,7 @@ def build_optimizer(
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=lr, betas=cfg.betas, fused=device.type == "cuda" or None)
+    return torch.optim.AdamW(groups, lr=lr, betas=cfg.betas, fused=device.type in ("cuda", "cpu"))
 
 
 def lr_factor(step: int, max_steps: int, warmup_steps: int, min_lr_ratio: float) -> float:
@@ -48,3 +53,47 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> Lambd
         return lr_factor(step, cfg.max_steps, cfg.warmup_steps, cfg.min_lr_ratio)
 
     return LambdaLR(optimizer, factor)
+
+
+class Ema:
+    """An exponential moving average of a model's weights, kept in a copy of the model.
+
+    ``update()`` after each optimizer step: the first copies the weights, later ones move the
+    average towards them by ``1 - decay``. Buffers (BatchNorm statistics) are copied, not
+    averaged, as torch's ``AveragedModel`` does by default. That class is what this replaces:
+    its ``update_parameters`` keeps the update count in a CPU tensor and copies it to the GPU
+    on every call, a blocking copy that waits for the GPU's queue to drain (a host sync per
+    step, torch/optim/swa_utils.py), and it copies each buffer in a Python loop. Here the count
+    is a Python int, and an update is one foreach lerp over the weights and one foreach copy
+    over the buffers. The checkpoint format is ``AveragedModel``'s, ``{"model": state_dict,
+    "n_averaged": count}``, so checkpoints written before this class load as they did.
+    """
+
+    def __init__(self, model: nn.Module, decay: float):
+        self.module = copy.deepcopy(model).requires_grad_(False)
+        self.decay = decay
+        self.updates = 0
+        # Pairs in the same order (the copy has the model's structure; tied weights appear once
+        # in both). Loading a checkpoint copies into these tensors, so the lists stay valid.
+        self._average = list(self.module.parameters())
+        self._weights = list(model.parameters())
+        self._buffers = list(self.module.buffers())
+        self._sources = list(model.buffers())
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """Average in the model's current weights (one step)."""
+        if self.updates == 0:
+            torch._foreach_copy_(self._average, self._weights)
+        else:
+            torch._foreach_lerp_(self._average, self._weights, 1.0 - self.decay)
+        if self._buffers:
+            torch._foreach_copy_(self._buffers, self._sources)
+        self.updates += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.module.state_dict(), "n_averaged": torch.tensor(self.updates)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict(state["model"])
+        self.updates = int(state["n_averaged"])

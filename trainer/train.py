@@ -9,7 +9,10 @@ Runbook (all of these run the same code; see trainer/__main__.py for the launch 
 Per optimizer step: ``grad_accum`` micro-batches (all but the last under ``no_sync``, so DDP
 all-reduces gradients once, and the step's [loss, stop flag] ride along in its last bucket so
 every rank takes the same branch: NaN skip, preemption), then unscale -> clip -> step -> EMA ->
-schedule.
+schedule. The update is queued before the host looks at the step's loss: a step whose loss is
+not finite is skipped on the device (``found_inf``), and the host's one read per step waits for
+the end of backward, not for an empty queue (``HostFlags``). At world size 1 there is no DDP
+wrapper: nothing to all-reduce, and ``torch.compile`` sees the model whole.
 """
 
 from __future__ import annotations
@@ -28,14 +31,13 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from trainer import distributed as dist_
 from trainer.checkpoint import CheckpointManager
-from trainer.config import TrainConfig
+from trainer.config import ConfigError, TrainConfig
 from trainer.loader import MicroBatches, batch_len, build_loader, to_device
 from trainer.metrics import Reporter, Throughput
-from trainer.optim import build_optimizer, build_scheduler
+from trainer.optim import Ema, build_optimizer, build_scheduler
 from trainer.rng import get_rng_state, seed_everything, set_rng_state
 from trainer.tasks import Task, tokens_per_sample
 
@@ -54,6 +56,31 @@ def _buffer_sync_kwargs(broadcast_buffers: bool) -> dict[str, bool]:
     if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:
         return {"forward_sync_buffers": False}
     return {"broadcast_buffers": False}
+
+
+class HostFlags:
+    """The step's ``[loss, stop]`` on the host, read without draining the device's queue.
+
+    ``start(flags)`` queues a copy into pinned host memory (and marks it with an event) right
+    after backward; the loop then queues the update; ``read()`` waits for that copy only, so
+    the GPU still has the clip and the optimizer step to run while the host decides and starts
+    the next step. On CPU the copy is immediate.
+    """
+
+    def __init__(self, device: torch.device):
+        cuda = device.type == "cuda"
+        self.values = torch.zeros(2, pin_memory=cuda)
+        self.copied = torch.cuda.Event() if cuda else None
+
+    def start(self, flags: torch.Tensor) -> None:
+        self.values.copy_(flags, non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
+
+    def read(self) -> list[float]:
+        if self.copied is not None:
+            self.copied.synchronize()
+        return self.values.tolist()
 
 
 class Trainer:
@@ -83,7 +110,12 @@ class Trainer:
         self.raw_model = model.to(dev)  # what checkpoints hold: no module./_orig_mod. prefixes
         self.fwd_model: nn.Module = torch.compile(self.raw_model) if cfg.compile else self.raw_model
         self.model: nn.Module = self.fwd_model
-        if env.distributed:
+        # DDP only where there is someone to all-reduce with. At world size 1 (a one-replica
+        # job still has a process group) the wrapper would add its hooks and a one-rank
+        # all-reduce per bucket, and under compile Dynamo's DDPOptimizer would split the graph
+        # at every bucket boundary (torch._dynamo.config.optimize_ddp), limiting fusion.
+        self.ddp = env.distributed and env.world_size > 1
+        if self.ddp:
             self.model = DDP(
                 self.fwd_model,
                 device_ids=[dev.index] if dev.type == "cuda" else None,
@@ -95,13 +127,14 @@ class Trainer:
             )
         # The step's [loss, stop] flags travel with the gradients (one all-reduce round a step).
         self.step_flags: dist_.StepFlags | None = None
-        if env.distributed and env.world_size > 1:
+        if self.ddp:
             self.step_flags = dist_.StepFlags(dev)
             self.model.register_comm_hook(None, self.step_flags.hook)
+        self.host_flags = HostFlags(dev)
         # With gradient_as_bucket_view the gradients *are* DDP's all-reduce buckets: zeroing them
         # in place lets backward accumulate straight into the buckets. Setting them to None
         # would make every backward allocate fresh gradients and copy them into the buckets.
-        self.grads_to_none = not (env.distributed and cfg.ddp.gradient_as_bucket_view)
+        self.grads_to_none = not (self.ddp and cfg.ddp.gradient_as_bucket_view)
         log.info("model: %.3fM parameters", sum(p.numel() for p in model.parameters()) / 1e6)
 
         # Optimizer, schedule, loss scaling, EMA.
@@ -110,11 +143,7 @@ class Trainer:
         self.autocast_dtype = _DTYPES.get(cfg.precision)
         # Only fp16 needs loss scaling: bf16 has fp32's exponent range.
         self.scaler = torch.amp.GradScaler(dev.type, enabled=cfg.precision == "fp16")
-        self.ema = (
-            AveragedModel(self.raw_model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay))
-            if cfg.ema_decay
-            else None
-        )
+        self.ema = Ema(self.raw_model, cfg.ema_decay) if cfg.ema_decay else None
 
         # Data: each rank its own shard; the sampler seed is shared so shards partition an epoch.
         train_set, eval_set = task.build_datasets()
@@ -140,13 +169,15 @@ class Trainer:
         epoch, batch_in_epoch = 0, 0
         state, path, skipped = self.ckpt.load(cfg.resume)
         if state is not None:
-            epoch, batch_in_epoch = self._restore(state)
+            epoch, batch_in_epoch = self._restore(state, path)
             self.report.event("resume", step=self.step, path=str(path), skipped=skipped)
             self.report.say(f"resumed from {path} at step {self.step}")
         elif skipped:
             self.report.event("resume", step=0, path=None, skipped=skipped)
             self.report.say("no readable checkpoint; starting from scratch")
-        self.batches = MicroBatches(self.train_loader, epoch, batch_in_epoch)
+        # CPU batches are already where they belong.
+        on_device = dev if dev.type != "cpu" else None
+        self.batches = MicroBatches(self.train_loader, epoch, batch_in_epoch, on_device)
         self.stop_requested = False
         self.last_loss = math.nan
 
@@ -164,11 +195,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "ema": (
-                {"model": self.ema.module.state_dict(), "n_averaged": self.ema.n_averaged}
-                if self.ema is not None
-                else None
-            ),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
             "step": self.step,
             "epoch": epoch,
             "batch_in_epoch": batch_in_epoch,
@@ -178,16 +205,27 @@ class Trainer:
             "config": self.cfg.model_dump(mode="json"),
         }
 
-    def _restore(self, state: dict[str, Any]) -> tuple[int, int]:
+    def _restore(self, state: dict[str, Any], path: Path | None) -> tuple[int, int]:
         """Load a checkpoint into every part; return the data position to continue from."""
-        self.raw_model.load_state_dict(state["model"])
+        try:
+            self.raw_model.load_state_dict(state["model"])
+        except RuntimeError as e:  # missing/unexpected keys or other shapes: not this model
+            lines = str(e).strip().splitlines()
+            detail = (lines[1] if len(lines) > 1 else lines[0]).strip()
+            detail = detail if len(detail) <= 100 else detail[:97] + "..."
+            raise ConfigError(
+                [
+                    f"resume: {path} holds a model of another shape or version (got {detail}). "
+                    "Resume with the task_args it was written with, or start fresh: "
+                    "resume=never or another checkpoint.dir"
+                ]
+            ) from None
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         if self.ema is not None and state.get("ema"):
-            self.ema.module.load_state_dict(state["ema"]["model"])
-            self.ema.n_averaged.copy_(state["ema"]["n_averaged"])
+            self.ema.load_state_dict(state["ema"])
         self.step = state["step"]
         self.nonfinite_skips = state.get("nonfinite_skips", 0)
         epoch, batch_in_epoch = state["epoch"], state["batch_in_epoch"]
@@ -282,7 +320,6 @@ class Trainer:
         params = [p for p in self.raw_model.parameters() if p.requires_grad]
         grad_norm = torch.zeros((), device=dev)
         stop_flag = torch.zeros((), device=dev)
-        on_gpu = dev.type != "cpu"  # CPU batches are already where they belong
         self.model.train()
         reason = COMPLETED
         last_saved = self.step if self.step > 0 else -1
@@ -291,14 +328,12 @@ class Trainer:
             loss_sum = None
             for micro in range(cfg.grad_accum):
                 t_data = time.perf_counter()
-                batch = next(self.batches)
-                if on_gpu:
-                    batch = to_device(batch, dev)
+                batch = next(self.batches)  # drawn during the previous backward
                 window.data_s += time.perf_counter() - t_data
                 # no_sync on all but the last micro-batch: gradients accumulate locally and
                 # DDP all-reduces once per optimizer step, not once per micro-batch.
                 last = micro == cfg.grad_accum - 1
-                skip_sync = env.distributed and not last
+                skip_sync = self.ddp and not last
                 with self.model.no_sync() if skip_sync else contextlib.nullcontext():
                     with self._autocast():
                         loss, _ = self.task.loss(self.model, batch)
@@ -315,16 +350,42 @@ class Trainer:
                     if cfg.grad_accum > 1:
                         loss = loss / cfg.grad_accum
                     self.scaler.scale(loss).backward()
+                # The next micro-batch's host work (indexing, collating, pinning, starting its
+                # copy) while the GPU is still busy with this backward.
+                t_data = time.perf_counter()
+                self.batches.prefetch()
+                window.data_s += time.perf_counter() - t_data
 
             if self.step_flags is not None:
                 flags = self.step_flags.values  # reduced by the time backward returned
-            global_loss, stop = flags.tolist()  # the step's one host sync
+            self.host_flags.start(flags)
+            # The update is queued before the host knows the loss: if it is not finite, fused
+            # AdamW skips the step on the device (found_inf: the protocol GradScaler uses,
+            # torch/amp/grad_scaler.py), step count included. With fp16, GradScaler sets it
+            # from the gradients, which a non-finite loss makes non-finite too.
+            # Unscale before clipping, so the threshold applies to the true gradients.
+            self.scaler.unscale_(self.optimizer)
+            norm = None
+            if cfg.grad_clip > 0:
+                norm = nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            elif (self.step + 1) % cfg.log_every == 0:
+                norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+            own_skip = not self.scaler.is_enabled()
+            if own_skip:
+                self.optimizer.found_inf = torch.isfinite(flags[0]).logical_not().float()
+            # The scaler skips the update if fp16 gradients overflowed, and lowers the scale.
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            if own_skip:
+                del self.optimizer.found_inf
+            self.optimizer.zero_grad(set_to_none=self.grads_to_none)
+
+            global_loss, stop = self.host_flags.read()  # the step's one wait for the device
             global_loss /= env.world_size * cfg.grad_accum
             lr = self.scheduler.get_last_lr()[0]
 
             if not math.isfinite(global_loss):
                 self.nonfinite_skips += 1
-                self.optimizer.zero_grad(set_to_none=self.grads_to_none)
                 if self.nonfinite_skips > cfg.max_nonfinite_skips:
                     self.step += 1
                     self.last_loss = global_loss
@@ -343,19 +404,10 @@ class Trainer:
                     cfg.max_nonfinite_skips,
                 )
             else:
-                # Unscale before clipping, so the threshold applies to the true gradients.
-                self.scaler.unscale_(self.optimizer)
-                if cfg.grad_clip > 0:
-                    grad_norm = nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-                elif (self.step + 1) % cfg.log_every == 0:
-                    grads = [p.grad for p in params if p.grad is not None]
-                    grad_norm = nn.utils.get_total_norm(grads)
-                # The scaler skips the update if fp16 gradients overflowed, and lowers the scale.
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-                self.optimizer.zero_grad(set_to_none=self.grads_to_none)
+                if norm is not None:
+                    grad_norm = norm
                 if self.ema is not None:
-                    self.ema.update_parameters(self.raw_model)
+                    self.ema.update()
             self.scheduler.step()
             self.step += 1
             self.last_loss = global_loss

@@ -53,6 +53,25 @@ def test_micro_batches_resume_mid_epoch_in_the_same_order(rank: int) -> None:
     assert want[0] != want[5]  # a new permutation each epoch
 
 
+def test_a_batch_drawn_ahead_is_not_counted_until_it_is_handed_out() -> None:
+    """The loop draws the next micro-batch during backward; a checkpoint taken then must resume
+    at that batch, not after it."""
+    data = TensorDataset(torch.arange(40))
+    loader = build_loader(
+        data, 4, rank=0, world_size=2, seed=3, shuffle=True, num_workers=0, pin_memory=False
+    )
+    want = _ids(MicroBatches(loader), 12)
+    stream = MicroBatches(loader)
+    got = []
+    for _ in range(5):  # the whole first epoch, each batch drawn ahead of its use
+        got += _ids(stream, 1)
+        stream.prefetch()
+    assert stream.position() == (0, 5)  # the sixth batch, already drawn, is not counted
+    resumed = MicroBatches(loader, *stream.position())
+    assert got + _ids(resumed, 7) == want
+    assert got + _ids(stream, 7) == want  # and the stream itself goes on from the one ahead
+
+
 def test_ranks_partition_each_epoch() -> None:
     data = TensorDataset(torch.arange(42))  # not divisible by world x batch: tails are dropped
     seen = []
@@ -259,8 +278,9 @@ def test_linear_lr_scaling_with_world_size() -> None:
     assert plain.param_groups[0]["lr"] == 1e-3
 
 
-def test_checkpoint_keys_have_no_ddp_or_compile_prefix(tmp_path: Path, monkeypatch) -> None:
-    """A 1-rank gloo group so the model really is DDP(torch.compile(model)) (compiled lazily)."""
+def test_checkpoint_keys_have_no_compile_prefix(tmp_path: Path, monkeypatch) -> None:
+    """A 1-rank gloo group, as a one-replica job has: the model is torch.compile(model) with no
+    DDP around it (nobody to all-reduce with), and the checkpoint holds the plain model."""
     from tests.trainer.conftest import TEST_TASK, free_port
     from trainer import distributed
     from trainer.config import build_config
@@ -281,8 +301,10 @@ def test_checkpoint_keys_have_no_ddp_or_compile_prefix(tmp_path: Path, monkeypat
         trainer = Trainer(
             cfg, env, load_task(cfg.task, cfg.task_args), Reporter(False, 1, "never", None)
         )
-        assert type(trainer.model).__name__ == "DistributedDataParallel"
-        assert type(trainer.model.module).__name__ == "OptimizedModule"
+        assert env.distributed and not trainer.ddp
+        assert trainer.model is trainer.fwd_model
+        assert type(trainer.model).__name__ == "OptimizedModule"
+        assert trainer.step_flags is None and trainer.grads_to_none
         state = trainer.state_dict()
     finally:
         distributed.teardown()
