@@ -208,6 +208,21 @@ def test_resume_never_starts_fresh_and_keep_prunes(tmp_path: Path) -> None:
     assert fresh.of("start")[0]["step"] == 0
 
 
+def test_a_checkpoint_of_another_model_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """Resuming a checkpoint written for another model (other task_args, or an lm checkpoint
+    from before issue 22's model) is the user's mistake: one line naming the file, no
+    traceback, and the checkpoint left in place."""
+    first = run(trainer_cmd(*common_args(tmp_path, max_steps=2)))
+    assert first.rc == 0, first.stderr[-2000:]
+    wider = run(trainer_cmd(*common_args(tmp_path, max_steps=4, **{"task_args.hidden": 32})))
+    assert wider.rc == 2
+    assert "Traceback" not in wider.stderr
+    (line,) = [x for x in wider.stderr.splitlines() if x.startswith("resume:")]
+    assert "step_00000002.pt holds a model of another shape or version" in line
+    assert "resume=never" in line
+    assert (tmp_path / "ckpt" / "step_00000002.pt").exists()
+
+
 @pytest.mark.slow
 def test_unreadable_explicit_resume_path_is_exit_2_on_every_rank(tmp_path: Path) -> None:
     bad = tmp_path / "nope.pt"
