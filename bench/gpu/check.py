@@ -20,6 +20,14 @@ with ``backend=nccl``, read through its JSON-lines events, its checkpoint and NC
     compile  bf16 + compile=true                    resume   bf16's checkpoint, trained on
     fill     bf16 + compile at --fill-size (MFU)    syncbn   vision, 2 GPUs, sync_batchnorm
 
+and the baseline, each run with its trainer twin's settings (``python -m bench.gpu.baseline``:
+nanoGPT's training loop, written in bench/gpu/, with nanoGPT's model or ours):
+
+    baseline        nanoGPT's model and loop, as ``compile``   (the ratio at --size)
+    baseline_fill   nanoGPT's model and loop, as ``fill``      (the ratio at --fill-size)
+    ours_in_bare    the lm task's model in nanoGPT's loop, as ``fill``      } the split
+    nano_in_trainer nanoGPT's model in the trainer (a task plug-in), as ``fill`` }
+
 --size defaults to small (GPT-2 small's shape), --fill-size to large at batch 24: the fill that
 met the 45% MFU goal on an H100 (48.9-49.2%, docs/gpu.md). The whole default run took 398.5 s
 there, inside the default --budget-s 540. The CPU dry run uses tiny for both.
@@ -75,8 +83,36 @@ SIZES: dict[str, tuple[dict[str, int], int]] = {
     "medium": ({"n_layer": 24, "n_head": 16, "n_embd": 1024, "block_size": 1024}, 32),
     "large": ({"n_layer": 24, "n_head": 16, "n_embd": 2048, "block_size": 1024}, 24),
 }
-SCENARIOS = ("fp32", "tf32", "bf16", "fp16", "compile", "resume", "fill", "syncbn")
+SCENARIOS = (
+    "fp32",
+    "tf32",
+    "bf16",
+    "fp16",
+    "compile",
+    "resume",
+    "baseline",
+    "fill",
+    "baseline_fill",
+    "ours_in_bare",
+    "nano_in_trainer",
+    "syncbn",
+)
 NEEDS = {"resume": "bf16"}  # resume trains on from bf16's checkpoint
+# The runs measured against a trainer run: each takes that run's settings (size, batch,
+# precision, compile, steps), so the two differ only in model or loop.
+TWIN = {
+    "baseline": "compile",
+    "baseline_fill": "fill",
+    "ours_in_bare": "fill",
+    "nano_in_trainer": "fill",
+}
+# The runs of nanoGPT's loop (python -m bench.gpu.baseline), and whose model each trains.
+BARE = {"baseline": "nanogpt", "baseline_fill": "nanogpt", "ours_in_bare": "ddpjob"}
+NANOGPT_TASK = "bench.gpu.nanogpt:build"
+# A run that compiles the very graphs an earlier one compiled (the same model called the same
+# way, at the same shapes) reuses that run's Inductor cache: the second compile of a `large`
+# model then costs seconds, not a minute, which keeps the default run inside one device call.
+SHARED_CACHE = {"ours_in_bare": "fill", "nano_in_trainer": "baseline_fill"}
 OVERFLOW_AT_STEP = 3
 MIN_RUN_S = 45  # below this much budget left, a scenario is not started
 PACKAGES = ("torch", "pydantic", "pydantic-core", "typing-extensions", "PyYAML", "nvidia-ml-py")
@@ -172,6 +208,7 @@ class Plan:
         return self.work / name
 
     def size_of(self, name: str) -> str:
+        name = TWIN.get(name, name)
         return self.args.fill_size if name == "fill" else self.args.size
 
     def common(self, name: str) -> dict[str, Any]:
@@ -202,6 +239,12 @@ class Plan:
 
     def overrides(self, name: str) -> tuple[dict[str, Any], int]:
         """(key=value overrides, processes) for one scenario."""
+        if name in TWIN:  # its twin's settings, its own directory
+            o, _ = self.overrides(TWIN[name])
+            o["checkpoint.dir"] = str(self.run_dir(name) / "ckpt")
+            if name == "nano_in_trainer":
+                o["task"] = NANOGPT_TASK
+            return o, 1
         if name == "syncbn":
             o = self.common(name) | {"task": "vision", "batch_size": 64, "sync_batchnorm": True}
             return self._with_user_overrides(o), 2
@@ -228,6 +271,34 @@ class Plan:
             }
         return self._with_user_overrides(o), 1
 
+    def command(self, name: str, port: int) -> list[str]:
+        """The scenario's command line: torchrun and the trainer, or nanoGPT's loop."""
+        overrides, nproc = self.overrides(name)
+        settings = [f"{k}={_yaml_scalar(v)}" for k, v in overrides.items()]
+        if name in BARE:
+            return [sys.executable, "-m", "bench.gpu.baseline", "--model", BARE[name], *settings]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            str(nproc),
+            # Loopback, not --standalone's host name: a lent machine's name may not resolve.
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            "-m",
+            "trainer",
+            *settings,
+        ]
+
+    def cache_dir(self, name: str) -> Path:
+        """Where Inductor keeps this run's compiled graphs (shared with an earlier twin)."""
+        return self.run_dir(SHARED_CACHE.get(name, name)) / "inductor"
+
     def _with_user_overrides(self, o: dict[str, Any]) -> dict[str, Any]:
         # Strings: the trainer parses each value as YAML, as it does on its own command line.
         return o | dict(item.split("=", 1) for item in self.args.overrides)
@@ -253,7 +324,7 @@ def lm_flops_of(config: dict[str, Any]) -> int | None:
     trainer settings given on the command line count), or None for another task."""
     from trainer.tasks.lm import LMTask
 
-    if config.get("task") not in ("lm", "bench.gpu.probe_task:build"):
+    if config.get("task") not in ("lm", "bench.gpu.probe_task:build", NANOGPT_TASK):
         return None
     known = inspect.signature(LMTask).parameters
     task = LMTask(**{k: v for k, v in config.get("task_args", {}).items() if k in known})
@@ -261,7 +332,7 @@ def lm_flops_of(config: dict[str, Any]) -> int | None:
     return lm_flops_per_token(m["n_layer"], m["n_embd"], m["block_size"], m["vocab_size"])
 
 
-def _child_env(run_dir: Path) -> dict[str, str]:
+def _child_env(run_dir: Path, cache_dir: Path) -> dict[str, str]:
     """This environment minus any launcher's variables, plus NCCL's log and a private cache."""
     env = {
         k: v
@@ -274,8 +345,9 @@ def _child_env(run_dir: Path) -> dict[str, str]:
         "NCCL_DEBUG": "INFO",
         "NCCL_DEBUG_SUBSYS": "INIT",
         "NCCL_DEBUG_FILE": str(run_dir / "nccl.%h.%p.log"),
-        # A fresh cache per run: compile time is real, and the graphs it holds are the evidence.
-        "TORCHINDUCTOR_CACHE_DIR": str(run_dir / "inductor"),
+        # A fresh cache per run (but SHARED_CACHE's): compile time is real, and the graphs it
+        # holds are the evidence.
+        "TORCHINDUCTOR_CACHE_DIR": str(cache_dir),
         "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
     }
 
@@ -284,31 +356,16 @@ def run_scenario(name: str, plan: Plan, timeout_s: float, log) -> Any:
     """Run one scenario to its end (or its timeout) and collect what it left behind."""
     from bench.gpu.report import RunResult
 
-    overrides, nproc = plan.overrides(name)
+    overrides, _ = plan.overrides(name)
     run_dir = plan.run_dir(name)
     run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        str(nproc),
-        # Loopback, not --standalone's host name: a lent machine's name may not resolve.
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(_free_port()),
-        "-m",
-        "trainer",
-        *(f"{k}={_yaml_scalar(v)}" for k, v in overrides.items()),
-    ]
+    cmd = plan.command(name, _free_port())
     result = RunResult(name=name, command=shlex.join(cmd))
     started = time.monotonic()
+    env = _child_env(run_dir, plan.cache_dir(name))
     with open(run_dir / "stdout", "w") as out, open(run_dir / "stderr", "w") as err:
         proc = subprocess.Popen(
-            cmd, cwd=REPO, env=_child_env(run_dir), stdout=out, stderr=err, start_new_session=True
+            cmd, cwd=REPO, env=env, stdout=out, stderr=err, start_new_session=True
         )
         try:
             result.exit_code = proc.wait(timeout=timeout_s)
@@ -328,7 +385,7 @@ def run_scenario(name: str, plan: Plan, timeout_s: float, log) -> Any:
             "version": version.group(1) if version else None,
             "init_complete": "Init COMPLETE" in nccl_text,
         }
-    fx = run_dir / "inductor" / "fxgraph"
+    fx = plan.cache_dir(name) / "fxgraph"
     if (result.first("start") or {}).get("config", {}).get("compile"):
         result.inductor_graphs = len(list(fx.glob("*/*"))) if fx.is_dir() else 0
     with contextlib.suppress(Exception):  # a run that failed may have left no readable file
@@ -608,6 +665,7 @@ def check(args: argparse.Namespace, work: Path, log) -> dict[str, Any]:
         machine=rep.Machine(**machine),
         peak=rep.Peak(bf16_dense_tflops=peak, source=source, measured_bf16_matmul_tflops=measured),
         mfu=rep.mfu_summary(runs, FLOPS_FORMULA, FLOPS_CONVENTION),
+        baseline=rep.baseline_summary(runs),
         checks=checks,
         runs=runs,
     )

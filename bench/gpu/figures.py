@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import re
 
-# Goal for the lm task at a size that fills the GPU (issue 13): nanoGPT reports about 29% on an
-# A100, torchtitan 33-39% for Llama 3 8B on H100s.
-MFU_GOAL = 0.45
+# Goal for the lm task at a size that fills the GPU. Issue 13 asked for 45% (nanoGPT reports
+# about 29% on an A100, torchtitan 33-39% for Llama 3 8B on H100s); the trainer reached 49.2% on
+# an H100, where nanoGPT's own loop reached 54.7% at the same shape, so issue 22 asks for 57%.
+MFU_GOAL = 0.57
+# Issue 22: the trainer at least this many times nanoGPT's tokens/s (its model and loop, at the
+# same size, precision, compile and batch, in the same run) at every size compared.
+BASELINE_GOAL_RATIO = 1.05
 
 # Dense bf16 tensor-core peak per GPU in TFLOP/s, from NVIDIA's datasheets (which print the
 # 2:4-sparse figure; dense is half). Matched against torch.cuda.get_device_name() in this
@@ -43,7 +47,8 @@ def peak_bf16_tflops(device_name: str) -> tuple[float, str] | None:
 
 
 def lm_flops_per_token(n_layer: int, n_embd: int, seq_len: int, vocab_size: int) -> int:
-    """Model FLOPs per trained token (forward + backward) of the lm task's ``TinyGPT``.
+    """Model FLOPs per trained token (forward + backward) of the lm task's ``TinyGPT`` (and of
+    nanoGPT's GPT, the same matrices: the baseline is counted with the same formula).
 
     Per layer and token, the forward pass multiplies by the fused q/k/v projection (d x 3d), the
     output projection (d x d) and the two MLP matrices (d x 4d, 4d x d): 12 d^2 weights, 2 FLOPs

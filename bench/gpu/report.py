@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bench.gpu.figures import MFU_GOAL, mfu
+from bench.gpu.figures import BASELINE_GOAL_RATIO, MFU_GOAL, mfu
 
 REPORT_NAME = "ddpjob gpu_check"
 # The six readings metrics.GpuMonitor puts in every `train` event's `gpus` list (README).
@@ -28,6 +28,18 @@ TF32_MIN_SPEEDUP = 1.3
 # bf16, fp16, TF32 and compiled runs see the same data from the same weights as the fp32 run:
 # after the same steps their loss must agree with it to this relative tolerance.
 LOSS_AGREEMENT_RTOL = 0.10
+# The trainer runs each compared with nanoGPT's model and loop at the same settings:
+# (trainer run, baseline run).
+COMPARISONS = (("compile", "baseline"), ("fill", "baseline_fill"))
+# The runs of nanoGPT's loop (bench/gpu/baseline.py), not of the trainer: no MFU goal for them.
+BARE_RUNS = ("baseline", "baseline_fill", "ours_in_bare")
+# The four runs at the fill size that split the gap: each swaps the model or the loop alone.
+SPLIT_RUNS = ("baseline_fill", "ours_in_bare", "nano_in_trainer", "fill")
+BASELINE_WHAT = (
+    "nanoGPT's model (bench/gpu/nanogpt.py) and training loop (bench/gpu/baseline.py), written "
+    "in the bench after karpathy/nanoGPT, run with the settings of the trainer run it is "
+    "compared with, in the same gpu_check run; tokens/s after warm-up, MFU with the same formula"
+)
 
 
 class _Model(BaseModel):
@@ -73,6 +85,13 @@ class Checks(_Model):
     )
     sync_batchnorm: Check = Field(
         description="SyncBatchNorm across 2 GPUs (vision task); skipped with fewer GPUs."
+    )
+    baseline: Check = Field(
+        description=(
+            "nanoGPT's loop and model (the baseline runs and the split's) trained: every run "
+            "that ran completed with a finite loss that fell. Speed is not a verdict: see "
+            "`baseline` at the top level."
+        )
     )
 
 
@@ -139,6 +158,54 @@ class Mfu(_Model):
     goal_met: bool = Field(description="best >= goal.")
 
 
+class Comparison(_Model):
+    """The trainer against nanoGPT's model and loop, at one size, in the same run."""
+
+    trainer_run: str = Field(description="The trainer run (bf16 + compile).")
+    baseline_run: str = Field(description="nanoGPT's model and loop with its settings.")
+    trainer_tokens_per_s: float | None = Field(description="The trainer run's tokens/s.")
+    baseline_tokens_per_s: float | None = Field(description="The baseline run's tokens/s.")
+    ratio: float | None = Field(description="trainer_tokens_per_s / baseline_tokens_per_s.")
+    trainer_mfu: float | None = Field(description="The trainer run's MFU.")
+    baseline_mfu: float | None = Field(description="The baseline run's MFU (same formula).")
+
+
+class Split(_Model):
+    """Where the gap at the fill size lies: the model and the loop, each swapped alone."""
+
+    tokens_per_s: dict[str, float | None] = Field(
+        description="baseline_fill, ours_in_bare, nano_in_trainer and fill's tokens/s."
+    )
+    model: float | None = Field(
+        description=(
+            "ours_in_bare / baseline_fill: ddpjob's model against nanoGPT's, both in nanoGPT's "
+            "loop (below 1: the model costs that much)."
+        )
+    )
+    loop: float | None = Field(
+        description="fill / ours_in_bare: ddpjob's loop against nanoGPT's, both with our model."
+    )
+    model_in_our_loop: float | None = Field(
+        description="fill / nano_in_trainer: the two models, both in ddpjob's loop."
+    )
+    loop_with_nanogpt_model: float | None = Field(
+        description="nano_in_trainer / baseline_fill: the two loops, both with nanoGPT's model."
+    )
+
+
+class Baseline(_Model):
+    """ddpjob's trainer against nanoGPT (issue 22's targets)."""
+
+    what: str = Field(description="What the baseline is and how it is measured.")
+    goal_ratio: float = Field(description="The trainer/baseline tokens/s to reach at each size.")
+    goal_mfu: float = Field(description="The trainer's MFU to reach at the fill size.")
+    comparisons: list[Comparison] = Field(description="One per size compared.")
+    split: Split
+    goal_met: bool = Field(
+        description="Every comparison's ratio >= goal_ratio and the fill's MFU >= goal_mfu."
+    )
+
+
 class Report(_Model):
     """What ``python bench/gpu/check.py`` prints: one JSON object."""
 
@@ -152,6 +219,7 @@ class Report(_Model):
     machine: Machine
     peak: Peak
     mfu: Mfu
+    baseline: Baseline
     checks: Checks
     runs: dict[str, Run] = Field(description="Each trainer run by scenario name.")
 
@@ -533,6 +601,20 @@ def check_sync_batchnorm(runs: dict[str, RunResult], device_count: int, dry_run:
     return _pass(f"vision task with sync_batchnorm=true trained on {world} GPUs", world_size=world)
 
 
+def check_baseline(runs: dict[str, RunResult]) -> Check:
+    """Every baseline and split run that ran trained (a finite loss that fell)."""
+    names = ("baseline", *SPLIT_RUNS[:3])
+    ran = [n for n in names if n in runs and not runs[n].not_run]
+    if not ran:
+        return _skip("no baseline run ran")
+    verdicts = {n: check_trained(runs, n, n) for n in ran}
+    evidence = {n: c.why for n, c in verdicts.items()}
+    bad = [n for n, c in verdicts.items() if c.status != "pass"]
+    if bad:
+        return _fail(f"did not train: {', '.join(bad)}", **evidence)
+    return _pass(f"{', '.join(ran)} trained", **evidence)
+
+
 def evaluate(
     runs: dict[str, RunResult],
     *,
@@ -563,12 +645,14 @@ def evaluate(
         checkpoint_resume=guarded(check_resume, runs, resume_extra_steps),
         flash_attention=guarded(check_flash, probe, dry_run),
         sync_batchnorm=guarded(check_sync_batchnorm, runs, device_count, dry_run),
+        baseline=guarded(check_baseline, runs),
     )
 
 
 def mfu_summary(runs: dict[str, Run], formula: str, convention: str) -> Mfu:
-    """The best MFU among the runs, against the goal."""
-    scored = {n: r.mfu for n, r in runs.items() if r.mfu is not None}
+    """The best MFU among the trainer's runs (nanoGPT's loop's are the baseline's), against
+    the goal."""
+    scored = {n: r.mfu for n, r in runs.items() if r.mfu is not None and n not in BARE_RUNS}
     best_run = max(scored, key=scored.get) if scored else None
     best = scored[best_run] if best_run else None
     return Mfu(
@@ -578,4 +662,53 @@ def mfu_summary(runs: dict[str, Run], formula: str, convention: str) -> Mfu:
         best=best,
         best_run=best_run,
         goal_met=best is not None and best >= MFU_GOAL,
+    )
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def baseline_summary(runs: dict[str, Run]) -> Baseline:
+    """The trainer against nanoGPT at each size, and the split, from the runs' own figures."""
+    comparisons = []
+    for trainer, base in COMPARISONS:
+        t, b = runs.get(trainer), runs.get(base)
+        if t is None and b is None:
+            continue
+        tps = t.tokens_per_s if t else None
+        bps = b.tokens_per_s if b else None
+        comparisons.append(
+            Comparison(
+                trainer_run=trainer,
+                baseline_run=base,
+                trainer_tokens_per_s=tps,
+                baseline_tokens_per_s=bps,
+                ratio=_ratio(tps, bps),
+                trainer_mfu=t.mfu if t else None,
+                baseline_mfu=b.mfu if b else None,
+            )
+        )
+    tps = {n: runs[n].tokens_per_s if n in runs else None for n in SPLIT_RUNS}
+    split = Split(
+        tokens_per_s=tps,
+        model=_ratio(tps["ours_in_bare"], tps["baseline_fill"]),
+        loop=_ratio(tps["fill"], tps["ours_in_bare"]),
+        model_in_our_loop=_ratio(tps["fill"], tps["nano_in_trainer"]),
+        loop_with_nanogpt_model=_ratio(tps["nano_in_trainer"], tps["baseline_fill"]),
+    )
+    fill_mfu = runs["fill"].mfu if "fill" in runs else None
+    met = (
+        len(comparisons) == len(COMPARISONS)
+        and all(c.ratio is not None and c.ratio >= BASELINE_GOAL_RATIO for c in comparisons)
+        and fill_mfu is not None
+        and fill_mfu >= MFU_GOAL
+    )
+    return Baseline(
+        what=BASELINE_WHAT,
+        goal_ratio=BASELINE_GOAL_RATIO,
+        goal_mfu=MFU_GOAL,
+        comparisons=comparisons,
+        split=split,
+        goal_met=met,
     )

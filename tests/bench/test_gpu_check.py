@@ -116,6 +116,35 @@ def test_every_scenario_is_a_valid_trainer_command(size: str, tmp_path: Path) ->
     assert seen["resume"].checkpoint.dir == seen["bf16"].checkpoint.dir
     assert seen["resume"].max_steps > seen["bf16"].max_steps
     assert seen["syncbn"].sync_batchnorm and seen["syncbn"].task == "vision"
+    assert seen["nano_in_trainer"].task == gc.NANOGPT_TASK
+
+
+def test_each_baseline_run_takes_its_trainer_twins_settings(tmp_path: Path) -> None:
+    """A ratio is only fair if the two runs differ in nothing but the model or the loop: the
+    baseline runs get their twin's size, batch, precision, compile and steps (and any trainer
+    setting given on the command line), and a different run directory."""
+    plan = gc.Plan(gc.parse_args(["batch_size=4"]), tmp_path)
+    for name, twin in gc.TWIN.items():
+        mine, _ = plan.overrides(name)
+        theirs, _ = plan.overrides(twin)
+        differ = {k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)}
+        expected = {"checkpoint.dir"} | ({"task"} if name == "nano_in_trainer" else set())
+        assert differ == expected, name
+        assert mine["batch_size"] == "4"
+        cmd = plan.command(name, 29500)
+        if name in gc.BARE:
+            assert cmd[1:5] == ["-m", "bench.gpu.baseline", "--model", gc.BARE[name]]
+        else:
+            assert cmd[1:3] == ["-m", "torch.distributed.run"] and "trainer" in cmd
+        assert cmd[-len(mine) :] == [f"{k}={gc._yaml_scalar(v)}" for k, v in mine.items()]
+    assert gc.BARE["baseline"] == gc.BARE["baseline_fill"] == "nanogpt"
+    assert gc.BARE["ours_in_bare"] == "ddpjob"
+    # The second compile of the same graphs at the fill size reuses the first one's cache.
+    assert plan.cache_dir("ours_in_bare") == plan.cache_dir("fill")
+    assert plan.cache_dir("nano_in_trainer") == plan.cache_dir("baseline_fill")
+    assert plan.cache_dir("compile") != plan.cache_dir("baseline")
+    order = list(gc.SCENARIOS)
+    assert all(order.index(a) < order.index(b) for b, a in gc.SHARED_CACHE.items())
 
 
 def test_trainer_settings_on_the_command_line_reach_every_scenario(tmp_path: Path) -> None:
@@ -130,6 +159,8 @@ def test_flops_are_counted_from_the_config_the_run_printed() -> None:
     vocab = len(LMTask().vocab)
     config = {"task": "lm", "task_args": {"n_layer": 3, "n_embd": 48, "block_size": 20}}
     assert gc.lm_flops_of(config) == lm_flops_per_token(3, 48, 20, vocab)
+    nano = {"task": gc.NANOGPT_TASK, "task_args": config["task_args"]}
+    assert gc.lm_flops_of(nano) == gc.lm_flops_of(config)  # the baseline: the same count
     probe = {"task": "bench.gpu.probe_task:build", "task_args": {"overflow_at_step": 3}}
     defaults = LMTask().model_args
     assert gc.lm_flops_of(probe) == lm_flops_per_token(
@@ -189,11 +220,14 @@ def test_stop_ends_a_launcher_and_the_workers_in_their_own_sessions() -> None:
 
 @pytest.mark.slow
 def test_cpu_dry_run_runs_the_real_trainer_and_reports(tmp_path: Path) -> None:
-    """The harness end to end on CPU: four real trainer runs (torchrun, gloo), a forced fp16
-    overflow, a resume, and a report that validates against the schema."""
+    """The harness end to end on CPU: real trainer runs (torchrun, gloo), a forced fp16
+    overflow, a resume, nanoGPT's loop beside the fill with both halves of the split, and a
+    report that validates against the schema. compile=false: compiling on a shared 2-core
+    machine takes minutes, and the dry run tests the harness, not the speed."""
     log = tmp_path / "gpu_check.log"
-    args = ["--cpu-dry-run", "--only", "fp32,bf16,fp16,resume", "--steps", "8"]
-    p = _run([*args, "--peak-tflops", "0.5", "--log", str(log)], timeout=600)
+    runs = "fp32,bf16,fp16,resume,fill,baseline_fill,ours_in_bare,nano_in_trainer"
+    args = ["--cpu-dry-run", "--only", runs, "--steps", "8", "compile=false"]
+    p = _run([*args, "--peak-tflops", "0.5", "--log", str(log)], timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "Traceback" not in p.stderr
     report = Report.model_validate_json(p.stdout)  # stdout is the report and nothing else
@@ -205,6 +239,7 @@ def test_cpu_dry_run_runs_the_real_trainer_and_reports(tmp_path: Path) -> None:
     gpu_only = ("nccl", "fused_adamw", "tf32", "nvml", "flash_attention", "sync_batchnorm")
     assert all(status[name] == "skip" for name in gpu_only)
     assert status["compile"] == "skip"  # not selected
+    assert status["baseline"] == "pass", report.checks.baseline.why
 
     overflow = report.checks.fp16_overflow.evidence
     assert (overflow["loss_scale_before"], overflow["loss_scale_at"]) == (65536.0, 32768.0)
@@ -218,7 +253,25 @@ def test_cpu_dry_run_runs_the_real_trainer_and_reports(tmp_path: Path) -> None:
         assert run.exit_code == 0 and run.steps == (12 if name == "resume" else 8)
         assert run.flops_per_token == fpt and run.tokens_per_s > 0
         assert run.mfu == pytest.approx(fpt * run.tokens_per_s / 0.5e12)
-    assert report.mfu.best == max(r.mfu for r in report.runs.values())
+    trainer_runs = [r for n, r in report.runs.items() if n not in gc.BARE]
+    assert report.mfu.best == max(r.mfu for r in trainer_runs)
+    assert report.mfu.best_run not in gc.BARE
+    # The baseline beside the fill: its ratio and both MFUs, and the four runs of the split.
+    (fill,) = [c for c in report.baseline.comparisons if c.trainer_run == "fill"]
+    assert fill.baseline_run == "baseline_fill"
+    runs_ = report.runs
+    assert fill.ratio == pytest.approx(
+        runs_["fill"].tokens_per_s / runs_["baseline_fill"].tokens_per_s
+    )
+    assert fill.trainer_mfu == runs_["fill"].mfu and fill.baseline_mfu == runs_["baseline_fill"].mfu
+    split = report.baseline.split
+    assert split.model == pytest.approx(
+        runs_["ours_in_bare"].tokens_per_s / runs_["baseline_fill"].tokens_per_s
+    )
+    assert None not in (split.loop, split.model_in_our_loop, split.loop_with_nanogpt_model)
+    assert report.baseline.goal_met is False  # no `compile` run: no ratio at --size
     text = log.read_text()
     assert all(f"===== {name}: exit 0" in text for name in report.runs)
     assert "task=bench.gpu.probe_task:build" in text
+    assert "-m bench.gpu.baseline --model nanogpt" in text
+    assert "task=bench.gpu.nanogpt:build" in text

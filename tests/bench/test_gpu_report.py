@@ -199,3 +199,60 @@ def test_docs_describe_every_field_of_the_report() -> None:
     documented = set(re.findall(r"`([a-z_0-9]+)`", (REPO / "docs" / "gpu.md").read_text()))
     fields = _fields(rep.Report) | _fields(rep.Run) | set(rep.Checks.model_fields)
     assert fields - documented == set()
+
+
+def _tps(tokens_per_s: float | None, mfu: float | None = None) -> rep.Run:
+    """A summarised run with only its speed figures set."""
+    fields = {name: None for name in rep.Run.model_fields}
+    return rep.Run(
+        **fields
+        | {"command": "x", "wall_s": 1.0, "window_losses": [], "tokens_per_s": tokens_per_s}
+        | {"mfu": mfu}
+    )
+
+
+def test_baseline_ratios_and_split_are_read_off_the_runs() -> None:
+    runs = {
+        "compile": _tps(560_000.0, 0.35),
+        "baseline": _tps(500_000.0, 0.31),
+        "fill": _tps(72_000.0, 0.58),
+        "baseline_fill": _tps(68_000.0, 0.55),
+        "ours_in_bare": _tps(68_000.0, 0.55),
+        "nano_in_trainer": _tps(72_000.0, 0.58),
+    }
+    b = rep.baseline_summary(runs)
+    by_run = {c.trainer_run: c for c in b.comparisons}
+    assert by_run["compile"].ratio == pytest.approx(1.12)
+    assert by_run["fill"].ratio == pytest.approx(72 / 68)
+    assert (by_run["fill"].trainer_mfu, by_run["fill"].baseline_mfu) == (0.58, 0.55)
+    assert b.split.model == pytest.approx(1.0)  # the same model speed in nanoGPT's loop
+    assert b.split.loop == pytest.approx(72 / 68)  # our loop is where the gain is
+    assert b.split.model_in_our_loop == pytest.approx(1.0)
+    assert b.split.loop_with_nanogpt_model == pytest.approx(72 / 68)
+    assert b.goal_met and (b.goal_ratio, b.goal_mfu) == (1.05, 0.57)
+    # Below the ratio at one size, or below the MFU goal: not met.
+    slow = runs | {"compile": _tps(510_000.0, 0.32)}
+    assert not rep.baseline_summary(slow).goal_met
+    low_mfu = runs | {"fill": _tps(72_000.0, 0.50)}
+    assert not rep.baseline_summary(low_mfu).goal_met
+    # A baseline that did not run leaves its ratio empty and the goal unmet.
+    missing = {k: v for k, v in runs.items() if k != "baseline_fill"}
+    b = rep.baseline_summary(missing)
+    assert {c.trainer_run: c.ratio for c in b.comparisons}["fill"] is None
+    assert b.split.model is None and b.split.loop is not None and not b.goal_met
+
+
+def test_the_mfu_goal_counts_the_trainers_runs_only() -> None:
+    runs = {"fill": _tps(1.0, 0.50), "baseline_fill": _tps(1.0, 0.55), "ours_in_bare": _tps(1, 0.6)}
+    m = rep.mfu_summary(runs, "f", "c")
+    assert (m.best_run, m.best) == ("fill", 0.50)
+
+
+def test_baseline_check_passes_when_the_bare_runs_trained_and_fails_when_one_did_not() -> None:
+    falling = [_train(2, 4.0, 0.1, 1.0), _train(4, 3.0, 0.1, 1.0)]
+    runs = {n: _run(n, falling) for n in ("baseline", "baseline_fill", "ours_in_bare")}
+    assert rep.check_baseline(runs).status == "pass"
+    runs["nano_in_trainer"] = _run("nano_in_trainer", [_train(2, 3.0, 0.1, 1.0)] * 2)
+    c = rep.check_baseline(runs)
+    assert c.status == "fail" and "nano_in_trainer" in c.why
+    assert rep.check_baseline({"fill": _run("fill", falling)}).status == "skip"
