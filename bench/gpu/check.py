@@ -8,6 +8,7 @@ Runbook (docs/gpu.md has every step)::
         | tee $OUT/gpu_report.json
 
     python bench/gpu/check.py --cpu-dry-run --only fp32,bf16,fp16,resume   # the harness on CPU
+    python bench/gpu/check.py --cpu-dry-run --only fill,baseline_fill,ours_in_bare compile=false
     python bench/gpu/check.py --only fill --fill-size medium              # another MFU size
     python bench/gpu/check.py --schema                                    # the report's schema
 
@@ -30,7 +31,9 @@ nanoGPT's training loop, written in bench/gpu/, with nanoGPT's model or ours):
 
 --size defaults to small (GPT-2 small's shape), --fill-size to large at batch 24: the fill that
 met the 45% MFU goal on an H100 (48.9-49.2%, docs/gpu.md). The whole default run took 398.5 s
-there, inside the default --budget-s 540. The CPU dry run uses tiny for both.
+there, inside the default --budget-s 540, before the baseline runs were added (they should
+add about 140-270 s, an estimate; what the budget cannot start is reported not_run). The CPU
+dry run uses tiny for both. Trainer settings given as key=value reach the baseline runs too.
 
 In this process: the GPU's name (-> its peak dense bf16 FLOP/s), an 8192^3 bf16 matmul timed
 (the reachable ceiling), and the lm model's forward+backward with SDPA limited to the flash
@@ -90,9 +93,11 @@ SCENARIOS = (
     "fp16",
     "compile",
     "resume",
-    "baseline",
+    # The speed comparison, most wanted first (the budget may leave the last ones not_run):
+    # the ratio and both MFUs at the fill size, the ratio at --size, then the split.
     "fill",
     "baseline_fill",
+    "baseline",
     "ours_in_bare",
     "nano_in_trainer",
     "syncbn",
