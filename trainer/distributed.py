@@ -18,13 +18,17 @@ Four launchers, one contract (see docs/architecture.md, "The launcher contracts"
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import sys
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,8 @@ def setup(device: str = "auto", backend: str = "auto", timeout_s: int = 600) -> 
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29500")
         chosen = backend if backend != "auto" else ("nccl" if use_cuda else "gloo")
+        # Before the group exists, or teardown() cannot free it: see _import_before_init.
+        _import_before_init()
         dist.init_process_group(
             backend=chosen,
             rank=rank,
@@ -180,10 +186,41 @@ def is_peer_lost(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(t in text for t in _PEER_LOST_TEXT)
 
 
+def _import_before_init() -> None:
+    """Import the torch modules that capture the default process group when imported late.
+
+    ``torch.distributed.nn.functional`` gives ten functions the default argument
+    ``group=group.WORLD``, evaluated when the module is imported. DDP's constructor imports
+    ``torch._dynamo`` lazily, which imports that module (through fsdp and _shard), so a module
+    first imported *after* ``init_process_group`` holds the default group in those defaults for
+    the life of the process (torch 2.8 and 2.15 alike). ``destroy_process_group`` then cannot
+    free it: gloo's worker threads (and rank 0's TCPStore thread) run on into interpreter
+    shutdown, and a worker that drops the last reference to a tensor Python still owns (a
+    barrier holds the all-reduce works queued before it) must take the GIL. CPython 3.11 ends
+    such a thread with ``pthread_exit``; its forced unwind meets a ``noexcept`` destructor and
+    the process dies with "terminate called without an active exception" (SIGABRT). Imported
+    first, the defaults hold None and the group dies in ``teardown``. docs/testing.md has the
+    backtrace and the figures; ``tests/trainer/test_teardown.py`` holds it.
+    """
+    import torch.distributed.nn.functional  # noqa: F401
+
+
 def teardown() -> None:
-    """Destroy the process group; safe to call when there is none (used in ``finally``)."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    """Destroy the process group and wait for its threads; safe when there is none (``finally``).
+
+    With no reference left, destroying the group joins gloo's threads here, with the GIL
+    released, instead of leaving them running while the interpreter shuts down (see
+    ``_import_before_init``). A reference someone else still holds keeps them alive: said once.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    group = weakref.ref(dist.group.WORLD)
+    dist.destroy_process_group()
+    if group() is not None:
+        log.warning(
+            "the process group outlived destroy_process_group (something still references "
+            "it); its threads may abort the process at exit"
+        )
 
 
 def barrier() -> None:
