@@ -1,9 +1,12 @@
 """Start the real 2-rank gloo trainer many times under CPU load and count how each start ended.
 
     python bench/stress_starts.py --starts 500 --parallel 2 --burners 6
-    python bench/stress_starts.py --python /work/venvs/t28/bin/python --python .venv/bin/python
-    python bench/stress_starts.py --prefix 'podman run --rm --network host --ulimit core=-1
-        -v {dir}:{dir} -w {dir} IMAGE' --python python --pythonpath '' --starts 200
+    python bench/stress_starts.py --python /venvs/torch28/bin/python --python .venv/bin/python
+    # in the image, one CPU a pod, as on the real node:
+    PREFIX='podman run --rm --network host --user 0 --cpus 1 --entrypoint ""'
+    PREFIX="$PREFIX -v {dir}:{dir} -w {dir}"
+    CONTAINERS_CONF=localkube/containers.conf python bench/stress_starts.py --python python \
+        --pythonpath '' --prefix "$PREFIX ghcr.io/ddpjob/trainer:0.1.0" --starts 300
 
 Why: a rank sometimes died of SIGABRT ("terminate called without an active exception") under
 the full suite's load, never when started alone (docs/testing.md, "Known flakes"). This starts
@@ -22,7 +25,8 @@ checkpoints), launched one of three ways, as the tests and the operators do:
 Each job is started twice in the same checkpoint folder: *fresh*, then *resume*, which loads the
 final checkpoint, evaluates and exits at once (what a retried pod of a finished job does). Each
 is one *start*. Starts cycle through every ``--python`` x launcher, so several torch versions
-are measured under the same load in the same run.
+(or, as ``PYTHON@PYTHONPATH``, several copies of the trainer) are measured under the same load
+in the same run.
 
 A start is an *abort* when a process ended by SIGABRT (-6, or 134 from a shell or the trainer's
 torchrun re-launch), torchrun reported a worker's "Signal 6", or "terminate called" is in its
@@ -33,9 +37,11 @@ On an abort the script prints the tail of stderr and, when the core can be read 
 ``thread apply all bt``: the native stack says which C++ thread was left joinable.
 
 ``--prefix`` runs every process through a command (``{dir}`` is the start's folder, which the
-prefix must mount and use as the working directory), e.g. ``podman run`` of the trainer image;
+prefix must mount and use as the working directory), e.g. ``podman run`` of the trainer image
+(as root, to write the folder; ``localkube/containers.conf`` where podman may not set rlimits);
 the job's variables are passed with ``env K=V``. With a prefix, ``--python`` is the
-interpreter's name inside it and ``--pythonpath ''`` uses the installed trainer.
+interpreter's name inside it and ``--pythonpath ''`` uses the installed trainer; cores are kept
+but not read (the libraries they name are the image's).
 
 The counts are printed per python and shape, with wall time and the load average seen; ``--json``
 writes them.
@@ -186,7 +192,10 @@ class Harness:
         args = trainer_args(folder / "ckpt", self.opts.steps)
         started = time.monotonic()
         procs = []
-        for i, (argv, job_env) in enumerate(job_processes(launcher, python, args)):
+        interpreter, _, pythonpath = python.partition("@")
+        for i, (argv, job_env) in enumerate(job_processes(launcher, interpreter, args)):
+            if pythonpath:
+                job_env = {**job_env, "PYTHONPATH": pythonpath}
             log = folder / f"{phase}-{i}.log"
             procs.append((*self._popen(argv, job_env, folder, log), log))
         deadline = started + self.opts.timeout_s
@@ -363,7 +372,7 @@ def table(starts: list[Start]) -> list[dict]:
 def torch_version(python: str, prefix: list[str], folder: Path) -> str:
     """``torch.__version__`` of ``python`` (through the prefix, if any)."""
     cmd = [a.replace("{dir}", str(folder)) for a in prefix]
-    cmd += [python, "-c", "import torch; print(torch.__version__)"]
+    cmd += [python.partition("@")[0], "-c", "import torch; print(torch.__version__)"]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=folder, timeout=300)
     except (OSError, subprocess.TimeoutExpired):
@@ -379,7 +388,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--python",
         action="append",
-        help="interpreter(s) to start the trainer with; repeat to compare (default: this one)",
+        help="interpreter(s) to start the trainer with, as PYTHON or PYTHON@PYTHONPATH (this "
+        "python with that trainer); repeat to compare (default: this one)",
     )
     p.add_argument(
         "--launchers",
