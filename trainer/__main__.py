@@ -24,6 +24,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import traceback
@@ -121,6 +122,16 @@ def train(cfg: TrainConfig) -> int:
         format=f"[rank {env.rank}] %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    if not env.is_main:
+        # Rank 0 says who it is in its `start` event; the other ranks print nothing else unless
+        # something goes wrong, so one line here tells every rank's log (`logs --all`, `kubectl
+        # logs` of a worker) that the rank started, joined and where.
+        print(
+            f"[rank {env.rank}] joined: rank {env.rank} of {env.world_size} (local rank "
+            f"{env.local_rank}) on {socket.gethostname()}, device {env.device}",
+            file=sys.stderr,
+            flush=True,
+        )
     reporter = Reporter(env.is_main, cfg.max_steps, cfg.progress, cfg.tensorboard_dir)
     try:
         reason = Trainer(cfg, env, task, reporter).fit()

@@ -258,7 +258,8 @@ def test_quickstart_trains_on_two_cpu_nodes_with_the_real_trainer(tmp_path):
     assert any(e["event"] == "eval" for e in events)
     logs = tmp_path / "runs" / "quickstart" / "logs"
     assert (logs / "rank-0.log").read_text().count('"event": "train"') == 1  # log_every=20
-    assert (logs / "rank-1.log").exists()
+    # The other rank says it joined (and nothing else on a good run): every rank's log shows it.
+    assert "[rank 1] joined: rank 1 of 2 (local rank 0)" in (logs / "rank-1.log").read_text()
     assert (tmp_path / "runs/quickstart/checkpoints").is_dir()
     assert "job succeeded" in result.stderr
 
