@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import logging
 import os
 import signal
@@ -83,7 +84,7 @@ def relaunch_under_torchrun(argv: list[str]) -> int:
     exit 143). torchrun itself reports a signalled shutdown as a plain failure, so a forwarded
     SIGTERM followed by a non-zero exit is reported as 143: retryable, as preemption should be.
     """
-    from trainer.distributed import torchrun_argv
+    from trainer.launch import torchrun_argv
 
     exit_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"ddpjob-exit-{os.getpid()}"
     exit_file.unlink(missing_ok=True)
@@ -167,17 +168,36 @@ def train(cfg: TrainConfig) -> int:
     return {COMPLETED: EXIT_OK, PREEMPTED: EXIT_PREEMPTED}.get(reason, EXIT_FAILED)
 
 
+#: Tasks the trainer ships (``trainer.tasks.load_task``).
+BUILTIN_TASKS = ("vision", "lm")
+
+
+def _check_task_module(name: str) -> None:
+    """A plug-in task's module exists (``importlib.util.find_spec``: nothing of it runs), or a
+    ConfigError says so as ``load_task`` would."""
+    if name in BUILTIN_TASKS:
+        return
+    module_name = name.partition(":")[0]
+    try:
+        found, missing = importlib.util.find_spec(module_name), module_name
+    except ModuleNotFoundError as e:  # a parent package is missing
+        found, missing = None, e.name
+    if found is None:
+        raise ConfigError([f"task: cannot import {missing} (got {name}). Is it on PYTHONPATH?"])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
-        from trainer.distributed import needs_torchrun
+        from trainer.launch import needs_torchrun
 
         if needs_torchrun():
-            from trainer.tasks import load_task
-
-            load_task(cfg.task, cfg.task_args)  # fail with exit 2 here, not once per worker
+            # This process only re-launches: it never imports torch (3 s of CPU and ~300 MB it
+            # would hold while the workers train). What can be checked without torch fails
+            # here, once, before torchrun; the factory's own arguments are the workers' to check.
+            _check_task_module(cfg.task)
             if cfg.resume not in ("auto", "never") and not Path(cfg.resume).is_file():
                 raise ConfigError([f"resume: no such checkpoint file (got {cfg.resume})"])
             return relaunch_under_torchrun(argv)
@@ -185,8 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         if args.debug:
             traceback.print_exc()
-        for line in e.problems:
-            print(line, file=sys.stderr)
+        # Every process of a node finds the same mistake: one of them says it.
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            for line in e.problems:
+                print(line, file=sys.stderr)
         return record_exit(EXIT_CONFIG)
     except Exception:
         traceback.print_exc()

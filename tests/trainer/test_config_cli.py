@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from tests.trainer.conftest import kubeflow_env, run, trainer_cmd
@@ -46,6 +48,30 @@ def test_bad_key_in_kubeflow_pod_fails_before_torchrun() -> None:
     assert r.rc == 2
     assert "ddp.bucket_cap_mb: Input should be greater than 0 (got 0)" in r.stderr
     assert "torch.distributed" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_relaunching_parent_imports_no_torch_and_a_missing_task_module_fails_there() -> None:
+    """In a pod the trainer re-launches itself under torchrun (here nprocPerNode=2); that first
+    process only decides and waits, so it must not import torch (seconds of CPU, and memory it
+    would hold while the workers train): a task module that does not exist is found missing
+    there, before torchrun, with torch never imported (-X importtime lists every import)."""
+    cmd = [sys.executable, "-X", "importtime", "-m", "trainer", "task=no.such.module:build"]
+    r = run(cmd, env=kubeflow_env(2, 2))
+    assert r.rc == 2, r.stderr[-2000:]
+    assert "task: cannot import no (got no.such.module:build)" in r.stderr
+    imported = [line.split("|")[-1].strip() for line in r.stderr.splitlines() if "|" in line]
+    assert "trainer.config" in imported and "trainer.launch" in imported
+    assert not [m for m in imported if m == "torch" or m.startswith("torch.")]
+    assert "torch.distributed" not in r.stderr.replace("import time:", "")
+
+
+def test_a_bad_factory_argument_in_a_relaunched_pod_is_exit_2_said_once() -> None:
+    """What needs the task's code (its factory's arguments) is checked by the workers torchrun
+    started; each exits 2, the pod exits 2, and only local rank 0 prints the line."""
+    r = run(trainer_cmd("task_args.colour=3", "max_steps=1"), env=kubeflow_env(2, 2), timeout=240)
+    assert r.rc == 2, r.stderr[-3000:]
+    line = "task_args: got an unexpected keyword argument 'colour'"
+    assert r.stderr.count(line) == 1, r.stderr[-3000:]
 
 
 def test_precedence_cli_over_file_over_defaults(tmp_path) -> None:

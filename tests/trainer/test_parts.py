@@ -18,7 +18,7 @@ from torch.utils.data import TensorDataset
 from tests.trainer.conftest import REPO, base_env
 from trainer.checkpoint import CheckpointManager
 from trainer.config import ConfigError
-from trainer.distributed import needs_torchrun, torchrun_argv
+from trainer.launch import needs_torchrun, torchrun_argv
 from trainer.loader import MicroBatches, build_loader
 from trainer.metrics import Reporter
 from trainer.optim import lr_factor

@@ -1,0 +1,95 @@
+"""Which launcher started this process, and the torchrun command that re-launches it: read from
+the environment only, with no torch import, so a pod's first process (which only decides and
+re-launches) neither pays for importing torch nor holds it in memory while its workers train.
+
+Four launchers, one contract (see docs/architecture.md, "The launcher contracts"):
+
+- nothing at all: one process, world size 1, no process group;
+- torchrun (or ``accelerate launch --multi_gpu``, which runs torchrun): RANK, LOCAL_RANK,
+  WORLD_SIZE, MASTER_ADDR/PORT are set per process;
+- the Kubeflow PyTorchJob operator: RANK is the *node* rank, WORLD_SIZE = nodes x nproc, and
+  LOCAL_RANK is not set. With one process per pod that is already a complete description; with
+  ``PET_NPROC_PER_NODE`` > 1, ``trainer.__main__`` re-launches itself under torchrun, which then
+  sets the per-process variables. Elastic jobs (``PET_RDZV_ENDPOINT``) always go through torchrun;
+- a Kubeflow Trainer v2 TrainJob (torch-distributed runtime): only ``PET_NNODES``,
+  ``PET_NPROC_PER_NODE`` (a count or ``auto``), ``PET_NODE_RANK``, ``PET_MASTER_ADDR`` and
+  ``PET_MASTER_PORT``, and no torchrun started. Nothing names this process's rank or the world
+  size, so the trainer always re-launches itself under torchrun there, even for one process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Values of nprocPerNode that torchrun resolves itself (e.g. "gpu" = one process per GPU).
+_SYMBOLIC_NPROC = ("auto", "gpu", "cpu", "xpu")
+
+
+def nproc_per_node_from_env() -> str:
+    """The operator's ``PET_NPROC_PER_NODE`` ("1" when absent): a count or a torchrun keyword."""
+    return os.environ.get("PET_NPROC_PER_NODE", "").strip() or "1"
+
+
+def needs_torchrun() -> bool:
+    """True inside a Kubeflow pod whose processes only torchrun can start or place in the job.
+
+    torchrun sets LOCAL_RANK on each worker, so its children never re-launch again.
+    """
+    if "LOCAL_RANK" in os.environ:
+        return False
+    if elastic() or trainjob():
+        # Only torchrun speaks the c10d rendezvous (elastic), and only torchrun turns a TrainJob's
+        # node rank into global ranks: both even for one process per pod.
+        return True
+    nproc = nproc_per_node_from_env()
+    return int(nproc) > 1 if nproc.isdigit() else nproc in _SYMBOLIC_NPROC
+
+
+def elastic() -> bool:
+    """An elastic PyTorchJob: the operator sets ``PET_RDZV_ENDPOINT`` and no master replica."""
+    return bool(os.environ.get("PET_RDZV_ENDPOINT"))
+
+
+def trainjob() -> bool:
+    """A Kubeflow Trainer v2 TrainJob pod: ``PET_MASTER_ADDR`` and no ``WORLD_SIZE`` (the
+    PyTorchJob operator sets ``MASTER_ADDR`` and ``WORLD_SIZE`` instead)."""
+    return bool(os.environ.get("PET_MASTER_ADDR")) and "WORLD_SIZE" not in os.environ
+
+
+def _env_first(*names: str, default: str) -> str:
+    """The first of ``names`` set to something non-empty, else ``default``."""
+    return next((os.environ[n] for n in names if os.environ.get(n)), default)
+
+
+def torchrun_argv(trainer_args: list[str]) -> list[str]:
+    """The torchrun command that turns this pod into ``PET_NPROC_PER_NODE`` trainer processes.
+
+    The launcher's variables are passed explicitly: the PyTorchJob operator sets the master as
+    MASTER_ADDR/MASTER_PORT and the node rank also as RANK; a TrainJob sets only the ``PET_*``
+    names (which torchrun would read by itself). ``auto`` is torchrun's: one process per GPU,
+    or per CPU this process may run on when there is none.
+    """
+    if elastic():
+        # torchrun reads its elastic settings from the operator's PET_* variables itself:
+        # PET_NNODES (min:max), PET_RDZV_BACKEND, PET_RDZV_ENDPOINT, PET_NPROC_PER_NODE,
+        # PET_MAX_RESTARTS. Nothing to translate.
+        return [sys.executable, "-m", "torch.distributed.run", "-m", "trainer", *trainer_args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        _env_first("PET_NNODES", default="1"),
+        "--node-rank",
+        _env_first("PET_NODE_RANK", "RANK", default="0"),
+        "--nproc-per-node",
+        nproc_per_node_from_env(),
+        "--master-addr",
+        _env_first("MASTER_ADDR", "PET_MASTER_ADDR", default="127.0.0.1"),
+        "--master-port",
+        _env_first("MASTER_PORT", "PET_MASTER_PORT", default="29500"),
+        "-m",
+        "trainer",
+        *trainer_args,
+    ]
