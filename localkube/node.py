@@ -332,12 +332,24 @@ def prepare_kubelet(ctx: Context) -> None:
 
 
 def node_ready(ctx: Context) -> bool:
-    """True when the node reports Ready (``ctx``: anything with ``kubectl``, a Cluster too)."""
+    """True when the node reports Ready and takes pods (``ctx``: anything with ``kubectl``, a
+    Cluster too): the node lifecycle controller also removed the ``node.kubernetes.io/...``
+    taints (not-ready at registration, unreachable after an outage) a few seconds after Ready,
+    and until then a submit's preflight rightly finds no node to run on."""
     proc = ctx.kubectl("get", "node", NODE_NAME, "-o", "json", check=False)
     if proc.returncode != 0:
         return False
-    conditions = json.loads(proc.stdout).get("status", {}).get("conditions", [])
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    obj = json.loads(proc.stdout)
+    conditions = obj.get("status", {}).get("conditions", [])
+    lifecycle = [
+        t for t in obj.get("spec", {}).get("taints") or [] if t["key"].startswith(LIFECYCLE_TAINT)
+    ]
+    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    return ready and not lifecycle and not obj.get("spec", {}).get("unschedulable")
+
+
+#: The taints the node lifecycle controller and the kubelet put on a node that is not ready.
+LIFECYCLE_TAINT = "node.kubernetes.io/"
 
 
 # ------------------------------------------------------------------------------ CoreDNS

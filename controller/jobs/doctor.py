@@ -396,6 +396,19 @@ def _tolerates(t: dict[str, Any], taint: dict[str, Any]) -> bool:
     return t.get("key") == taint.get("key") and t.get("value", "") == taint.get("value", "")
 
 
+def with_resource_tolerations(pod_spec: dict[str, Any], need: dict[str, Any]) -> dict[str, Any]:
+    """The pod spec as the API server admits it where the ExtendedResourceToleration plug-in
+    runs (GKE's GPU clusters and ddpjob's local cluster do): a pod that asks an extended resource
+    (``nvidia.com/gpu``) tolerates the taint of that name on the nodes that offer it."""
+    extended = sorted(
+        k for k, v in need.items() if v > 0 and "/" in k and "kubernetes.io/" not in k
+    )
+    if not extended:
+        return pod_spec
+    added = [{"key": k, "operator": "Exists"} for k in extended]
+    return {**pod_spec, "tolerations": [*(pod_spec.get("tolerations") or []), *added]}
+
+
 def fit_problem(manifest: dict[str, Any], nodes: list[dict[str, Any]]) -> str | None:
     """Why the job can never run with all its pods at once on these nodes; None if it can.
 
@@ -411,6 +424,7 @@ def fit_problem(manifest: dict[str, Any], nodes: list[dict[str, Any]]) -> str | 
     order = sorted(range(len(pods)), key=lambda i: pods[i][1].get(GPU, Decimal(0)), reverse=True)
     for i in order:
         rtype, need, pod_spec = pods[i]
+        pod_spec = with_resource_tolerations(pod_spec, need)
         fitting = [
             j
             for j, n in enumerate(nodes)

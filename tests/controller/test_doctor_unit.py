@@ -98,27 +98,36 @@ def test_node_selector_and_taints():
     assert fit_problem(job(2, 8, tolerations=tolerate), gpu_nodes) is None
 
 
-def test_gpu_nodes_tainted_like_real_clusters_are_named_when_not_tolerated():
-    """GPU nodes tainted nvidia.com/gpu (as the local cluster's kwok nodes are) beside a CPU node:
-    a GPU pod without the toleration fits nowhere, and the check says it is the taint."""
+def test_gpu_nodes_tainted_with_the_resource_name_take_the_pods_that_ask_it():
+    """GPU nodes tainted nvidia.com/gpu (as GKE's and the local cluster's are) beside a CPU node:
+    the API server's ExtendedResourceToleration gives a pod that asks nvidia.com/gpu the
+    toleration, so the check counts those nodes for GPU pods, and only for them."""
     taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
     nodes = [node("cpu", gpus=0), node("g0", taints=[taint]), node("g1", taints=[taint])]
     assert fit_problem(job(2, 0), nodes) is None  # CPU pods: the untainted node
-    problem = fit_problem(job(1, 8), nodes)
-    assert problem == (
-        "a Master pod asks nvidia.com/gpu: 8 but the largest node has 0 allocatable (got 1 "
-        "eligible nodes); 2 nodes with enough are tainted nvidia.com/gpu=present:NoSchedule, "
-        "which the pods do not tolerate (add it to tolerations)"
-    )
-    tolerate = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    assert fit_problem(job(2, 8, tolerations=tolerate), nodes) is None
-    problem = fit_problem(job(1, 16, tolerations=tolerate), nodes)
+    assert fit_problem(job(2, 8), nodes) is None  # GPU pods: the tainted GPU nodes
+    assert fit_problem(job(3, 0), nodes[1:]) is not None  # CPU pods never go there
+    problem = fit_problem(job(1, 16), nodes)
     assert problem == (
         "a Master pod asks nvidia.com/gpu: 16 but the largest node has 8 allocatable "
         "(got 3 eligible nodes)"
     )
     selected = fit_problem(job(1, 8, nodeSelector={"pool": "x"}), [node("a", labels={})])
     assert selected is not None and selected.startswith("no node matches")
+
+
+def test_gpu_nodes_tainted_another_way_are_named_when_not_tolerated():
+    """A taint of another name (AKS's sku=gpu) is the user's to tolerate, and the check says so."""
+    taint = {"key": "sku", "value": "gpu", "effect": "NoSchedule"}
+    nodes = [node("cpu", gpus=0), node("g0", taints=[taint]), node("g1", taints=[taint])]
+    problem = fit_problem(job(1, 8), nodes)
+    assert problem == (
+        "a Master pod asks nvidia.com/gpu: 8 but the largest node has 0 allocatable (got 1 "
+        "eligible nodes); 2 nodes with enough are tainted sku=gpu:NoSchedule, "
+        "which the pods do not tolerate (add it to tolerations)"
+    )
+    tolerate = [{"key": "sku", "operator": "Exists", "effect": "NoSchedule"}]
+    assert fit_problem(job(2, 8, tolerations=tolerate), nodes) is None
 
 
 class FakeCluster:

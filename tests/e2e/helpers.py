@@ -87,6 +87,26 @@ def plugin_on_claim(cluster, namespace: str, module: Path) -> dict[str, str]:
     return {"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{MOUNT}/plugins"}
 
 
+def paced_spec(
+    cluster, tmp_path: Path, name: str, namespace: str, *, max_steps: int, step_s: float, **fields
+) -> Path:
+    """:func:`write_spec` with the tests' tiny task (tests/trainer/tasks.py) on the claim,
+    sleeping ``step_s`` each step: a job that lasts at least ``max_steps * step_s`` seconds on any
+    machine, for tests that need it still running after some event (the quickstart's pace is
+    the machine's)."""
+    env = plugin_on_claim(cluster, namespace, REPO / "tests" / "trainer" / "tasks.py")
+    return write_spec(
+        cluster,
+        tmp_path,
+        name,
+        namespace,
+        max_steps=max_steps,
+        env=env,
+        trainer={"task": "tasks:build", "task_args": {"sleep_s": step_s}, "batch_size": 16},
+        **fields,
+    )
+
+
 def ddpjob(cluster, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     """``python -m controller ARGS`` against the cluster; never raises on exit code."""
     return subprocess.run(
@@ -216,6 +236,11 @@ def restart_apiserver(cluster, down_s: float = 2.0, while_down=None) -> float:
         assert called, "the API server never stopped answering: while_down did not run"
         if called[0] is not None:
             raise called[0]
+    from localkube import node
+    from localkube.handle import wait_until
+
+    # The node's next heartbeat after the outage: the tests after this one submit to it.
+    wait_until("the node Ready and untainted", lambda: node.node_ready(cluster), 90)
     return longest[0]
 
 

@@ -16,7 +16,10 @@ import yaml
 from localkube import images, node
 from tests.e2e.helpers import REPO, ddpjob, events, get_json
 
-SHORT = ("--set", "trainer.max_steps=20", "--set", "trainer.eval_every=0")
+SHORT = (
+    *("--set", "trainer.max_steps=20", "--set", "trainer.warmup_steps=2"),
+    *("--set", "trainer.eval_every=0"),
+)
 
 
 def _image_id(ref: str) -> str:
@@ -68,8 +71,10 @@ def test_the_trainjob_example_as_written_succeeds(cluster, namespace):
 def test_helm_install_of_a_rendered_example_succeeds(cluster, namespace, tmp_path: Path):
     """`helm install` with the values `render --values` writes for the quickstart: the chart's
     job, the example's image name."""
+    # The test's namespace (the values name the job's: helm's -n only fills in a missing one).
+    here = ("--set", f"namespace={namespace}")
     values = ddpjob(
-        cluster, "render", str(REPO / "examples" / "quickstart.yaml"), "--values", *SHORT
+        cluster, "render", str(REPO / "examples" / "quickstart.yaml"), "--values", *SHORT, *here
     )
     assert values.returncode == 0, values.stderr
     assert yaml.safe_load(values.stdout)["image"] == images.published_ref()

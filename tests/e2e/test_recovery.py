@@ -26,6 +26,7 @@ from tests.e2e.helpers import (
     ddpjob,
     events,
     latest_step,
+    paced_spec,
     restart_apiserver,
     write_spec,
 )
@@ -140,10 +141,11 @@ def test_wait_and_logs_follow_ride_out_an_api_server_restart(real_node, namespac
     cluster, name = real_node, "apirestart"
     # Long enough that the job is still training when the API server comes back (checked
     # below), so wait and logs -f must reconnect to see it end.
-    max_steps = 400
-    spec = write_spec(
-        cluster, tmp_path, name, namespace, max_steps=max_steps, every_steps=200, log_every=20
-    )
+    max_steps = 400  # at 0.1 s a step: ends well after the API server is back (checked below)
+    spec = paced_spec(
+        cluster, tmp_path, name, namespace, max_steps=max_steps, step_s=0.1,
+        every_steps=200, log_every=20,
+    )  # fmt: skip
     r = ddpjob(cluster, "submit", str(spec))
     assert r.returncode == 0, r.stderr
     waiter = Background(cluster, tmp_path, "wait", "wait", name, "-n", namespace)

@@ -18,8 +18,8 @@ from tests.e2e.helpers import (
     etcd_compacted,
     etcd_move_on_and_compact,
     latest_step,
+    paced_spec,
     restart_apiserver,
-    write_spec,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -54,6 +54,7 @@ def test_wait_makes_the_same_few_requests_however_long_the_job_runs(real_node, n
                         "image": "ghcr.io/ddpjob/trainer:0.1.0",
                         # Both jobs' pods fit the node's 2 CPUs at once.
                         "resources": {"cpu": "200m", "memory": "256Mi"},
+                        "shm_size": "64Mi",  # counts against memory; the default is 1Gi
                         "command": ["python3", "-c", f"import time; time.sleep({sleep_s})"],
                         "args": [],
                     }
@@ -92,10 +93,11 @@ def test_wait_lists_again_when_its_watch_has_expired_and_still_answers(
     real_node, namespace, tmp_path
 ):
     cluster, name = real_node, "relist"
-    max_steps = 400  # long enough to end after the API server is back (checked below)
-    spec = write_spec(
-        cluster, tmp_path, name, namespace, max_steps=max_steps, every_steps=200, log_every=20
-    )
+    max_steps = 400  # at 0.1 s a step: ends well after the API server is back (checked below)
+    spec = paced_spec(
+        cluster, tmp_path, name, namespace, max_steps=max_steps, step_s=0.1,
+        every_steps=200, log_every=20,
+    )  # fmt: skip
     r = ddpjob(cluster, "submit", str(spec))
     assert r.returncode == 0, r.stderr
     waiter = Background(cluster, tmp_path, "wait", "wait", name, "-n", namespace, "--debug")

@@ -115,7 +115,17 @@ PRINT_ENV = textwrap.dedent("""
             time.sleep(1)
     keys = ('MASTER_ADDR', 'MASTER_PORT', 'RANK', 'WORLD_SIZE', 'HOSTNAME')
     print(json.dumps({**{k: os.environ.get(k) for k in keys}, 'resolved': ip}), flush=True)
-    time.sleep(5)  # a finished master leaves its Service: the worker resolves it meanwhile
+    # A finished master leaves its Service: it stays until the worker runs (its own name
+    # resolves), and 5 s more for the worker to resolve the master's meanwhile.
+    me = os.environ['HOSTNAME']
+    if me.endswith('-master-0'):
+        for _ in range(120):
+            try:
+                socket.gethostbyname(me[: -len('master-0')] + 'worker-0')
+                break
+            except OSError:
+                time.sleep(1)
+    time.sleep(5)
 """)
 
 
@@ -417,15 +427,21 @@ def test_operator_webhook_validates(real_node, namespace):
 
 def test_on_failure_restarts_in_place_with_restart_count(real_node, namespace):
     """restartPolicy OnFailure: the kubelet restarts the container in place (restartCount 1; the
-    pod's emptyDir outlives the run), and `kubectl logs --previous` shows the failed run."""
+    pod's emptyDir outlives the run), and `kubectl logs --previous` shows the failed run.
+
+    Read while the second run is alive: once the pod is done, the kubelet removes the dead
+    container, and its lastState and previous log go with it."""
     cluster = real_node
     cmd = textwrap.dedent("""
-        import pathlib, sys
+        import pathlib, sys, time
         m = pathlib.Path('/state/ran')
         if not m.exists():
             m.write_text('1')
             print('run 1 fails', flush=True)
             sys.exit(3)
+        print('run 2 waits', flush=True)
+        while not pathlib.Path('/state/go').exists():
+            time.sleep(0.2)
         print('run 2 ok', flush=True)
     """)
     cluster.kubectl(
@@ -436,15 +452,26 @@ def test_on_failure_restarts_in_place_with_restart_count(real_node, namespace):
             "inplace", namespace, cmd, restart="OnFailure", volume={"emptyDir": {}}
         ),
     )
+
+    def second_run() -> dict | None:
+        pods = _pods(cluster, namespace, "inplace")
+        status = ((pods[0].get("status", {}).get("containerStatuses") if pods else None) or [{}])[0]
+        return status if status.get("restartCount") and "running" in status["state"] else None
+
+    status = _wait("the second run", second_run, 120)
+    assert status["restartCount"] == 1
+    assert status["lastState"]["terminated"]["exitCode"] == 3
+    previous = cluster.kubectl("logs", "inplace-master-0", "-n", namespace, "-p").stdout
+    assert "run 1 fails" in previous and "run 2" not in previous
+    cluster.kubectl(
+        "exec", "inplace-master-0", "-n", namespace, "--",
+        "python", "-c", "open('/state/go', 'w')",
+    )  # fmt: skip
     _wait("job Succeeded", lambda: _job_condition(cluster, namespace, "inplace", "Succeeded"), 120)
     pod = _get(cluster, "pod", "inplace-master-0", "-n", namespace)
     status = pod["status"]["containerStatuses"][0]
-    assert status["restartCount"] == 1
-    assert status["lastState"]["terminated"]["exitCode"] == 3
-    assert status["state"]["terminated"]["exitCode"] == 0
+    assert (status["restartCount"], status["state"]["terminated"]["exitCode"]) == (1, 0)
     assert "run 2 ok" in cluster.kubectl("logs", "inplace-master-0", "-n", namespace).stdout
-    previous = cluster.kubectl("logs", "inplace-master-0", "-n", namespace, "-p").stdout
-    assert "run 1 fails" in previous
 
 
 def test_logs_follow_streams_and_ends_when_the_container_exits(real_node, namespace):

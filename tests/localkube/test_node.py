@@ -257,9 +257,9 @@ def test_pytorchjob_master_name_resolves_through_the_operators_service(real_node
         "metadata": {"name": job, "namespace": ns},
         "spec": {
             "pytorchReplicaSpecs": {
-                # The master ends once it sees the worker, which stays up a while after it
-                # resolved the master (a finished pod leaves its Service's endpoints).
-                "Master": replica(lookup.format(f"{job}-worker-0") + "exit 0"),
+                # A finished pod leaves its Service's endpoints: the master stays 10 s after it
+                # sees the worker (its own lookup comes after that), the worker 10 s after.
+                "Master": replica(lookup.format(f"{job}-worker-0") + "sleep 10"),
                 "Worker": replica(lookup.format("$MASTER_ADDR") + "sleep 10"),
             }
         },

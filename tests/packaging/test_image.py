@@ -390,12 +390,11 @@ def test_make_image_builds_here_on_the_stand_in_base(built_image):
 def test_a_code_change_reaches_the_image(built_image, tmp_path, monkeypatch):
     """Build again after changing one trainer file (in a copy of the build context): the new code
     is in the image. Guards against buildah's layer cache, which would reuse the old install."""
-    for name in ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, tmp_path / name)
-    for package in ("trainer", "controller"):
-        shutil.copytree(
-            ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__")
-        )
+    # The context .dockerignore lets through (the one list the build uses), and the Dockerfile.
+    for path in [ROOT / "Dockerfile", ROOT / ".dockerignore", *images.context_files()]:
+        copy = tmp_path / path.relative_to(ROOT)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, copy)
     marker = uuid.uuid4().hex
     (tmp_path / "trainer" / "_code_change.py").write_text(f"MARKER = {marker!r}\n")
     monkeypatch.setattr(images, "ROOT", tmp_path)
