@@ -60,7 +60,9 @@ demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 #    in the background while the tests that need neither run (logged to $(BUILD_LOG));
 # 3. ruff; 4. the tests on the local cluster and on what was built, on $(TEST_WORKERS) workers
 #    (each test has its own namespace; most of their time is pods starting and training);
-# 5. the few that restart the API server or stop the node (marker `disruptive`), alone.
+# 5. alone: the few that restart the API server or stop the node (marker `disruptive`), and the
+#    examples as written, whose pods ask the node's every CPU (`whole_node`: beside the others
+#    they held the node while the others' pods waited past their tests' timeouts).
 # Every phase runs even when one before failed, so one run shows every failure.
 # Without root or apt the node's packages cannot be installed: the suite still runs, and the tests
 # that need the real node fail with one line that says why.
@@ -77,10 +79,11 @@ test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, 
 	wait $$builds || { tail -n 40 $(BUILD_LOG); rc=1; }; t2=$$SECONDS; \
 	grep -E "^\[(cluster|images)\] (built|wheelhouse)" $(BUILD_LOG) || true; \
 	$(PY) -m ruff check . || rc=1; \
-	$(PYTEST) -n $(TEST_WORKERS) -m "(cluster or built) and not disruptive" || rc=1; t3=$$SECONDS; \
-	$(PYTEST) -m disruptive || rc=1; t4=$$SECONDS; \
+	$(PYTEST) -n $(TEST_WORKERS) -m "(cluster or built) and not (disruptive or whole_node)" \
+		|| rc=1; t3=$$SECONDS; \
+	$(PYTEST) -m "disruptive or whole_node" || rc=1; t4=$$SECONDS; \
 	echo "make test: offline tests $$((t1-t0))s, builds done at $$((t2-t0))s, cluster and" \
-		"image tests $$((t3-t2))s, disruptive tests $$((t4-t3))s; total $$((t4-t0))s"; \
+		"image tests $$((t3-t2))s, tests run alone $$((t4-t3))s; total $$((t4-t0))s"; \
 	exit $$rc
 
 test-images: venv  ## make images for make test: where they cannot be built, the image tests say why

@@ -53,6 +53,7 @@ def test_every_example_and_the_chart_name_the_image_the_cluster_holds():
 
 
 @pytest.mark.slow
+@pytest.mark.whole_node
 def test_the_trainjob_example_as_written_succeeds(cluster, namespace):
     example = REPO / "examples" / "trainjob.yaml"
     assert yaml.safe_load(example.read_text())["image"] == images.published_ref()
@@ -68,6 +69,7 @@ def test_the_trainjob_example_as_written_succeeds(cluster, namespace):
 
 
 @pytest.mark.slow
+@pytest.mark.whole_node
 def test_helm_install_of_a_rendered_example_succeeds(cluster, namespace, tmp_path: Path):
     """`helm install` with the values `render --values` writes for the quickstart: the chart's
     job, the example's image name."""

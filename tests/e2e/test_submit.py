@@ -21,6 +21,7 @@ from tests.e2e.helpers import (
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
+@pytest.mark.whole_node
 def test_quickstart_submit_wait_follow_succeeds(real_node, namespace, tmp_path):
     # The example as written (its image name included: the cluster holds this checkout's image
     # under it), only shorter.
