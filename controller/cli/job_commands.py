@@ -143,6 +143,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             on_change=_announce,
             history=seen,
+            say=_say,
         )
         return _outcome(cluster, job, namespace, seen)
     return 0
@@ -161,7 +162,7 @@ def _follow_to_end(
     import time
 
     from controller.jobs.follow import RankFollower
-    from controller.jobs.wait import WaitTimeout
+    from controller.jobs.wait import timeout_error
     from controller.progress import Progress
 
     with Progress(sys.stdout, label=name) as progress:
@@ -171,10 +172,8 @@ def _follow_to_end(
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         job = follower.follow(deadline)
     if job is None:
-        raise WaitTimeout(
-            f"submit: job {namespace}/{name} has not ended after {timeout_s:g} s",
-            name=name,
-            namespace=namespace,
+        raise timeout_error(
+            "submit", namespace, name, timeout_s, follower.state, follower.waiting()
         )
     return _outcome(cluster, job, namespace)
 
@@ -195,6 +194,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         on_change=_announce,
         history=seen,
+        say=_say,
     )
     return _outcome(cluster, job, namespace, seen)
 
@@ -203,7 +203,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     import json
 
     from controller.cli.table import format_table
-    from controller.jobs.explain import format_progress
+    from controller.jobs.explain import format_progress, format_reported
     from controller.jobs.status import job_status
 
     cluster = _cluster(args)
@@ -239,27 +239,31 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"rank 0: pod {st['rank0_pod']} (the rendezvous placed it)")
     if st["progress"]:
         print(f"progress: {format_progress(st['progress'])}")
+    if st["reported_progress"]:
+        print(f"reported in the {st['kind']}: {format_reported(st['reported_progress'])}")
     return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
     import time
 
-    from controller.errors import Unreachable, UserError
-    from controller.jobs.explain import is_elastic, pending_reason
+    from controller.errors import NotFound, UserError
+    from controller.jobs.explain import is_elastic
     from controller.jobs.follow import RankFollower
-    from controller.kube.logstream import LogStreamBroken
+    from controller.jobs.wait import timeout_error
 
+    since_time = _since_time(args.since)
+    if args.tail is not None and args.tail < 0:
+        raise UserError(f"--tail: must be 0 or more (got {args.tail}). Drop it for every line")
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
     kind, job = _find(args, cluster, namespace)  # NotFound early, in plain words
     elastic = is_elastic(job)
-    if elastic and args.rank != 0:
+    if elastic and args.rank != 0 and not args.all:
         raise UserError(
             f"--rank: job {namespace}/{args.name} is elastic: the rendezvous numbers its nodes, "
             f"so only rank 0 can be found (got --rank {args.rank}). See every worker with "
-            f"`kubectl logs -l {kind.pods_selector(args.name)} -c {kind.container} "
-            f"-n {namespace} --prefix`"
+            f"`{CLI} logs {args.name} -n {namespace} --all`"
         )
     if args.follow:
         out = sys.stdout
@@ -269,42 +273,120 @@ def cmd_logs(args: argparse.Namespace) -> int:
             out.flush()
 
         follower = RankFollower(
-            cluster, namespace, args.name, args.rank, emit, _say, kind, elastic=elastic
+            cluster,
+            namespace,
+            args.name,
+            args.rank,
+            emit,
+            _say,
+            kind,
+            elastic=elastic,
+            every=args.all,
+            tail_lines=args.tail,
+            since_time=since_time,
         )
         deadline = None if args.timeout is None else time.monotonic() + args.timeout
-        job = follower.follow(deadline)
-        return 0 if job is not None else 1
-    pod = _rank_pod(cluster, kind, job, namespace, args.rank)
-    if pod.get("status", {}).get("phase") == "Pending":
-        events = cluster.list_events(namespace)
-        _say(f"logs: {pod['metadata']['name']} is pending: {pending_reason(pod, events)}")
+        if follower.follow(deadline) is None:
+            raise timeout_error(
+                "logs", namespace, args.name, args.timeout, follower.state, follower.waiting()
+            )
         return 0
-    pod_name = pod["metadata"]["name"]
+    rank0 = None if args.all else _rank_pod(cluster, kind, job, namespace, args.rank)
+    if rank0 is not None:
+        _print_log(cluster, kind, rank0, namespace, args, since_time, prefix="")
+        return 0
+    if not args.all:  # elastic, and no worker's log shows the trainer's events
+        _say(
+            f"logs: no worker of job {namespace}/{args.name} shows the trainer's start event "
+            "(a script of your own?): every worker's log, each line after its pod's name"
+        )
+    pods = cluster.list_pods(namespace, kind.pods_selector(args.name))
+    if not pods:
+        raise NotFound(
+            f"logs: job {namespace}/{args.name} has no pod (got none with "
+            f"{kind.pods_selector(args.name)}). See `{CLI} status {args.name} -n {namespace}`"
+        )
+    for pod in sorted(pods, key=lambda p: (kind.node_rank(p), p["metadata"]["name"])):
+        label = pod["metadata"]["name"] if elastic else f"rank {kind.node_rank(pod)}"
+        _print_log(cluster, kind, pod, namespace, args, since_time, prefix=f"[{label}] ")
+    return 0
+
+
+def _since_time(text: str | None) -> str | None:
+    """``--since 10m`` as an RFC 3339 time (UTC, whole seconds, rounded down): what kubectl's
+    ``--since`` takes, a Go duration (``30s``, ``5m``, ``1h30m``, ``1.5h``)."""
+    import re
+    from datetime import datetime, timedelta, timezone
+
+    from controller.errors import UserError
+
+    if text is None:
+        return None
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise UserError(
+            f"--since: not a duration (got {text!r}). Give a number and a unit: 30s, 5m, 1h30m"
+        )
+    seconds = sum(float(n) * units[u] for n, u in parts)
+    when = datetime.now(timezone.utc) - timedelta(seconds=seconds)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _print_log(
+    cluster: Cluster,
+    kind: JobKind,
+    pod: dict[str, Any],
+    namespace: str,
+    args: argparse.Namespace,
+    since_time: str | None,
+    *,
+    prefix: str,
+) -> None:
+    """One pod's log (not followed), as it comes: memory stays flat whatever its size; each
+    line after ``prefix``."""
+    from controller.errors import ClusterError, Unreachable
+    from controller.jobs.why import job_events, pending_reason
+    from controller.kube.logstream import LogStreamBroken
+
+    name = pod["metadata"]["name"]
+    if pod.get("status", {}).get("phase") == "Pending":
+        try:
+            events = job_events(args.name, cluster.list_events(namespace))
+        except ClusterError:
+            events = []
+        _say(f"logs: {name} is pending: {pending_reason(pod, events) or 'no reason reported yet'}")
+        return
     try:
         stream = cluster.stream_log(
-            pod_name,
+            name,
             namespace,
             container=kind.container,
             follow=False,
             timestamps=False,
             tail_lines=args.tail,
+            since_time=since_time,
         )
         try:
-            for batch in stream.batches():  # as it comes: memory stays flat whatever the size
-                sys.stdout.write("\n".join(batch) + "\n")
+            for batch in stream.batches():
+                sys.stdout.write("\n".join(prefix + line for line in batch) + "\n")
         finally:
             stream.close()
     except LogStreamBroken as e:
         raise Unreachable(
-            f"logs: the log of pod {namespace}/{pod_name} broke off (got {e})", reason="NoAnswer"
+            f"logs: the log of pod {namespace}/{name} broke off (got {e})", reason="NoAnswer"
         ) from None
-    return 0
+    except ClusterError as e:
+        if getattr(e, "reason", "") != "NoLogYet":
+            raise
+        _say(f"logs: {name} has no log yet ({e})")
 
 
 def _rank_pod(
     cluster: Cluster, kind: JobKind, job: dict[str, Any], namespace: str, rank: int
-) -> dict[str, Any]:
-    """The pod of node ``rank`` (rank 0 of an elastic job: where the rendezvous put it)."""
+) -> dict[str, Any] | None:
+    """The pod of node ``rank`` (rank 0 of an elastic job: where the rendezvous put it; None
+    when no worker's log shows it)."""
     from controller.errors import NotFound
     from controller.jobs.explain import is_elastic
     from controller.jobs.rank0 import rank0_pod
@@ -312,13 +394,9 @@ def _rank_pod(
     name = job["metadata"]["name"]
     if rank == 0:
         pod, _ = rank0_pod(cluster, namespace, job, kind, scan=True)
-        if pod is not None:
+        if pod is not None or is_elastic(job):
             return pod
-        got = (
-            "no worker whose log shows the trainer's events yet"
-            if is_elastic(job)
-            else f"none with {kind.rank_selector(name, 0)}"
-        )
+        got = f"none with {kind.rank_selector(name, 0)}"
     else:
         selector = kind.rank_selector(name, rank)
         pods = cluster.list_pods(namespace, selector)
@@ -354,15 +432,19 @@ def cmd_list(args: argparse.Namespace) -> int:
         what = " or ".join(f"{k.api.kind}s" for k in served)
         print(f"no {what} in {namespace}" + (f" with {args.selector}" if args.selector else ""))
         return 0
-    rows = [["NAME", "KIND", "STATUS", "NODES", "AGE"]]
+    rows = [["NAME", "KIND", "STATUS", "NODES", "PROGRESS", "AGE"]]
     for kind, job in sorted(found, key=lambda kj: (kj[1]["metadata"]["name"], kj[0].name)):
         nodes = kind.nodes(job)
+        # The job's own record of its progress (a TrainJob's trainerStatus): no log is read.
+        reported = kind.reported_progress(job) or {}
+        percent = reported.get("progressPercentage")
         rows.append(
             [
                 job["metadata"]["name"],
                 kind.api.kind,
                 kind.condition(job),
                 "?" if nodes is None else str(nodes),
+                "-" if percent is None else f"{percent}%",
                 age(job["metadata"].get("creationTimestamp")),
             ]
         )
@@ -505,7 +587,20 @@ def add_commands(sub: Any) -> None:
         help="node rank: 0 = master (TrainJob: node 0; elastic jobs: the worker running global "
         "rank 0), i = worker i-1 (node i) (default 0)",
     )
-    p.add_argument("--tail", type=int, metavar="N", help="without -f: only the last N lines")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="every pod of the job at once, each line after its rank ([rank 1]; the pod's "
+        "name in an elastic job)",
+    )
+    p.add_argument(
+        "--tail", type=int, metavar="N", help="only the last N lines of each log (-f: then on)"
+    )
+    p.add_argument(
+        "--since",
+        metavar="DURATION",
+        help="only lines newer than this, as kubectl's --since: 30s, 5m, 1h30m",
+    )
     p.add_argument("--timeout", type=float, metavar="S", help="with -f: give up (exit 1)")
     p.set_defaults(func=cmd_logs)
 

@@ -130,6 +130,11 @@ class JobKind:
         """Objects between the job and its pods whose events say why pods are missing."""
         return (job_name,)
 
+    def reported_progress(self, job: dict[str, Any]) -> dict[str, Any] | None:
+        """The progress the job's own status carries (what the training pods reported to the
+        job's controller), or None: only a TrainJob has such a field."""
+        return None
+
     def build_failures(self, job_name: str, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Warning events of the job (and what its controller made) about creating its pods."""
         owners = self.owners(job_name)
@@ -262,6 +267,12 @@ class TrainJobKind(JobKind):
             if c.get("type") == "Suspended" and c.get("status") == "False":
                 return c.get("lastTransitionTime")
         return job.get("metadata", {}).get("creationTimestamp")
+
+    def reported_progress(self, job: dict[str, Any]) -> dict[str, Any] | None:
+        """``status.trainerStatus`` (Trainer v2.2+, feature gate TrainJobStatus, KEP-2779):
+        ``progressPercentage``, ``estimatedRemainingSeconds``, ``metrics`` (name/value strings)
+        and ``lastUpdatedTime``, as rank 0 last posted them (``trainer/progress_api.py``)."""
+        return job.get("status", {}).get("trainerStatus") or None
 
     def owners(self, job_name: str) -> tuple[str, ...]:
         # The TrainJob and its JobSet share the name (TrainJobResourcesCreationFailed is the

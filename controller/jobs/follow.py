@@ -28,7 +28,6 @@ up to ``HELD_LINES``, and printed first.
 from __future__ import annotations
 
 import json
-import queue
 import threading
 import time
 from collections import deque
@@ -38,24 +37,26 @@ from typing import Any
 
 from controller.errors import ClusterError, Forbidden, NotFound, Unreachable
 from controller.jobs.apis import PYTORCHJOB_KIND, JobKind
-from controller.jobs.explain import container_status, job_terminal, pending_reason
+from controller.jobs.explain import container_status, job_terminal
+from controller.jobs.watches import JobWatches
+from controller.jobs.why import Waiting, WaitNotes
 from controller.kube.client import Cluster
 from controller.kube.logstream import LogStreamBroken
 from controller.kube.watch import RESYNC
-from controller.kubeflow import LABEL_JOB_NAME, LABEL_REPLICA_TYPE
+from controller.kubeflow import LABEL_REPLICA_TYPE
 
-# While a pod stays pending with no reason on the pod itself, look at events this often.
-PENDING_EVENTS_EVERY_S = 5.0
 # After the job ended, wait this long for the followed container to be reported terminated.
 END_GRACE_S = 15.0
 # A finished run's stream is closed once it has been quiet this long (at most QUIET_MAX_S).
 QUIET_S, QUIET_MAX_S = 0.5, 3.0
 # A finished run's last read is tried again this often when it breaks off (API server restart).
 FINAL_READ_TRIES = 20
-# When the followed rank has printed nothing this long, look for Warning events of the job.
-QUIET_JOB_S = 10.0
 # Elastic jobs: lines a worker printed before its start event, kept in case it is rank 0.
 HELD_LINES = 1000
+# Elastic jobs: when no worker has printed the trainer's start event this long after the first
+# line was held back (or by the end of the job), rank 0 cannot be told: every worker is printed.
+# ddpjob's trainer prints it once the rendezvous is complete, seconds after torchrun's banner.
+FALLBACK_S = 30.0
 # How global rank 0 announces itself (trainer/train.py, the `start` event; keys only added).
 START_PREFIX = '{"event": "start"'
 
@@ -182,7 +183,16 @@ _SECOND = "%Y-%m-%dT%H:%M:%S"
 class _Run:
     """One container run being followed: its cursor, its reader thread, its stream."""
 
-    def __init__(self, pod: str, uid: str, restart: int, *, ended: bool = False):
+    def __init__(
+        self,
+        pod: str,
+        uid: str,
+        restart: int,
+        *,
+        ended: bool = False,
+        prefix: str = "",
+        tail_lines: int | None = None,
+    ):
         self.pod, self.uid, self.restart = pod, uid, restart
         self.cursor = LineCursor(timestamps=not ended)  # an ended run's log is read once
         self.lock = threading.Lock()
@@ -192,20 +202,36 @@ class _Run:
         self.done = False
         self.last_line_at = time.monotonic()  # when the stream last delivered a line
         self.held: deque[str] = deque(maxlen=HELD_LINES)  # elastic: not (yet) rank 0's lines
+        self.prefix = prefix  # what starts each line when every rank is printed
+        self.tail_lines = tail_lines  # --tail: the first read gives only the last N lines
 
     @property
     def key(self) -> tuple[str, int]:
         return (self.uid, self.restart)
 
+    def first_read(self) -> int | None:
+        """``tailLines`` for a read: the tail asked for, until a line has been printed."""
+        return self.tail_lines if self.cursor.count == 0 else None
+
 
 class RankFollower:
-    """Follow the pod of one node rank of a job until the job ends.
+    """Follow the pod of one node rank of a job (or, with ``every``, every pod of it) until the
+    job ends.
 
     ``emit(lines)`` gets the log lines (without their timestamps) in batches, from reader
-    threads but never concurrently; ``say(text)`` gets status notes (pending reasons,
+    threads but never concurrently; ``say(text)`` gets status notes (why a pod does not run,
     re-attaching). ``kind`` is the job's API (``controller.jobs.apis``): how to find the rank's
     pod and its container. ``elastic``: the job has Workers only and rank 0 (the only rank it can
-    follow) is wherever the rendezvous put it.
+    follow) is wherever the rendezvous put it; when no worker shows the trainer's ``start``
+    event (a script of the user's own) every worker is followed instead (``FALLBACK_S``).
+    ``every``: each line starts with its pod's node rank (``[rank 1] ``), or its pod's name
+    where the rank is the rendezvous's.
+
+    ``tail_lines`` (``--tail``): of the runs already there, only the last N lines;
+    ``since_time`` (RFC 3339, ``--since``): no line stamped before it.
+
+    Why nothing runs is said as it changes, for every pod of the job (``why.WaitNotes``): the
+    job, all its pods and the namespace's events are watched (``JobWatches``).
     """
 
     def __init__(
@@ -219,60 +245,44 @@ class RankFollower:
         kind: JobKind = PYTORCHJOB_KIND,
         *,
         elastic: bool = False,
+        every: bool = False,
+        tail_lines: int | None = None,
+        since_time: str | None = None,
     ):
-        if elastic and rank != 0:
+        if elastic and rank != 0 and not every:
             raise ValueError("an elastic job's node ranks are the rendezvous's: follow rank 0")
         self.cluster, self.namespace, self.job, self.rank = cluster, namespace, job, rank
         self.kind = kind
-        self.emit, self.say, self.elastic = emit, say, elastic
+        self.emit, self.say, self.elastic, self.every = emit, say, elastic, every
+        self.tail_lines, self.since_time = tail_lines, since_time
         self.runs: dict[tuple[str, int], _Run] = {}
         self.latest: dict[str, _Run] = {}  # pod name -> its newest run
         self.lead: _Run | None = None  # elastic: the run printing as rank 0
-        self.events: queue.Queue[tuple[str, str, dict[str, Any]]] = queue.Queue()
+        self.fallback = False  # elastic: no rank 0 found, every worker is printed
+        self.notes = WaitNotes(kind, job)
+        self.state: str | None = None  # the job's condition, as last seen
         self._emit_lock = threading.Lock()
-        self._last_pending = ""
-        self._stopped = threading.Event()
-        self._warned: set[str] = set()
-        self._last_line_at = time.monotonic()
+        self._listing = True  # the pod watch's first list has not ended: runs there already
+        self._held_since: float | None = None  # elastic: when a line was first held back
         self.lines = 0
 
     # -- selection -------------------------------------------------------------------------
 
-    def _selector(self) -> str:
+    def follows(self, pod: dict[str, Any]) -> bool:
+        """Whether ``pod``'s log is followed (every pod of the job is watched, for notes)."""
+        if self.every:
+            return True
         if self.elastic:
-            return f"{LABEL_JOB_NAME}={self.job},{LABEL_REPLICA_TYPE}=worker"
-        return self.kind.rank_selector(self.job, self.rank)
+            labels = pod.get("metadata", {}).get("labels") or {}
+            return labels.get(LABEL_REPLICA_TYPE) == "worker"
+        return self.kind.node_rank(pod) == self.rank
+
+    def _prefix(self, pod: dict[str, Any]) -> str:
+        if self.elastic:  # the rendezvous numbers the ranks: the pod names them
+            return f"[{pod['metadata']['name']}] "
+        return f"[rank {self.kind.node_rank(pod)}] "
 
     # -- threads feeding the main loop ------------------------------------------------------
-
-    def _watch_into_queue(self, kind: str, **kwargs: Any) -> None:
-        try:
-            api = {"api": self.kind.api} if kind == "job" else {}
-            for etype, obj in self.cluster.watch(kind, self.namespace, **api, **kwargs):
-                if self._stopped.is_set():  # follow() returned: end at the next event
-                    return
-                if etype == RESYNC:
-                    if kind == "job" and obj.get("count") == 0:
-                        self.events.put(("job", "DELETED", {}))
-                    elif kind == "pod":
-                        self.events.put(("pod", RESYNC, obj))
-                    continue
-                self.events.put((kind, etype, obj))
-        except Exception as e:  # surfaces in the main loop
-            self.events.put(("error", kind, {"error": e}))
-
-    def _start_watches(self) -> None:
-        for kind, kwargs in (
-            ("job", {"field_selector": f"metadata.name={self.job}"}),
-            ("pod", {"selector": self._selector()}),
-        ):
-            threading.Thread(
-                target=self._watch_into_queue,
-                args=(kind,),
-                kwargs=kwargs,
-                daemon=True,
-                name=f"watch-{kind}",
-            ).start()
 
     def _read(self, run: _Run) -> None:
         """Reader thread: stream the run's log, re-attaching until told to stop."""
@@ -283,7 +293,8 @@ class RankFollower:
                     run.pod,
                     self.namespace,
                     container=self.kind.container,
-                    since_time=run.cursor.since(),
+                    since_time=run.cursor.since() or self.since_time,
+                    tail_lines=run.first_read(),
                 )
             except (LogStreamBroken, ClusterError) as e:
                 failures += 1
@@ -317,10 +328,10 @@ class RankFollower:
     def _offer(
         self, run: _Run, batch: list[str], *, final: bool = False, end: bool = False
     ) -> None:
-        """Lines read from ``run``'s log: print the new ones (elastic: if ``run`` is rank 0's).
-        Once the run is stopped only its final read may offer (a slow reader thread may not);
-        ``end``: that read delivered all there is."""
-        run.last_line_at = self._last_line_at = time.monotonic()
+        """Lines read from ``run``'s log: print the new ones (elastic: if ``run`` is rank 0's;
+        every rank: each with its run's prefix). Once the run is stopped only its final read
+        may offer (a slow reader thread may not); ``end``: that read delivered all there is."""
+        run.last_line_at = time.monotonic()
         with run.lock:
             if run.stop.is_set() and not final:
                 return
@@ -330,7 +341,9 @@ class RankFollower:
             if not new:
                 return
             with self._emit_lock:
-                if self.elastic:
+                if self.every:
+                    new = [run.prefix + line for line in new]
+                elif self.elastic:
                     new = self._as_rank0(run, new)
                 if new:
                     self.lines += len(new)
@@ -338,27 +351,69 @@ class RankFollower:
 
     def _as_rank0(self, run: _Run, new: list[str]) -> list[str]:
         """Elastic jobs: the part of ``new`` to print. A run whose log shows a ``start`` event
-        hosts global rank 0 from there on; it prints what it held first."""
-        starts = [i for i, text in enumerate(new) if text.startswith(START_PREFIX)]
-        if not starts:
-            if run is self.lead:
-                return new
-            run.held.extend(new)
-            return []
+        hosts global rank 0 from there on; it prints what it held first. Until one does, lines
+        are held back; in the fallback (``FALLBACK_S``) every worker's lines are printed, each
+        with its pod's name. Called with the emit lock held."""
         if run is self.lead:
             return new
+        starts = [i for i, text in enumerate(new) if text.startswith(START_PREFIX)]
+        if not starts:
+            if self.lead is None and self.fallback:
+                return [run.prefix + line for line in new]
+            if self.lead is None and len(run.held) + len(new) > HELD_LINES:
+                # More lines than can be held and still no rank 0: not ddpjob's trainer.
+                return self._fall_back() + [run.prefix + line for line in new]
+            run.held.extend(new)
+            if self._held_since is None:
+                self._held_since = time.monotonic()
+            return []
         cut = starts[0]
-        run.held.extend(new[:cut])
-        out = [*run.held, *new[cut:]]
+        before = [*run.held, *new[:cut]]
         run.held.clear()
+        out = [run.prefix + line for line in before] if self.fallback else before
+        out += new[cut:]
         previous, self.lead = self.lead, run
         where = _start_hostname(new[starts[-1]])
         self.say(
             f"logs: global rank 0 is in pod {run.pod}"
             + (f" (hostname {where})" if where and where != run.pod else "")
             + (f"; it was in {previous.pod}" if previous is not None else "")
+            + ("; following it alone" if self.fallback else "")
         )
+        self.fallback = False
         return out
+
+    def _fall_back(self) -> list[str]:
+        """Elastic jobs whose rank 0 no log shows: from now on print every worker's lines, each
+        after its pod's name; returns the lines each run held, in pod order. Called with the
+        emit lock held."""
+        self.fallback = True
+        self.say(
+            "logs: no worker has printed the trainer's start event (a script of your own?): "
+            "following every worker, each line after its pod's name"
+        )
+        out: list[str] = []
+        for r in sorted(self.runs.values(), key=lambda r: (r.pod, r.restart)):
+            out += [r.prefix + line for line in r.held]
+            r.held.clear()
+        return out
+
+    def _maybe_fall_back(self, *, ended: bool = False) -> None:
+        """Elastic jobs: fall back to every worker when no rank 0 showed itself for
+        ``FALLBACK_S`` after the first line held back, or at all by the job's end."""
+        if not self.elastic or self.every or self.lead is not None or self.fallback:
+            return
+        if self._held_since is None:
+            return
+        if not ended and time.monotonic() - self._held_since < FALLBACK_S:
+            return
+        with self._emit_lock:
+            if self.lead is not None or self.fallback:
+                return
+            lines = self._fall_back()
+            if lines:
+                self.lines += len(lines)
+                self.emit(lines)
 
     # -- run lifecycle ---------------------------------------------------------------------
 
@@ -369,14 +424,22 @@ class RankFollower:
         if key in self.runs:
             return
         ended = _terminated(pod)
-        run = _Run(meta["name"], meta["uid"], restart, ended=ended)
+        run = _Run(
+            meta["name"],
+            meta["uid"],
+            restart,
+            ended=ended,
+            prefix=self._prefix(pod),
+            tail_lines=self.tail_lines if self._listing else None,
+        )
+        attempt = 1 + sum(1 for r in self.runs.values() if r.pod == run.pod or not self.every)
         self.runs[key] = run
         before = self.latest.get(run.pod)
         if before is not None and not before.done:
             self._finish(before, previous=before.uid == run.uid)
         self.latest[run.pod] = run
-        if self.lines and not self.elastic:
-            self.say(f"logs: following {run.pod} (attempt {len(self.runs)})")
+        if self.lines and not self.elastic and attempt > 1:
+            self.say(f"logs: following {run.pod} (attempt {attempt})")
         if ended:  # ended already: one read of its log is all it takes
             return
         run.thread = threading.Thread(
@@ -421,14 +484,17 @@ class RankFollower:
     def _read_to_end(self, run: _Run, previous: bool) -> None:
         """One read of the run's log (not followed), from where the cursor can resume."""
         timestamps = run.cursor.timestamps
+        since = (run.cursor.since() if timestamps else None) or self.since_time
         stream = self.cluster.stream_log(
             run.pod,
             self.namespace,
             container=self.kind.container,
             previous=previous,
             follow=False,
-            since_time=run.cursor.since() if timestamps else None,
+            since_time=since,
             timestamps=timestamps,
+            # Without timestamps the cursor skips by count: every read must cover the same lines.
+            tail_lines=run.tail_lines if not timestamps else run.first_read(),
         )
         with run.lock:
             run.cursor.restart_pass()
@@ -453,47 +519,53 @@ class RankFollower:
 
     # -- main loop -------------------------------------------------------------------------
 
+    def waiting(self) -> list[Waiting]:
+        """What keeps the job from running, as last seen (for a timeout's message)."""
+        return self.notes.current()
+
     def follow(self, deadline: float | None = None) -> dict[str, Any] | None:
         """Follow until the job ends (returns the job) or ``deadline`` (returns None)."""
-        self._start_watches()
+        watches = JobWatches(
+            self.cluster, self.kind, self.job, self.namespace, deadline=deadline
+        ).start()
         try:
-            return self._follow(deadline)
+            return self._follow(watches, deadline)
         finally:
-            self._stopped.set()
+            watches.stop()
             for run in self.runs.values():
                 run.stop.set()
                 if run.stream is not None:
                     run.stream.close()
 
-    def _follow(self, deadline: float | None) -> dict[str, Any] | None:
+    def _follow(self, watches: JobWatches, deadline: float | None) -> dict[str, Any] | None:
         job: dict[str, Any] | None = None
-        pods: dict[str, dict[str, Any]] = {}  # uid -> the pod as last seen
+        pods: dict[str, dict[str, Any]] = {}  # uid -> the followed pod as last seen
         ended_at: float | None = None
         pods_listed = False  # the pod watch's first list has been seen
-        next_events = time.monotonic() + PENDING_EVENTS_EVERY_S
         while True:
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
+            if deadline is not None and time.monotonic() >= deadline:
                 return None
-            timeout = 0.5 if ended_at is not None else 1.0
-            try:
-                kind, etype, obj = self.events.get(timeout=timeout)
-            except queue.Empty:
-                kind, etype, obj = "tick", "", {}
-            if kind == "error":
+            item = watches.get(0.5 if ended_at is not None else 1.0)
+            what, etype, obj = item if item is not None else ("tick", "", {})
+            if what == "error":
                 raise obj["error"]
-            if kind == "job":
-                job = obj if etype != "DELETED" else None
-                if etype == "DELETED":
-                    self._end_all()
-                    raise NotFound(f"logs: job {self.namespace}/{self.job} was deleted")
-                if job_terminal(job) and ended_at is None:
+            if what == "job" and (etype == "DELETED" or (etype == RESYNC and not obj["count"])):
+                self._end_all()
+                raise NotFound(f"logs: job {self.namespace}/{self.job} was deleted")
+            if what == "job" and etype != RESYNC:
+                job = obj
+                self.notes.see_job(obj)
+                self.state = self.kind.condition(obj)
+                if job_terminal(obj) and ended_at is None:
                     ended_at = time.monotonic()
-            elif kind == "pod" and etype == RESYNC:
-                pods_listed = True
-            elif kind == "pod":
+            elif what == "pod" and etype == RESYNC:
+                pods_listed, self._listing = True, False
+            elif what == "pod":
+                self.notes.see_pod(etype, obj)
                 uid = obj["metadata"]["uid"]
-                if etype == "DELETED":
+                if not self.follows(obj):
+                    pass
+                elif etype == "DELETED":
                     pods.pop(uid, None)
                     run = self.latest.get(obj["metadata"]["name"])
                     if run is not None and run.uid == uid:
@@ -501,22 +573,21 @@ class RankFollower:
                 else:
                     pods[uid] = obj
                     self._on_pod(obj)
-            started = [p for p in pods.values() if _started(p)]
-            if not started and time.monotonic() >= next_events:
-                self._explain_pending(next(iter(pods.values()), None))
-                next_events = time.monotonic() + PENDING_EVENTS_EVERY_S
-            elif started and time.monotonic() - self._last_line_at >= QUIET_JOB_S and not ended_at:
-                # Our rank runs but prints nothing: often another replica cannot start (its
-                # pod is refused or unschedulable) and rank 0 waits for it. Say so.
-                self._last_line_at = time.monotonic()
-                self._job_warnings()
-            if ended_at is not None:
+            elif what == "event" and etype != RESYNC:
+                self.notes.see_event(etype, obj)
+            if ended_at is None:
+                for line in self.notes.due(time.monotonic())[0]:
+                    self.say(f"logs: {line}")
+                self._maybe_fall_back()
+            else:
                 settled = pods_listed and all(self._settled(p) for p in pods.values())
                 if settled or time.monotonic() - ended_at > END_GRACE_S:
                     self._end_all()
+                    self._maybe_fall_back(ended=True)
                     if not self.runs:  # say why nothing was printed
+                        whose = "of the job" if self.every else f"of rank {self.rank}"
                         self.say(
-                            f"logs: the job ended and no pod of rank {self.rank} is left to read "
+                            f"logs: the job ended and no pod {whose} is left to read "
                             "(its pods were removed, e.g. by cleanPodPolicy or the TTL)"
                         )
                     return job
@@ -534,41 +605,6 @@ class RankFollower:
             run = self.latest.get(pod["metadata"]["name"])
             if run is not None and run.uid == pod["metadata"]["uid"] and _terminated(pod):
                 self._finish(run)
-        elif not pod.get("metadata", {}).get("deletionTimestamp"):
-            self._explain_pending(pod)
-
-    def _job_warnings(self) -> None:
-        try:
-            events = self.cluster.list_events(self.namespace)
-        except ClusterError:
-            return
-        for e in events:
-            obj = e.get("involvedObject", {}).get("name", "")
-            if e.get("type") != "Warning" or not (
-                obj == self.job or obj.startswith(f"{self.job}-")
-            ):
-                continue
-            key = e.get("metadata", {}).get("uid", "") + str(e.get("count", ""))
-            if key in self._warned:
-                continue
-            self._warned.add(key)
-            self.say(f"logs: {obj}: {e.get('reason', '')}: {e.get('message', '')}")
-
-    def _explain_pending(self, pod: dict[str, Any] | None) -> None:
-        try:
-            events = self.cluster.list_events(self.namespace)
-        except ClusterError:
-            events = []
-        if pod is None:
-            events = [e for e in events if e.get("involvedObject", {}).get("name") == self.job]
-        reason = pending_reason(pod, events)
-        what = pod["metadata"]["name"] if pod else f"the pod of rank {self.rank}"
-        line = f"logs: {what} is pending: {reason}" if reason else ""
-        if pod is None and not reason:
-            line = f"logs: waiting for {what} to be created"
-        if line and line != self._last_pending:
-            self._last_pending = line
-            self.say(line)
 
     def _end_all(self) -> None:
         for run in list(self.runs.values()):

@@ -18,7 +18,6 @@ from controller.jobs.explain import (
     last_termination,
     latest_progress,
     log_excerpt,
-    pending_reason,
     pod_kind,
     replica_rows,
     sort_events,
@@ -26,6 +25,7 @@ from controller.jobs.explain import (
 )
 from controller.jobs.find import find_job
 from controller.jobs.rank0 import rank0_pod
+from controller.jobs.why import job_events, job_waiting
 from controller.kube.client import Cluster
 from controller.kubeflow import RETRYABLE_EXIT_CODES
 
@@ -118,6 +118,8 @@ def job_status(
         "age": age(job["metadata"].get("creationTimestamp")),
         "replicas": [r.as_dict() for r in replica_rows(pods)],
         "progress": None,
+        # What the job's own status says (a TrainJob's trainerStatus, posted by rank 0).
+        "reported_progress": kind.reported_progress(job),
         "pending": [],
     }
     out["pending"] = _pending(cluster, kind, job, pods, namespace)
@@ -148,8 +150,8 @@ def _pending(
 ) -> list[dict[str, str]]:
     """Why each pending pod waits, and why each missing pod was not created (from the events
     of the objects between the job and its pods: ``TrainJobResourcesCreationFailed``,
-    ``FailedCreate``, ...)."""
-    name = job["metadata"]["name"]
+    ``FailedCreate``, ...): ``controller.jobs.why``'s reasons, for the pods not yet running
+    (a running pod's restarts are the replica table's)."""
     waiting = [p for p in pods if p.get("status", {}).get("phase") == "Pending"]
     have = {kind.replica_name(p) for p in pods}
     missing = [r for r in kind.expected_replicas(job) if r not in have]
@@ -157,16 +159,17 @@ def _pending(
         missing = []  # ended, or suspended on purpose: no pods is no news
     if not (waiting or missing):
         return []
-    events = cluster.list_events(namespace)
-    mine = [e for e in events if e.get("involvedObject", {}).get("name", "").startswith(name)]
-    out = [{"pod": pod["metadata"]["name"], "reason": pending_reason(pod, mine)} for pod in waiting]
-    owner_events = kind.build_failures(name, mine)
-    for replica in missing:  # the controller could not create it: its events say why
-        pod_name = kind.pod_name_of(name, replica)
-        about = [e for e in owner_events if pod_name in (e.get("message") or "")]
-        reason = pending_reason(None, about or owner_events) or "not created yet"
-        out.append({"pod": pod_name, "reason": f"no pod: {reason}"})
-    return out
+    events = job_events(job["metadata"]["name"], cluster.list_events(namespace))
+    reasons = job_waiting(kind, job, pods, events)
+    pending = {p["metadata"]["name"] for p in waiting}
+    return [
+        {
+            "pod": kind.pod_name_of(job["metadata"]["name"], w.subject) if w.missing else w.subject,
+            "reason": w.text(),
+        }
+        for w in reasons
+        if w.pod in pending or w.missing
+    ]
 
 
 def outcome(

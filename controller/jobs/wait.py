@@ -7,21 +7,19 @@ answer.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from controller.errors import DdpjobError, NotFound
 from controller.jobs.apis import PYTORCHJOB_KIND, JobKind
+from controller.jobs.watches import JobWatches
+from controller.jobs.why import Waiting, WaitNotes
 from controller.kube.client import Cluster
 from controller.kube.watch import RESYNC
 
 if TYPE_CHECKING:
     from controller.jobs.status import PodHistory
-
-#: After the job ended, how long the pod recorder may take to finish what it was reading.
-RECORDER_GRACE_S = 5.0
 
 
 def job_count(etype: str, obj: dict[str, Any]) -> int | None:
@@ -57,44 +55,78 @@ def wait_for_job(
     timeout_s: float | None = None,
     on_change: Callable[[dict[str, Any]], None] | None = None,
     history: PodHistory | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Block until the job is Succeeded or Failed; returns the job. NotFound if it vanishes,
-    WaitTimeout after ``timeout_s``. ``on_change(job)`` sees each new condition.
+    WaitTimeout after ``timeout_s`` (with what keeps the job from running). ``on_change(job)``
+    sees each new condition.
 
-    With ``history``, a second watch records the job's pods meanwhile (their last state and the
-    log tail of each failed run), for the failure report once pods are gone.
+    The job, its pods and the namespace's events are watched (``JobWatches``). With ``say``,
+    why the job does not run is said as it changes (``controller.jobs.why.WaitNotes``: a
+    problem at once, a step once it lasts). With ``history``, the pods are recorded meanwhile
+    (their last state and the log tail of each failed run), for the failure report once pods
+    are gone.
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     last = None
     seen = False
-    recorder = _PodRecorder(cluster, kind, name, namespace, history, deadline)
+    notes = WaitNotes(kind, name)
+    next_note: float | None = None
+    watches = JobWatches(cluster, kind, name, namespace, deadline=deadline).start()
     try:
-        for etype, job in cluster.watch(
-            "job",
-            namespace,
-            field_selector=f"metadata.name={name}",
-            deadline=deadline,
-            api=kind.api,
-        ):
-            if etype == RESYNC:
-                if job_count(etype, job) == 0:
-                    if not seen:
-                        cluster.get_job(name, namespace, api=kind.api)  # NotFound, as said
-                    raise NotFound(f"wait: job {namespace}/{name} was deleted before it ended")
-                continue
-            if etype == "DELETED":
-                raise NotFound(f"wait: job {namespace}/{name} was deleted before it ended")
-            seen = True
-            cond = kind.condition(job)
-            if cond != last and on_change is not None:
-                on_change(job)
-            last = cond
-            if kind.terminal(job):
-                return job
+        while deadline is None or time.monotonic() < deadline:
+            waits = [t - time.monotonic() for t in (deadline, next_note) if t is not None]
+            item = watches.get(max(0.0, min(waits)) if waits else None)
+            if item is not None:
+                what, etype, obj = item
+                if what == "error":
+                    raise obj["error"]
+                if what == "job" and etype == RESYNC:
+                    if job_count(etype, obj) == 0:
+                        if not seen:
+                            cluster.get_job(name, namespace, api=kind.api)  # NotFound, as said
+                        raise NotFound(f"wait: job {namespace}/{name} was deleted before it ended")
+                elif what == "job":
+                    if etype == "DELETED":
+                        raise NotFound(f"wait: job {namespace}/{name} was deleted before it ended")
+                    seen = True
+                    notes.see_job(obj)
+                    cond = kind.condition(obj)
+                    if cond != last and on_change is not None:
+                        on_change(obj)
+                    last = cond
+                    if kind.terminal(obj):
+                        return obj
+                elif what == "pod" and etype != RESYNC:
+                    notes.see_pod(etype, obj)
+                    if history is not None and etype != "DELETED":
+                        history.see(cluster, obj, namespace)
+                elif what == "event" and etype != RESYNC:
+                    notes.see_event(etype, obj)
+            if say is not None:
+                lines, next_note = notes.due(time.monotonic())
+                for line in lines:
+                    say(f"job {name}: {line}")
     finally:
-        recorder.stop()
-    raise WaitTimeout(
-        f"wait: job {namespace}/{name} has not ended after {timeout_s:g} s (got {last})",
+        watches.stop()
+    raise timeout_error("wait", namespace, name, timeout_s, last, notes.current())
+
+
+def timeout_error(
+    where: str,
+    namespace: str,
+    name: str,
+    timeout_s: float | None,
+    state: str | None,
+    waiting: list[Waiting],
+) -> WaitTimeout:
+    """``--timeout`` is over: the job's state and, first thing, what keeps it from running
+    (problems before steps); each further reason on a line of its own."""
+    ordered = sorted(waiting, key=lambda w: not w.problem)
+    head = f"{where}: job {namespace}/{name} has not ended after {timeout_s or 0:g} s (got {state}"
+    head += f"; {ordered[0].line()})" if ordered else ")"
+    return WaitTimeout(
+        "\n".join([head, *(f"  and {w.line()}" for w in ordered[1:])]),
         name=name,
         namespace=namespace,
     )
@@ -168,47 +200,3 @@ def _pods_gone(
             if quiet_until is not None and time.monotonic() >= quiet_until:
                 return True
     return False
-
-
-class _PodRecorder:
-    """A thread watching the job's pods into a PodHistory (nothing without one)."""
-
-    def __init__(
-        self,
-        cluster: Cluster,
-        kind: JobKind,
-        name: str,
-        namespace: str,
-        history: PodHistory | None,
-        deadline: float | None,
-    ):
-        self.history = history
-        self._stopped = threading.Event()
-        self._busy = threading.Lock()
-        if history is None:
-            return
-        self._thread = threading.Thread(
-            target=self._run,
-            args=(cluster, kind.pods_selector(name), namespace, deadline),
-            daemon=True,
-            name="record-pods",
-        )
-        self._thread.start()
-
-    def _run(self, cluster: Cluster, selector: str, namespace: str, deadline: float | None):
-        assert self.history is not None
-        try:
-            for etype, pod in cluster.watch("pod", namespace, selector=selector, deadline=deadline):
-                if self._stopped.is_set():
-                    return
-                if etype != RESYNC:
-                    with self._busy:
-                        self.history.see(cluster, pod, namespace)
-        except DdpjobError:
-            return  # the record is a help for the report, never a reason to fail the wait
-
-    def stop(self) -> None:
-        """Stop recording; wait (briefly) for a log tail being read right now."""
-        self._stopped.set()
-        if self._busy.acquire(timeout=RECORDER_GRACE_S):
-            self._busy.release()

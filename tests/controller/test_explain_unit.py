@@ -1,5 +1,6 @@
 """Reading jobs, pods and events (API dicts, as kubectl -o json prints them) without a cluster:
-why a job failed, why a pod waits, what the replica table and progress say."""
+why a job failed, why a pod waits (more: test_why_unit.py), what the replica table and progress
+say."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from controller.jobs.explain import (
     job_condition,
     job_terminal,
     latest_progress,
-    pending_reason,
     replica_rows,
 )
+from controller.jobs.why import pending_reason
 
 
 def pod(
@@ -177,7 +178,10 @@ def test_pending_reason_from_a_waiting_container():
         phase="Pending",
         waiting={"reason": "ImagePullBackOff", "message": "Back-off pulling image x"},
     )
-    assert pending_reason(p, []) == "ImagePullBackOff: Back-off pulling image x"
+    p["status"]["containerStatuses"][0]["image"] = "x"
+    assert pending_reason(p, []) == (
+        'ImagePullBackOff: image "x" cannot be pulled: Back-off pulling image x'
+    )
 
 
 def test_pending_reason_from_events_of_the_job():

@@ -16,6 +16,7 @@ from controller.errors import NotFound
 from controller.jobs.follow import RankFollower
 from controller.kube.logstream import LogStreamBroken
 from controller.kube.watch import RESYNC
+from controller.kubeflow import LABEL_REPLICA_INDEX, LABEL_REPLICA_TYPE
 
 
 def stamp(i: int) -> str:
@@ -24,7 +25,11 @@ def stamp(i: int) -> str:
 
 class FakeCluster:
     def __init__(self) -> None:
-        self.queues: dict[str, queue.Queue] = {"job": queue.Queue(), "pod": queue.Queue()}
+        self.queues: dict[str, queue.Queue] = {
+            "job": queue.Queue(),
+            "pod": queue.Queue(),
+            "event": queue.Queue(),
+        }
         self.pods: dict[str, dict[str, Any]] = {}  # name -> current pod
         self.files: dict[str, list[str]] = {}  # uid -> timestamped lines
         self.cond = threading.Condition()
@@ -35,8 +40,10 @@ class FakeCluster:
     # the test drives these
     def pod_event(self, etype: str, name: str, uid: str, state: str) -> None:
         cs = {"name": "pytorch", "restartCount": 0, "state": {state: {}}}
+        rtype, _, index = name.removeprefix("j-").partition("-")  # j-worker-1: worker, 1
+        labels = {LABEL_REPLICA_TYPE: rtype, LABEL_REPLICA_INDEX: index}
         pod = {
-            "metadata": {"name": name, "uid": uid, "labels": {}},
+            "metadata": {"name": name, "uid": uid, "labels": labels},
             "status": {
                 "phase": {"running": "Running", "terminated": "Succeeded"}[state],
                 "containerStatuses": [cs],
@@ -254,7 +261,6 @@ def test_elastic_prints_the_worker_whose_log_starts_the_trainer():
     out: list[str] = []
     notes: list[str] = []
     follower = RankFollower(c, "ns", "j", 0, out.extend, notes.append, elastic=True)
-    assert "replica-type=worker" in follower._selector()
     c.pod_event("ADDED", "j-worker-0", "a", "running")
     c.pod_event("ADDED", "j-worker-1", "b", "running")
     t, result = _follow_in_thread(follower)

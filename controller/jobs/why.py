@@ -1,0 +1,385 @@
+"""Why a job is not running: the one place that maps what the API shows (the job, its pods,
+their events) to reasons a user can act on. ``wait``, ``submit --wait``, ``--follow``, ``logs``
+and ``status`` all read them here; a new kind of reason (a queue, say) is added here once.
+
+Pure: API dicts in (``kubectl get -o json``'s shape), :class:`Waiting` records out.
+
+What a pod that does not run shows, and where (Kubernetes 1.33):
+
+- the scheduler cannot place it: condition ``PodScheduled=False``, reason ``Unschedulable``,
+  the scheduler's message (``0/3 nodes are available: 3 Insufficient cpu. ...``);
+- its image cannot be pulled: the container waits with ``ErrImagePull``, then
+  ``ImagePullBackOff`` whose message carries the previous pull error (the registry's answer;
+  ``pkg/kubelet/images/image_manager.go``), in turns, once per back-off;
+- a Secret or ConfigMap its environment names is missing: ``CreateContainerConfigError``
+  (``secret "x" not found``); one its volumes name: the container stays ``ContainerCreating``
+  and only a ``FailedMount`` Warning event of the pod says why;
+- an init container has not finished: its own waiting state, or it runs (a PyTorchJob worker's
+  waits for the master's DNS name, which exists once the master runs);
+- a pod the job's controller could not create: none at all, and a Warning event of the job (or
+  a TrainJob's JobSet or Job) says why (``FailedCreate``, ``TrainJobResourcesCreationFailed``);
+- the job itself is suspended: its ``Suspended`` condition (a queue such as Kueue admits it by
+  resuming it).
+
+A reason is a *problem* (said at once: it will not go away by itself) or a *step* on the way
+(scheduling, pulling, creating: said only once it lasts, see ``STEP_SAID_AFTER_S``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from controller.jobs.apis import JobKind
+from controller.jobs.explain import container_status, event_time, node_rank, replica_name
+
+#: A step on the way (scheduling, pulling a big image) is said once it has lasted this long; a
+#: problem at once. Wait, follow and the timeout message read the same reasons.
+STEP_SAID_AFTER_S = 20.0
+
+#: Container waiting reasons that will not clear by themselves (the kubelet's: images/types.go,
+#: kuberuntime). ContainerCreating and PodInitializing are steps.
+PROBLEM_REASONS = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "RegistryUnavailable",
+        "SignatureValidationFailed",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+        "CrashLoopBackOff",
+        "PreStartHookError",
+        "PostStartHookError",
+    }
+)
+#: Waiting reasons that mean the image could not be pulled: one reason to the user, however the
+#: kubelet alternates them between retries.
+IMAGE_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "RegistryUnavailable"})
+STARTING_REASONS = frozenset({"ContainerCreating", "PodInitializing"})
+
+_RPC_PREFIX = re.compile(r"^rpc error: code = \w+ desc = ")
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """One thing that is not running, and why.
+
+    ``subject`` is a pod name, a replica without a pod (``missing``), or the job itself
+    (``pod is None and not missing``); ``reason`` a short CamelCase word (the kubelet's or the
+    scheduler's where they have one); ``message`` the detail; ``problem``: it will not clear by
+    itself. ``key`` is what must change for the reason to be said again (an image pull that
+    alternates ErrImagePull and ImagePullBackOff is one reason until the registry's answer
+    changes)."""
+
+    subject: str
+    reason: str
+    message: str
+    problem: bool
+    key: tuple[str, ...]
+    pod: str | None = None
+    missing: bool = False
+
+    def text(self) -> str:
+        """``Reason: message`` (what ``status`` shows beside the pod)."""
+        body = f"{self.reason}: {self.message}" if self.message else self.reason
+        return f"no pod: {body}" if self.missing else body
+
+    def line(self) -> str:
+        """One sentence naming the subject, for ``wait`` and ``--follow``."""
+        body = f"{self.reason}: {self.message}" if self.message else self.reason
+        if self.missing:
+            return f"no pod for {self.subject} yet: {body}"
+        if self.pod is None:
+            return f"the job waits: {body}"
+        return f"pod {self.subject} is not running: {body}"
+
+
+def _one_line(text: str | None) -> str:
+    return " ".join((text or "").split())
+
+
+def _about_pod(events: list[dict[str, Any]], pod: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events of ``pod``: by UID where the event names one (a pod re-created under the same
+    name is another pod, and its predecessor's events are not its own), else by name."""
+    meta = pod.get("metadata", {})
+    uid, name = meta.get("uid"), meta.get("name")
+    out = []
+    for e in events:
+        obj = e.get("involvedObject", {})
+        if obj.get("kind", "Pod") != "Pod" or obj.get("name") != name:
+            continue
+        if uid and obj.get("uid") and obj["uid"] != uid:
+            continue
+        out.append(e)
+    return out
+
+
+def _image_answer(message: str) -> str:
+    """The registry's answer in a pull error: without the kubelet's back-off preamble
+    (``Back-off pulling image "x": ErrImagePull: ``) and the CRI's ``rpc error`` wrapper."""
+    text = _one_line(message)
+    for marker in ("ErrImagePull: ", "RegistryUnavailable: "):
+        if marker in text:
+            text = text.split(marker, 1)[1]
+    return _RPC_PREFIX.sub("", text)
+
+
+def _container_reason(pod: dict[str, Any], cs: dict[str, Any], *, init: bool) -> Waiting | None:
+    """Why one container (an init container with ``init``) is not running, or None."""
+    name = pod["metadata"]["name"]
+    which = f"init container {cs.get('name')}: " if init else ""
+    state = cs.get("state") or {}
+    waiting = state.get("waiting") or {}
+    reason = waiting.get("reason") or ""
+    if reason in IMAGE_REASONS or (reason in PROBLEM_REASONS and "image" in reason.lower()):
+        image = cs.get("image") or "?"
+        answer = _image_answer(waiting.get("message", "")) or "no answer recorded"
+        return Waiting(
+            name,
+            reason,
+            f'{which}image "{image}" cannot be pulled: {answer}',
+            True,
+            ("image", cs.get("name", ""), image, answer),
+            pod=name,
+        )
+    if reason == "CrashLoopBackOff":
+        term = (cs.get("lastState") or {}).get("terminated") or {}
+        code = term.get("exitCode")
+        message = f"{which}it exited {code} ({term.get('reason') or 'Error'})" if term else which
+        restarts = int(cs.get("restartCount", 0))
+        message += f" and was restarted {restarts} time{'s' if restarts != 1 else ''}"
+        return Waiting(
+            name,
+            reason,
+            message.strip(),
+            True,
+            ("crashloop", cs.get("name", ""), str(code)),
+            pod=name,
+        )
+    if reason in PROBLEM_REASONS:
+        message = f"{which}{_one_line(waiting.get('message'))}".strip()
+        return Waiting(name, reason, message, True, (reason, message), pod=name)
+    if init and "running" in state:
+        message = f"init container {cs.get('name')} is still running"
+        return Waiting(name, "Initializing", message, False, ("init", cs.get("name", "")), pod=name)
+    if init and (state.get("terminated") or {}).get("exitCode", 0) != 0:
+        term = state["terminated"]
+        message = f"init container {cs.get('name')} exited {term.get('exitCode')}"
+        return Waiting(name, "InitError", message, True, ("initerror", message), pod=name)
+    return None
+
+
+def pod_waiting(pod: dict[str, Any], events: list[dict[str, Any]]) -> Waiting | None:
+    """Why ``pod`` does not run its training container; None when it runs (or has ended, or
+    is being deleted). ``events`` may be any events: the pod's own are picked out."""
+    meta = pod.get("metadata", {})
+    status = pod.get("status", {})
+    name = meta.get("name", "?")
+    if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            reason = cond.get("reason") or "Unschedulable"
+            message = _one_line(cond.get("message"))
+            gated = reason == "SchedulingGated"
+            return Waiting(name, reason, message, not gated, (reason, message), pod=name)
+    init_statuses = status.get("initContainerStatuses") or []
+    if not pod.get("spec", {}).get("nodeName") and not (
+        init_statuses or status.get("containerStatuses")
+    ):
+        return Waiting(
+            name, "Pending", "waiting for the scheduler", False, ("scheduling",), pod=name
+        )
+    for cs in init_statuses:
+        if (cs.get("state") or {}).get("terminated", {}).get("exitCode") == 0:
+            continue
+        found = _container_reason(pod, cs, init=True)
+        if found is not None:
+            return found
+    main = container_status(pod)
+    state = main.get("state") or {}
+    if "running" in state or "terminated" in state:
+        return None
+    # Every other container (a sidecar) can keep the pod from starting too.
+    for cs in [main] + [
+        c for c in status.get("containerStatuses") or [] if c.get("name") != main.get("name")
+    ]:
+        found = _container_reason(pod, cs, init=False) if cs else None
+        if found is not None:
+            return found
+    # Creating: what the kubelet's events say (a volume that cannot be mounted, a sandbox that
+    # cannot be made, the image being pulled).
+    mine = sorted(_about_pod(events, pod), key=event_time)
+    warnings = [e for e in mine if e.get("type") == "Warning"]
+    if warnings:
+        last = warnings[-1]
+        reason, message = last.get("reason") or "Warning", _one_line(last.get("message"))
+        return Waiting(name, reason, message, True, ("event", reason, message), pod=name)
+    reason = (state.get("waiting") or {}).get("reason") or "ContainerCreating"
+    if mine and mine[-1].get("reason") == "Pulling":
+        message = _one_line(mine[-1].get("message"))
+        return Waiting(name, "Pulling", message, False, ("pulling", message), pod=name)
+    in_init = any("running" in (cs.get("state") or {}) for cs in init_statuses)
+    message = "its init containers run" if in_init else "the kubelet is starting it"
+    return Waiting(name, reason, message, False, ("creating",), pod=name)
+
+
+def job_reason(kind: JobKind, job: dict[str, Any]) -> Waiting | None:
+    """Why the job as a whole waits (not one pod): suspended (by ``spec.suspend``, or by a
+    queue until it admits the job). None when nothing at the job's level holds it."""
+    name = job.get("metadata", {}).get("name", "?")
+    if kind.condition(job) != "Suspended":
+        return None
+    message = kind.condition_message(job, "Suspended") or "spec.suspend is true"
+    return Waiting(name, "Suspended", _one_line(message), False, ("suspended",))
+
+
+def job_waiting(
+    kind: JobKind,
+    job: dict[str, Any],
+    pods: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+) -> list[Waiting]:
+    """Everything that keeps ``job`` from running, in node-rank order: the job itself (held),
+    each pod that does not run, each replica that has no pod (with what its controller said).
+    Empty for a job that runs or has ended."""
+    if kind.terminal(job) or job.get("metadata", {}).get("deletionTimestamp"):
+        return []
+    held = job_reason(kind, job)
+    if held is not None:
+        return [held]
+    name = job["metadata"]["name"]
+    live = [p for p in pods if not p.get("metadata", {}).get("deletionTimestamp")]
+    out = [w for w in (pod_waiting(p, events) for p in sorted(live, key=node_rank)) if w]
+    have = {replica_name(p) for p in pods}
+    missing = [r for r in kind.expected_replicas(job) if r not in have]
+    if not missing:
+        return out
+    created = job.get("metadata", {}).get("creationTimestamp") or ""
+    # An event from before the job was created is about an earlier job of the same name.
+    failures = sorted(
+        (e for e in kind.build_failures(name, events) if event_time(e) >= created),
+        key=event_time,
+    )
+    for replica in missing:
+        stem = kind.pod_name_of(name, replica)
+        about = [e for e in failures if stem in (e.get("message") or "")] or failures
+        if about:
+            last = about[-1]
+            reason, message = last.get("reason") or "Warning", _one_line(last.get("message"))
+            out.append(
+                Waiting(replica, reason, message, True, ("create", reason, message), missing=True)
+            )
+        else:
+            out.append(
+                Waiting(
+                    replica,
+                    "NotCreated",
+                    f"{kind.controller_name} has not created it",
+                    False,
+                    ("notcreated",),
+                    missing=True,
+                )
+            )
+    return out
+
+
+def job_events(job_name: str, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events of a job and of what its controllers made (pods, a JobSet, a Job): all are
+    named after the job."""
+    return [
+        e
+        for e in events
+        if (obj := e.get("involvedObject", {}).get("name", "")) == job_name
+        or obj.startswith(f"{job_name}-")
+    ]
+
+
+def pending_reason(pod: dict[str, Any] | None, events: list[dict[str, Any]]) -> str:
+    """Why ``pod`` (or, with ``pod=None``, the job: its Warning events) is not running, in one
+    line; "" if nothing explains it."""
+    if pod is not None:
+        found = pod_waiting(pod, events)
+        return found.text() if found is not None else ""
+    warnings = [e for e in events if e.get("type") == "Warning"]
+    if not warnings:
+        return ""
+    last = max(warnings, key=event_time)
+    return f"{last.get('reason', '')}: {_one_line(last.get('message'))}".strip(": ")
+
+
+class WaitNotes:
+    """What to say about a waiting job, once per change: fed what the watches of the job, its
+    pods and the namespace's events see, :meth:`due` returns the lines to say now (a problem at
+    once, a step once its subject has waited ``step_after_s``) and when a step will be due.
+
+    No clock of its own and no API: the caller passes ``now`` (``time.monotonic()``), so a test
+    can drive it."""
+
+    def __init__(self, kind: JobKind, name: str, *, step_after_s: float = STEP_SAID_AFTER_S):
+        self.kind, self.name, self.step_after_s = kind, name, step_after_s
+        self.job: dict[str, Any] | None = None
+        self.pods: dict[str, dict[str, Any]] = {}  # uid -> the pod as last seen
+        self.events: dict[str, dict[str, Any]] = {}  # uid -> the event as last seen
+        self._since: dict[str, float] = {}  # subject -> when it was first seen waiting
+        self._said: dict[str, tuple[str, ...]] = {}  # subject -> the key said last
+
+    def see_job(self, job: dict[str, Any] | None) -> None:
+        self.job = job
+
+    def see_pod(self, etype: str, pod: dict[str, Any]) -> None:
+        uid = pod.get("metadata", {}).get("uid", "")
+        if etype == "DELETED":
+            self.pods.pop(uid, None)
+        else:
+            self.pods[uid] = pod
+
+    def see_event(self, etype: str, event: dict[str, Any]) -> None:
+        if not job_events(self.name, [event]):
+            return  # another job's
+        uid = event.get("metadata", {}).get("uid", "")
+        if etype == "DELETED":
+            self.events.pop(uid, None)
+        else:
+            self.events[uid] = event
+
+    def current(self) -> list[Waiting]:
+        """Everything that keeps the job from running, as known now."""
+        if self.job is None:
+            return []
+        return job_waiting(
+            self.kind, self.job, list(self.pods.values()), list(self.events.values())
+        )
+
+    def due(self, now: float) -> tuple[list[str], float | None]:
+        """The lines to say now (:meth:`Waiting.line`, and ``pod X runs now`` for a pod said
+        to wait before), and the ``now`` at which a step becomes due (None: none pending)."""
+        lines: list[str] = []
+        next_at: float | None = None
+        waiting = self.current()
+        subjects = {w.subject for w in waiting}
+        for w in waiting:
+            since = self._since.setdefault(w.subject, now)
+            if self._said.get(w.subject) == w.key:
+                continue
+            if w.problem or now - since >= self.step_after_s:
+                lines.append(w.line())
+                self._said[w.subject] = w.key
+            else:
+                at = since + self.step_after_s
+                next_at = at if next_at is None else min(next_at, at)
+        running = {
+            p["metadata"]["name"]
+            for p in self.pods.values()
+            if "running" in (container_status(p).get("state") or {})
+        }
+        for subject in [s for s in self._said if s not in subjects]:
+            del self._said[subject]
+            if subject in running:
+                lines.append(f"pod {subject} runs now")
+        self._since = {s: t for s, t in self._since.items() if s in subjects}
+        return lines, next_at
