@@ -36,6 +36,7 @@ class FakeCluster:
         self.break_once: dict[str, int] = {}  # uid -> break the stream after N lines
         self.clock = 0
         self.opened: list[tuple[str, bool, str | None]] = []  # (pod, follow, since_time)
+        self.tails: list[int | None] = []  # tailLines of each stream opened
 
     # the test drives these
     def pod_event(self, etype: str, name: str, uid: str, state: str) -> None:
@@ -102,6 +103,7 @@ class FakeCluster:
         since_time: str | None = None,
         previous: bool = False,
         timestamps: bool = True,
+        tail_lines: int | None = None,
         **_: Any,
     ) -> Any:
         with self.cond:
@@ -109,7 +111,8 @@ class FakeCluster:
                 raise NotFound(f"logs: pod {namespace}/{pod} not found", status=404)
             uid = self.pods[pod]["metadata"]["uid"]
             self.opened.append((pod, follow, since_time))
-        return FakeStream(self, uid, follow, since_time, timestamps)
+            self.tails.append(tail_lines)
+        return FakeStream(self, uid, follow, since_time, timestamps, tail_lines)
 
     def list_events(self, namespace: str) -> list[dict[str, Any]]:
         return []
@@ -117,18 +120,30 @@ class FakeCluster:
 
 class FakeStream:
     """A log stream as the kubelet serves it: lines from ``since_time`` on (RFC 3339 seconds,
-    lines at or after it), in batches of up to three; without follow it ends at the end."""
+    lines at or after it), of those only the last ``tail`` there at the start, in batches of
+    up to three; without follow it ends at the end."""
 
     def __init__(
-        self, cluster: FakeCluster, uid: str, follow: bool, since: str | None, timestamps: bool
+        self,
+        cluster: FakeCluster,
+        uid: str,
+        follow: bool,
+        since: str | None,
+        timestamps: bool,
+        tail: int | None = None,
     ):
         self.c, self.uid, self.follow, self.closed = cluster, uid, follow, False
         self.timestamps = timestamps
         self.since = since.removesuffix("Z") if since else ""
         self.ended = False
+        self.start = 0
+        if tail is not None:
+            with cluster.cond:
+                there = [x for x in cluster.files[uid] if x[:19] >= self.since]
+                self.start = len(cluster.files[uid]) - min(tail, len(there))
 
     def batches(self):
-        i = 0
+        i = self.start
         while True:
             with self.c.cond:
                 lines = self.c.files[self.uid]
@@ -345,3 +360,188 @@ def test_a_job_that_ended_without_a_pod_left_says_so():
     t.join(timeout=20)
     assert result["job"] is not None and out == []
     assert any("no pod of rank 0 is left" in n for n in notes), notes
+
+
+def test_every_rank_each_line_after_its_rank_each_pod_in_order_through_a_recreation():
+    c = FakeCluster()
+    out: list[str] = []
+    notes: list[str] = []
+    follower = RankFollower(c, "ns", "j", 0, out.extend, notes.append, every=True)
+    c.pod_event("ADDED", "j-master-0", "m", "running")
+    c.pod_event("ADDED", "j-worker-0", "w1", "running")
+    c.pod_event("ADDED", "j-worker-1", "x", "running")
+    c.break_once["w1"] = 2
+    t, result = _follow_in_thread(follower)
+    for i in range(5):
+        c.print("m", f"m {i}")
+        c.print("w1", f"w {i}")
+        c.print("x", f"x {i}")
+    time.sleep(0.5)
+    c.pod_event("MODIFIED", "j-worker-0", "w1", "terminated")  # killed, re-created
+    time.sleep(0.2)
+    c.pod_event("DELETED", "j-worker-0", "w1", "terminated")
+    c.pod_event("ADDED", "j-worker-0", "w2", "running")
+    for i in range(3):
+        c.print("w2", f"w again {i}")
+    time.sleep(0.5)
+    for name, uid in (("j-master-0", "m"), ("j-worker-0", "w2"), ("j-worker-1", "x")):
+        c.pod_event("MODIFIED", name, uid, "terminated")
+    c.job_event("Succeeded")
+    t.join(timeout=20)
+    assert result["job"] is not None
+    # Every line once; each pod's in the order it printed them, the two runs of worker 0 one
+    # after the other.
+    assert sorted(out) == sorted(
+        [f"[rank 0] m {i}" for i in range(5)]
+        + [f"[rank 1] w {i}" for i in range(5)]
+        + [f"[rank 1] w again {i}" for i in range(3)]
+        + [f"[rank 2] x {i}" for i in range(5)]
+    )
+    for prefix in ("[rank 0] ", "[rank 1] ", "[rank 2] "):
+        mine = [line.removeprefix(prefix) for line in out if line.startswith(prefix)]
+        assert mine == sorted(mine, key=lambda x: ("again" in x, x)), mine
+
+
+def test_tail_gives_the_last_lines_of_each_run_already_there_then_follows():
+    c = FakeCluster()
+    c.pod_event("ADDED", "j-master-0", "a", "running")
+    for i in range(10):
+        c.print("a", f"old {i}")
+    out: list[str] = []
+    t, _ = _follow_in_thread(RankFollower(c, "ns", "j", 0, out.extend, print, tail_lines=3))
+    time.sleep(0.3)
+    c.print("a", "new 0")
+    time.sleep(0.3)
+    c.pod_event("MODIFIED", "j-master-0", "a", "terminated")
+    c.pod_event("DELETED", "j-master-0", "a", "terminated")
+    c.pod_event("ADDED", "j-master-0", "b", "running")  # a later run: read whole
+    for i in range(4):
+        c.print("b", f"run 2 line {i}")
+    time.sleep(0.3)
+    c.pod_event("MODIFIED", "j-master-0", "b", "terminated")
+    c.job_event("Succeeded")
+    t.join(timeout=20)
+    assert out == ["old 7", "old 8", "old 9", "new 0"] + [f"run 2 line {i}" for i in range(4)]
+    assert c.tails[0] == 3 and None in c.tails[1:]
+
+
+def test_since_drops_what_was_printed_before_it():
+    c = FakeCluster()
+    c.pod_event("ADDED", "j-master-0", "a", "terminated")
+    for i in range(4):
+        c.print("a", f"early {i}")  # stamped :00
+    c.clock = 5000
+    for i in range(2):
+        c.print("a", f"late {i}")  # stamped :05
+    c.job_event("Succeeded")
+    out: list[str] = []
+    follower = RankFollower(c, "ns", "j", 0, out.extend, print, since_time="2026-01-01T00:00:04Z")
+    t, _ = _follow_in_thread(follower)
+    t.join(timeout=20)
+    assert out == ["late 0", "late 1"]
+
+
+def test_elastic_without_a_start_event_prints_every_worker_at_the_end():
+    """A script of the user's own (no trainer, so no start event): rather than nothing, every
+    worker's lines, each after its pod's name, in pod order."""
+    c = FakeCluster()
+    out: list[str] = []
+    notes: list[str] = []
+    follower = RankFollower(c, "ns", "j", 0, out.extend, notes.append, elastic=True)
+    c.pod_event("ADDED", "j-worker-0", "a", "running")
+    c.pod_event("ADDED", "j-worker-1", "b", "running")
+    t, result = _follow_in_thread(follower)
+    c.print("b", "I am rank 1")
+    c.print("a", "I am rank 0")
+    time.sleep(0.5)
+    for name, uid in (("j-worker-0", "a"), ("j-worker-1", "b")):
+        c.pod_event("MODIFIED", name, uid, "terminated")
+    c.job_event("Succeeded")
+    t.join(timeout=20)
+    assert result["job"] is not None
+    assert out == ["[j-worker-0] I am rank 0", "[j-worker-1] I am rank 1"]
+    assert any("following every worker" in n for n in notes), notes
+
+
+def test_elastic_falls_back_while_it_runs_and_returns_to_rank_0_when_it_shows(monkeypatch):
+    from controller.jobs import follow
+
+    monkeypatch.setattr(follow, "FALLBACK_S", 0.5)
+    c = FakeCluster()
+    out: list[str] = []
+    notes: list[str] = []
+    follower = RankFollower(c, "ns", "j", 0, out.extend, notes.append, elastic=True)
+    c.pod_event("ADDED", "j-worker-0", "a", "running")
+    c.pod_event("ADDED", "j-worker-1", "b", "running")
+    t, _ = _follow_in_thread(follower)
+    c.print("a", "banner 0")
+    time.sleep(2.0)  # past FALLBACK_S: every worker from here
+    c.print("b", "banner 1")
+    time.sleep(0.3)
+    c.print("b", "more on 1")
+    c.print("b", _start("j-worker-1"))  # the trainer after all: rank 0 alone from here
+    time.sleep(0.3)
+    c.print("a", "[rank 1] quiet")
+    c.print("b", "train 1")
+    time.sleep(0.5)
+    for name, uid in (("j-worker-0", "a"), ("j-worker-1", "b")):
+        c.pod_event("MODIFIED", name, uid, "terminated")
+    c.job_event("Succeeded")
+    t.join(timeout=20)
+    assert out == [
+        "[j-worker-0] banner 0",
+        "[j-worker-1] banner 1",
+        "[j-worker-1] more on 1",
+        _start("j-worker-1"),
+        "train 1",
+    ]
+    assert "logs: global rank 0 is in pod j-worker-1; following it alone" in notes
+
+
+def test_notes_say_why_another_pod_does_not_run():
+    """Rank 0 runs, the worker cannot pull its image: --follow says so, once."""
+    c = FakeCluster()
+    notes: list[str] = []
+    follower = RankFollower(c, "ns", "j", 0, lambda lines: None, notes.append)
+    c.queues["job"].put(
+        (
+            "ADDED",
+            {
+                "metadata": {"name": "j", "creationTimestamp": "2026-01-01T00:00:00Z"},
+                "spec": {"pytorchReplicaSpecs": {"Master": {}, "Worker": {"replicas": 1}}},
+                "status": {},
+            },
+        )
+    )
+    c.pod_event("ADDED", "j-master-0", "a", "running")
+    worker = {
+        "metadata": {
+            "name": "j-worker-0",
+            "uid": "w",
+            "labels": {LABEL_REPLICA_TYPE: "worker", LABEL_REPLICA_INDEX: "0"},
+        },
+        "spec": {"nodeName": "n"},
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [
+                {
+                    "name": "pytorch",
+                    "image": "nope:1",
+                    "state": {"waiting": {"reason": "ErrImagePull", "message": "not found"}},
+                }
+            ],
+        },
+    }
+    c.queues["pod"].put(("ADDED", worker))
+    t, _ = _follow_in_thread(follower)
+    time.sleep(0.5)
+    c.queues["pod"].put(("MODIFIED", worker))
+    time.sleep(0.5)
+    c.pod_event("MODIFIED", "j-master-0", "a", "terminated")
+    c.job_event("Failed")
+    t.join(timeout=20)
+    said = [n for n in notes if "j-worker-0" in n]
+    assert said == [
+        'logs: pod j-worker-0 is not running: ErrImagePull: image "nope:1" cannot be pulled: '
+        "not found"
+    ]
