@@ -1,4 +1,5 @@
-"""What rank 0 tells the world: JSON-lines events on stdout, a tqdm bar, NVML, TensorBoard.
+"""What rank 0 tells the world: JSON-lines events on stdout, a tqdm bar, NVML, TensorBoard, and
+inside a TrainJob that offers it, Kubeflow Trainer's progress API (``progress_api.py``).
 
 The events are the trainer's stdout contract with the controller (docs/architecture.md): one JSON
 object per line with an ``"event"`` key, flushed immediately. Keys are added, never renamed.
@@ -82,8 +83,13 @@ class Reporter:
         self.gpus = GpuMonitor() if enabled else None
         self.bar = None
         self.tb = None
+        self.progress_api = None
         if not enabled:
             return
+        from trainer.progress_api import ProgressPoster
+
+        # Inside a TrainJob whose controller serves the progress API (trainer/progress_api.py).
+        self.progress_api = ProgressPoster.from_env()
         show_bar = progress == "always" or (progress == "auto" and self.stream.isatty())
         if show_bar:
             from tqdm import tqdm
@@ -107,6 +113,8 @@ class Reporter:
         else:
             print(line, file=self.stream, flush=True)
         self._tensorboard(name, fields)
+        if self.progress_api is not None:
+            self.progress_api.event(name, fields)
 
     def say(self, text: str) -> None:
         """A human line on stdout (rank 0), beside the events."""
@@ -140,6 +148,9 @@ class Reporter:
             self.bar.close()
         if self.tb is not None:
             self.tb.close()
+        if self.progress_api is not None:
+            self.progress_api.close()  # the last state (100% when done), after the rate limit
+            self.progress_api = None
 
 
 class Throughput:

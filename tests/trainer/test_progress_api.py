@@ -1,0 +1,191 @@
+"""Rank 0's progress posted to Kubeflow Trainer's progress API (trainer/progress_api.py), against
+a stand-in of the controller's status server: HTTPS with a certificate from a throw-away CA, a
+bearer token read from a file, the request upstream's server parses (pkg/statusserver, v2.3.0).
+The real server, on the local cluster's real node: tests/e2e/test_trainjob_progress.py."""
+
+from __future__ import annotations
+
+import http.server
+import itertools
+import json
+import logging
+import ssl
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localkube.pki import PKI
+from tests.trainer.conftest import common_args, run_pods, trainjob_envs
+from trainer.progress_api import (
+    ENV_CA_CERT,
+    ENV_TOKEN,
+    ENV_URL,
+    MIN_INTERVAL_S,
+    ProgressPoster,
+    trainer_status,
+)
+
+PATH = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/ns/trainjobs/tj/status"
+
+
+class StatusServer:
+    """An HTTPS server on 127.0.0.1 recording each POST: (monotonic time, headers, body)."""
+
+    def __init__(self, tmp: Path, answer: int = 200) -> None:
+        pki = PKI(tmp / "pki")
+        crt, key = pki.issue("status", "status", server=True, dns=("localhost",))
+        self.ca = str(pki.path("ca.crt"))
+        self.answer = answer
+        self.posts: list[tuple[float, dict[str, str], dict[str, Any]]] = []
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.release.set()  # answer at once unless a test holds it
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.posts.append((time.monotonic(), dict(self.headers), body))
+                server.entered.set()
+                server.release.wait()
+                if server.answer == 200:
+                    data = json.dumps(body).encode()
+                else:
+                    status = {"status": "Failure", "message": "Forbidden", "code": server.answer}
+                    data = json.dumps(status).encode()
+                self.send_response(server.answer)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(crt, key)
+        self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+        self.url = f"https://localhost:{self.httpd.server_address[1]}{PATH}"
+        self.token = tmp / "token"
+        self.token.write_text("token-1\n")
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def env(self) -> dict[str, str]:
+        return {ENV_URL: self.url, ENV_CA_CERT: self.ca, ENV_TOKEN: str(self.token)}
+
+    def close(self) -> None:
+        self.release.set()
+        self.httpd.shutdown()
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = StatusServer(tmp_path)
+    yield s
+    s.close()
+
+
+def test_the_status_is_the_one_upstreams_server_reads():
+    train = {"step": 30, "max_steps": 120, "loss": 0.23471, "lr": 3e-4, "step_time_s": 0.5}
+    train |= {"samples_per_s": 128.04, "tokens_per_s": float("nan"), "gpus": [{}]}
+    status = trainer_status("train", train, {"loss": 0.3})
+    assert status == {
+        "progressPercentage": 25,
+        "estimatedRemainingSeconds": 45,
+        "metrics": [
+            {"name": "step", "value": "30"},
+            {"name": "loss", "value": "0.23471"},
+            {"name": "lr", "value": "0.0003"},
+            {"name": "samples_per_s", "value": "128.04"},  # a NaN is left out
+            {"name": "eval_loss", "value": "0.3"},
+        ],
+    }
+    done = trainer_status("done", {"step": 120, "max_steps": 120, "reason": "completed"})
+    assert done is not None
+    assert (done["progressPercentage"], done["estimatedRemainingSeconds"]) == (100, 0)
+    preempted = trainer_status("done", {"step": 60, "max_steps": 120, "reason": "preempted"})
+    assert preempted is not None and preempted["progressPercentage"] == 50
+    # A failure before any step is known posts nothing: what was posted last stays.
+    assert trainer_status("done", {"step": None, "max_steps": 120, "reason": "error"}) is None
+    assert trainer_status("checkpoint", {"step": 10}) is None
+
+
+def test_without_the_controllers_variables_nothing_is_posted():
+    assert ProgressPoster.from_env({}) is None
+    assert ProgressPoster.from_env({ENV_URL: "https://x", ENV_TOKEN: "/t"}) is None
+
+
+def test_the_newest_state_is_posted_with_a_fresh_token_at_most_once_per_interval(server):
+    poster = ProgressPoster(server.url, server.ca, str(server.token), interval_s=0.5)
+    for step in range(1, 51):
+        poster.event("train", {"step": step, "max_steps": 50, "loss": 1.0 / step})
+        if step == 25:
+            server.token.write_text("token-2\n")  # the kubelet rotated it
+        time.sleep(0.03)
+    poster.event("done", {"step": 50, "max_steps": 50, "reason": "completed"})
+    poster.close()
+    assert poster.failed is None
+    times = [t for t, _, _ in server.posts]
+    assert all(b - a >= 0.4 for a, b in itertools.pairwise(times)), times
+    assert 2 <= len(server.posts) <= 1.5 / 0.5 + 2  # about 1.5 s of events: not one per step
+    tokens = [h["Authorization"] for _, h, _ in server.posts]
+    assert tokens[0] == "Bearer token-1" and tokens[-1] == "Bearer token-2"
+    last = server.posts[-1][2]["trainerStatus"]
+    assert last["progressPercentage"] == 100 and last["estimatedRemainingSeconds"] == 0
+    assert last["lastUpdatedTime"].endswith("Z")
+
+
+def test_a_refused_post_is_logged_once_and_posting_stops(tmp_path, caplog):
+    server = StatusServer(tmp_path, answer=403)
+    try:
+        poster = ProgressPoster(server.url, server.ca, str(server.token), interval_s=0.1)
+        with caplog.at_level(logging.WARNING, logger="trainer.progress_api"):
+            for step in range(1, 21):
+                poster.event("train", {"step": step, "max_steps": 20})
+                time.sleep(0.05)
+            poster.close()
+    finally:
+        server.close()
+    assert len(server.posts) == 1
+    assert poster.failed == "HTTP 403 Forbidden: Forbidden"
+    (record,) = caplog.records
+    assert "cannot post to the TrainJob's status" in record.getMessage()
+
+
+def test_training_never_waits_for_a_server_that_does_not_answer(server):
+    server.release.clear()  # the server takes the request and holds it
+    poster = ProgressPoster(server.url, server.ca, str(server.token), interval_s=0.0)
+    poster.event("train", {"step": 1, "max_steps": 1000})
+    assert server.entered.wait(10)
+    # Were event() to wait for the network, this loop would not end before the server answers,
+    # and the server answers only after it.
+    for step in range(2, 1001):
+        poster.event("train", {"step": step, "max_steps": 1000})
+    assert poster.failed is None and poster.posted == 0
+    server.release.set()
+    poster.close(timeout_s=10)
+    assert poster.posted == 2  # the held one, then the newest: step 1000
+    assert server.posts[-1][2]["trainerStatus"]["progressPercentage"] == 100
+
+
+def test_a_trainjob_run_posts_from_rank_0_only_at_upstreams_rate_and_100_at_the_end(
+    server, tmp_path
+):
+    envs = [env | server.env() for env in trainjob_envs(2, "1")]  # every pod gets them
+    # 6 s of training: a few intervals.
+    args = common_args(tmp_path, max_steps=30, log_every=1, **{"task_args.sleep_s": 0.2})
+    results = run_pods(envs, args)
+    assert [r.rc for r in results] == [0, 0], results[0].stderr[-2000:]
+    assert "progress:" not in results[0].stderr  # no error logged
+    times = [t for t, _, _ in server.posts]
+    # Rank 0 only, at most once per 5 s (a post every step would be 30).
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert len(server.posts) >= 2 and all(g >= MIN_INTERVAL_S - 1 for g in gaps), gaps
+    final = server.posts[-1][2]["trainerStatus"]
+    assert final["progressPercentage"] == 100
+    assert {m["name"] for m in final["metrics"]} >= {"loss", "samples_per_s", "step"}
+    assert any(0 < p[2]["trainerStatus"]["progressPercentage"] < 100 for p in server.posts)
