@@ -129,8 +129,15 @@ def _apiserver(ctx: Context) -> list[str]:
         "NodeRestriction,PodSecurity,ExtendedResourceToleration",
         "--service-cluster-ip-range",
         "10.0.0.0/24",
+        # The first issuer names new tokens: its own address, so that a host process can do
+        # OIDC discovery of it (Trainer's status server verifies pods' tokens that way); the
+        # in-cluster name is still accepted.
+        "--service-account-issuer",
+        ctx.server,
         "--service-account-issuer",
         "https://kubernetes.default.svc.cluster.local",
+        "--service-account-jwks-uri",
+        f"{ctx.server}/openid/v1/jwks",
         "--service-account-key-file",
         str(pki.path("sa.pub")),
         "--service-account-signing-key-file",
@@ -346,7 +353,7 @@ JOBSET_CONTROLLER = Component(
 TRAINER_CONTROLLER = Component(
     "trainer-controller-manager",
     trainer_v2.trainer_argv,
-    lambda ctx: http_get(f"http://127.0.0.1:{ctx.ports['trainer-probe']}/readyz") == "ok",
+    trainer_v2.trainer_ready,
     wait="now",
     env=trainer_v2.trainer_env,
     prepare=trainer_v2.trainer_prepare,

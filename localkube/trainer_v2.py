@@ -20,6 +20,12 @@ module ``localkube/go-trainer`` (Trainer's ``cmd/trainer-controller-manager`` an
   ``images.trainer_image()`` builds and ``up`` imports into the real node), so a TrainJob that
   names no image of its own runs this checkout's trainer. Once Trainer's webhook admits it.
 
+Its progress API (KEP-2779) is on: the ``TrainJobStatus`` feature gate starts upstream's status
+server (``pkg/statusserver``), which training pods reach over HTTPS at
+``https://kubeflow-trainer-controller-manager.kubeflow-system.svc:<port>`` with a projected
+service-account token it verifies by OIDC against the API server (:func:`status_objects`,
+:func:`trainer_argv`).
+
 What differs from upstream's manifests, and why, is listed in :data:`DIFFERENCES`.
 """
 
@@ -102,7 +108,25 @@ _KEPT_KINDS = ("ClusterRole", "MutatingWebhookConfiguration", "ValidatingWebhook
 PUBLIC = "kubeflow-trainer-public"
 
 #: Ports each controller listens on (each gets a free one at ``up``).
-TRAINER_PORTS = ("trainer-webhook", "trainer-probe", "trainer-metrics")
+TRAINER_PORTS = ("trainer-webhook", "trainer-probe", "trainer-metrics", "trainer-status")
+
+#: The progress API (v2.3.0): the feature gate, and the names its runtime plugin puts in every
+#: trainer pod's KUBEFLOW_TRAINER_SERVER_URL: ``https://<service>.<namespace>.svc:<port>``,
+#: the service and the namespace being cert management's defaults (``defaults.go``) and the
+#: operator's namespace (``cert.GetOperatorNamespace``: its pod's, else kubeflow-system).
+STATUS_FEATURE_GATE = "TrainJobStatus"
+STATUS_SERVICE = "kubeflow-trainer-controller-manager"
+STATUS_NAMESPACE = "kubeflow-system"
+#: The plugin copies ``ca.crt`` of this Secret (cert management's default name) into each
+#: TrainJob's ``<name>-tls-config`` ConfigMap, the CA the pods trust the server by.
+STATUS_CA_SECRET = "kubeflow-trainer-webhook-cert"
+#: What the pods resolve, and what the serving certificate must name.
+STATUS_DNS = f"{STATUS_SERVICE}.{STATUS_NAMESPACE}.svc"
+#: The status server reads two paths a pod would have (``pkg/util/cert.certDir``, hard-coded:
+#: its TLS certificate; ``statusserver.getClusterOIDCIssuerURL``: a service-account token, for
+#: the token issuer's URL). A host process gets them in a mount namespace of its own: its
+#: folder ``tmp`` over /tmp and ``run`` over /run (where only they are).
+SERVICE_ACCOUNT_DIR = "secrets/kubernetes.io/serviceaccount"
 JOBSET_PORTS = ("jobset-webhook", "jobset-probe", "jobset-metrics")
 
 #: Client identities: their certificates and kubeconfigs are issued with the others
@@ -132,6 +156,13 @@ DIFFERENCES = (
     "server never converts; the release's patch only adds a dangling reference.",
     "The torch-distributed runtime's image is this checkout's trainer image "
     "(images.trainer_ref()), not pytorch/pytorch.",
+    "The progress API is on (feature gate TrainJobStatus; upstream's default is off). Its status "
+    "server is a host process: it runs in a mount namespace of its own where /tmp holds its "
+    "certificate and /run a service-account token (the two in-pod paths it reads); the API "
+    "server's service-account issuer is https://127.0.0.1:<port>, which it discovers by OIDC "
+    "(bound to system:service-account-issuer-discovery); a selector-less Service "
+    f"{STATUS_DNS} with an EndpointSlice to the node's bridge gateway is how pods reach it; "
+    f"the CA the pods trust it by is the cluster CA, in Secret {STATUS_CA_SECRET}.",
 )
 
 
@@ -251,9 +282,14 @@ def _dir(ctx: Context, name: str) -> Path:
     return path
 
 
-def _serving_cert(ctx: Context, name: str, cert_dir: Path) -> None:
-    """A serving certificate for 127.0.0.1 from the cluster CA, as tls.crt/tls.key."""
-    crt, key = ctx.pki.issue(name, name, server=True, dns=("localhost",), ips=("127.0.0.1",))
+def _serving_cert(
+    ctx: Context, name: str, cert_dir: Path, dns: tuple[str, ...] = (), ips: tuple[str, ...] = ()
+) -> None:
+    """A serving certificate for 127.0.0.1 (and ``dns``, ``ips``) from the cluster CA, as
+    tls.crt/tls.key."""
+    crt, key = ctx.pki.issue(
+        name, name, server=True, dns=("localhost", *dns), ips=("127.0.0.1", *ips)
+    )
     cert_dir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(crt, cert_dir / "tls.crt")
     shutil.copyfile(key, cert_dir / "tls.key")
@@ -289,17 +325,60 @@ def trainer_config(ctx: Context) -> dict:
         },
         "certManagement": {"enable": False},
         "clientConnection": {"qps": 50, "burst": 100},
+        # The progress API: the status server on every interface (upstream binds ":<port>"),
+        # which pods reach through the node's bridge gateway.
+        "featureGates": {STATUS_FEATURE_GATE: True},
+        "statusServer": {"port": p["trainer-status"]},
     }
 
 
+def trainer_rundir(ctx: Context) -> Path:
+    """What the status server sees as /run: a service-account token and namespace."""
+    return _dir(ctx, "trainer") / "run"
+
+
 def trainer_prepare(ctx: Context) -> None:
-    """Write Trainer's config file and its serving certificate."""
+    """Write Trainer's config file, its serving certificate (the webhooks' and the status
+    server's: it names the address pods use) and the service-account files of its /run."""
+    from .host import GATEWAY
+
     (_dir(ctx, "trainer") / "config.yaml").write_text(yaml.safe_dump(trainer_config(ctx)))
-    _serving_cert(ctx, "trainer-webhook", trainer_tmpdir(ctx) / "k8s-webhook-server/serving-certs")
+    _serving_cert(
+        ctx,
+        "trainer-webhook",
+        trainer_tmpdir(ctx) / "k8s-webhook-server/serving-certs",
+        dns=(STATUS_DNS, f"{STATUS_DNS}.cluster.local"),
+        ips=(GATEWAY,),
+    )
+    account = trainer_rundir(ctx) / SERVICE_ACCOUNT_DIR
+    account.mkdir(parents=True, exist_ok=True)
+    # Only its `iss` claim is read (the issuer whose OIDC discovery it then asks the API server
+    # for); a real token of upstream's service account, so the claim is the API server's own.
+    token = ctx.kubectl("create", "token", STATUS_SERVICE, "-n", STATUS_NAMESPACE).stdout
+    (account / "token").write_text(token.strip())
+    (account / "namespace").write_text(STATUS_NAMESPACE)
+    shutil.copyfile(ctx.pki.path("ca.crt"), account / "ca.crt")
+
+
+#: Runs the controller with /tmp and /run of its own (``$1``, ``$2``); ``unshare --mount``
+#: makes every mount private to the new namespace, so the host sees none of them.
+_OWN_TMP_AND_RUN = 'mount --bind "$1" /tmp && mount --bind "$2" /run && shift 2 && exec "$@"'
 
 
 def trainer_argv(ctx: Context) -> list[str]:
+    # Without root, a user namespace makes the mounts allowed (the node needs root anyway).
+    as_root = [] if os.geteuid() == 0 else ["--map-root-user"]
     return [
+        "unshare",
+        "--mount",
+        *as_root,
+        "--",
+        "sh",
+        "-c",
+        _OWN_TMP_AND_RUN,
+        "sh",
+        str(trainer_tmpdir(ctx)),
+        str(trainer_rundir(ctx)),
         str(ctx.bindir / "trainer-controller-manager"),
         "--config",
         str(ctx.state_dir / "trainer" / "config.yaml"),
@@ -308,6 +387,24 @@ def trainer_argv(ctx: Context) -> list[str]:
         "--zap-log-level",
         "2",  # upstream's manager_config_patch.yaml
     ]
+
+
+def trainer_ready(ctx: Context) -> bool:
+    """Ready: its probe says so, and the status server answers over TLS (it listens only once
+    its OIDC discovery of the token issuer has worked, and a failure stops the controller)."""
+    import ssl
+    import urllib.error
+
+    from .context import http_get
+
+    if http_get(f"http://127.0.0.1:{ctx.ports['trainer-probe']}/readyz") != "ok":
+        return False
+    tls = ssl.create_default_context(cafile=str(ctx.pki.path("ca.crt")))
+    try:
+        http_get(f"https://127.0.0.1:{ctx.ports['trainer-status']}/", tls)
+    except urllib.error.HTTPError as e:  # 404 for "/": it serves
+        return e.code == 404
+    return False
 
 
 def trainer_env(ctx: Context) -> dict[str, str]:
@@ -421,12 +518,73 @@ def public_objects(mandir: Path) -> list[dict]:
     return [ns, config_map, *rbac]
 
 
+def status_objects(ctx: Context) -> list[dict]:
+    """What the progress API needs around a status server that runs on the host:
+
+    - upstream's ServiceAccount (its token gives the server the issuer's URL, see
+      :func:`trainer_prepare`) and a binding of our Trainer identity to
+      ``system:service-account-issuer-discovery`` (the OIDC discovery it does at start);
+    - Secret :data:`STATUS_CA_SECRET` with the cluster CA as ``ca.crt`` (the plugin copies it
+      into each TrainJob's ConfigMap; without it no TrainJob gets its JobSet);
+    - a Service without selector named as the pods' URL says, and an EndpointSlice to the
+      node's bridge gateway (10.244.0.1), where the host's status server listens: CoreDNS
+      answers its name with that address."""
+    from .host import GATEWAY
+
+    port = ctx.ports["trainer-status"]
+    ca = base64.b64encode(ctx.pki.path("ca.crt").read_bytes()).decode()
+    meta = {"namespace": STATUS_NAMESPACE}
+    cn = bootstrap.USERS[TRAINER_USER][0]
+    discovery = "system:service-account-issuer-discovery"
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": STATUS_SERVICE, **meta},
+        },
+        bootstrap.cluster_role_binding(f"{TRAINER_USER}:{discovery}", discovery, cn),
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": STATUS_CA_SECRET, **meta},
+            "data": {"ca.crt": ca},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": STATUS_SERVICE, **meta},
+            "spec": {
+                "clusterIP": "None",
+                "ports": [{"name": "status", "port": port, "targetPort": port}],
+            },
+        },
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": f"{STATUS_SERVICE}-host",
+                "labels": {
+                    "kubernetes.io/service-name": STATUS_SERVICE,
+                    "endpointslice.kubernetes.io/managed-by": "ddpjob-cluster",
+                },
+                **meta,
+            },
+            "addressType": "IPv4",
+            "ports": [{"name": "status", "port": port, "protocol": "TCP"}],
+            "endpoints": [{"addresses": [GATEWAY], "conditions": {"ready": True}}],
+        },
+    ]
+
+
 def apply_objects(ctx: Context) -> None:
-    """Install the CRDs, ClusterRoles, their bindings, the webhook configurations and the SDK's
-    public ConfigMap; wait until the CRDs are established (the controllers' informers need
-    them at start)."""
+    """Install the CRDs, ClusterRoles, their bindings, the webhook configurations, the SDK's
+    public ConfigMap and what the progress API needs; wait until the CRDs are established (the
+    controllers' informers need them at start)."""
     texts = [(ctx.manifests / f).read_text() for f in CRD_FILES]
-    texts += [yaml.safe_dump(d) for d in [*objects(ctx), *public_objects(ctx.manifests)]]
+    texts += [
+        yaml.safe_dump(d)
+        for d in [*objects(ctx), *public_objects(ctx.manifests), *status_objects(ctx)]
+    ]
     ctx.apply("\n---\n".join(texts))
     bootstrap.wait_established(ctx, list(CRDS))
 

@@ -73,3 +73,44 @@ def test_public_objects_come_from_upstreams_overlay_and_rbac(tmp_path):
     assert (got_role["kind"], got_binding["kind"]) == ("Role", "RoleBinding")
     assert got_role["metadata"]["namespace"] == got_binding["metadata"]["namespace"]
     assert "namespace" not in role["metadata"]  # the input is left alone
+
+
+def test_the_progress_api_is_on_and_its_server_is_reachable_by_name_from_the_node(tmp_path):
+    """The feature gate and the status server's port in Trainer's config; the controller in a
+    mount namespace of its own (its /tmp and /run: the two in-pod paths the server reads); the
+    objects around it: the CA the pods trust it by, and its name resolving to the gateway."""
+    import base64
+
+    from localkube.context import Context
+    from localkube.host import GATEWAY
+    from localkube.pki import PKI
+
+    pki = PKI(tmp_path / "pki")
+    ports = {n: 40000 + i for i, n in enumerate(trainer_v2.TRAINER_PORTS)}
+    ctx = Context(tmp_path, tmp_path / "state", tmp_path / "bin", tmp_path, ports, pki, print)
+    config = trainer_v2.trainer_config(ctx)
+    assert config["featureGates"] == {"TrainJobStatus": True}
+    assert config["statusServer"] == {"port": ports["trainer-status"]}
+    argv = trainer_v2.trainer_argv(ctx)
+    assert argv[:2] == ["unshare", "--mount"]
+    binary = argv.index(str(ctx.bindir / "trainer-controller-manager"))
+    assert argv[binary - 2 : binary] == [
+        str(trainer_v2.trainer_tmpdir(ctx)),
+        str(trainer_v2.trainer_rundir(ctx)),
+    ]
+    objects = {o["kind"]: o for o in trainer_v2.status_objects(ctx)}
+    secret = objects["Secret"]
+    assert secret["metadata"] == {
+        "name": "kubeflow-trainer-webhook-cert",
+        "namespace": "kubeflow-system",
+    }
+    assert base64.b64decode(secret["data"]["ca.crt"]) == pki.path("ca.crt").read_bytes()
+    assert objects["Service"]["metadata"]["name"] == "kubeflow-trainer-controller-manager"
+    assert objects["Service"]["spec"]["clusterIP"] == "None"
+    (endpoint,) = objects["EndpointSlice"]["endpoints"]
+    assert endpoint["addresses"] == [GATEWAY]
+    assert objects["EndpointSlice"]["ports"][0]["port"] == ports["trainer-status"]
+    assert objects["ClusterRoleBinding"]["roleRef"]["name"] == (
+        "system:service-account-issuer-discovery"
+    )
+    assert trainer_v2.STATUS_DNS == "kubeflow-trainer-controller-manager.kubeflow-system.svc"
