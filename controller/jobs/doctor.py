@@ -39,6 +39,7 @@ POD_PERMISSIONS = [
     ("watch", "pods", "", None, "logs -f"),
     ("get", "pods", "", "log", "logs, status progress"),
     ("list", "events", "", None, "events, pending reasons"),
+    ("watch", "events", "", None, "wait, logs -f: why a pod waits"),
 ]
 # Cluster-scoped and only needed for the GPU fit check: missing means a warning.
 OPTIONAL_PERMISSIONS = [("list", "nodes", "", None, "GPU fit check")]

@@ -91,6 +91,18 @@ def test_trainer_client_reads_a_trainjob_ddpjob_submitted(real_node, namespace, 
     ours = ddpjob(cluster, "logs", name, "-n", namespace)
     assert ours.returncode == 0 and ours.stdout.splitlines() == lines, ours.stderr
 
+    # The TrainJob's own progress, which rank 0 posted (Trainer's progress API): what the SDK's
+    # TrainJob model (kubeflow_trainer_api, the one get_job parses with) reads. SDK 0.5.0's
+    # get_job does not copy it into its TrainJob type.
+    from kubeflow_trainer_api import models
+
+    cr = sdk.backend.custom_api.get_namespaced_custom_object(
+        "trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs", name
+    )
+    reported = models.TrainerV1alpha1TrainJob.from_dict(cr).status.trainer_status
+    assert (reported.progress_percentage, reported.estimated_remaining_seconds) == (100, 0)
+    assert {m.name for m in reported.metrics} >= {"loss", "samples_per_s", "step"}
+
     # get_job_events: the kubelet's events of rank 0's pod are among them.
     events = sdk.get_job_events(name)
     rank0 = _rank0_pod(cluster, name, namespace)

@@ -247,6 +247,20 @@ def test_quickstart_as_a_trainjob_succeeds(cluster, namespace, tmp_path, real_no
     st = json.loads(ddpjob(cluster, "status", "tj-quick", "-n", namespace, "-o", "json").stdout)
     assert st["condition"] == "Succeeded" and st["progress"]["step"] == 40
 
+    # Rank 0 posted its progress into the TrainJob itself (Trainer's progress API, KEP-2779),
+    # and `status` and `list` show it.
+    reported = get_json(cluster, "trainjob", "tj-quick", "-n", namespace)["status"]["trainerStatus"]
+    assert (reported["progressPercentage"], reported["estimatedRemainingSeconds"]) == (100, 0)
+    metrics = {m["name"]: m["value"] for m in reported["metrics"]}
+    assert metrics["step"] == "40" and float(metrics["loss"]) == pytest.approx(done["loss"], 1e-5)
+    assert float(metrics["samples_per_s"]) > 0
+    assert st["reported_progress"] == reported
+    text = ddpjob(cluster, "status", "tj-quick", "-n", namespace).stdout
+    assert "reported in the TrainJob: 100%  ETA 0s  step 40  loss " in text
+    listed = ddpjob(cluster, "list", "-n", namespace).stdout.splitlines()
+    assert listed[0].split() == ["NAME", "KIND", "STATUS", "NODES", "PROGRESS", "AGE"]
+    assert listed[1].split()[:5] == ["tj-quick", "TrainJob", "Succeeded", "2", "100%"]
+
 
 def test_a_suspended_trainjob_resumed_succeeds(cluster, namespace, tmp_path, real_node):
     spec = _trainjob_spec(cluster, tmp_path, "tj-later", namespace, max_steps=20, suspend=True)
