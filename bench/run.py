@@ -1,12 +1,13 @@
 """Run every benchmark, one after the other, each printing its own side-by-side ratios.
 
-    make bench                      # all seven
-    python bench/run.py trainjob    # one of: trainer controller cluster logs image local trainjob
+    make bench                      # all eight
+    python bench/run.py trainjob    # one of: trainer controller cluster logs logs-all image local
+                                    #         trainjob
 
-The trainer bench needs only CPU; the cluster, logs and trainjob benches reuse a live
-`make cluster-up` or start the local cluster themselves (trainjob needs its real node); the image
-bench needs root, podman and containerd; the local bench builds the trainer image when it is
-stale. Exit status: non-zero if any bench missed its target or failed.
+The trainer bench needs only CPU; the cluster, logs, logs-all and trainjob benches reuse a live
+`make cluster-up` or start the local cluster themselves (logs-all and trainjob need its real
+node); the image bench needs root, podman and containerd; the local bench builds the trainer
+image when it is stale. Exit status: non-zero if any bench missed its target or failed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ BENCHES = {
     "controller": HERE / "controller_bench.py",
     "cluster": HERE / "cluster_bench.py",
     "logs": HERE / "logs_bench.py",
+    "logs-all": HERE / "logs_all_bench.py",
     "image": HERE / "image_bench.py",
     "local": HERE / "local_bench.py",
     "trainjob": HERE / "trainjob_bench.py",
