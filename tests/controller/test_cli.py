@@ -225,3 +225,30 @@ def test_hints_after_submit_name_only_pods_that_exist():
         "--prefix --max-log-requests 4"
     ) in text
     assert "python -m controller logs -f quickstart -n default" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--since", "10 minutes"], "error: --since: not a duration (got '10 minutes')"),
+        (["--since", "5"], "error: --since: not a duration (got '5')"),
+        (["--tail", "-3"], "error: --tail: must be 0 or more (got -3)"),
+    ],
+)
+def test_logs_refuses_a_bad_since_or_tail_before_asking_the_cluster(args, said, capsys):
+    # No kubeconfig is read: the mistake is the user's, said in one line, exit 2.
+    assert main(["logs", "job", "--kubeconfig", "/nonexistent", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(said) and "Traceback" not in err
+
+
+def test_since_is_a_go_duration_as_kubectl_takes_it():
+    from datetime import datetime, timedelta, timezone
+
+    from controller.cli.job_commands import _since_time
+
+    for text, seconds in (("30s", 30), ("5m", 300), ("1h30m", 5400), ("1.5h", 5400)):
+        got = datetime.strptime(_since_time(text), "%Y-%m-%dT%H:%M:%SZ")
+        want = datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(seconds=seconds)
+        assert abs((got - want).total_seconds()) < 5, (text, got, want)
+    assert _since_time(None) is None
