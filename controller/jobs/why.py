@@ -94,7 +94,7 @@ class Waiting:
         if self.missing:
             return f"no pod for {self.subject} yet: {body}"
         if self.pod is None:
-            return f"the job waits: {body}"
+            return f"the job is held: {body}"
         return f"pod {self.subject} is not running: {body}"
 
 

@@ -201,7 +201,7 @@ def test_a_replica_without_a_pod_is_explained_by_its_controllers_event_of_this_j
 def test_a_suspended_job_waits_as_a_whole_and_an_ended_one_not_at_all():
     suspended = job(conditions=[{"type": "Suspended", "status": "True", "message": "queued"}])
     (w,) = job_waiting(PYTORCHJOB_KIND, suspended, [], [])
-    assert w.pod is None and w.line() == "the job waits: Suspended: queued"
+    assert w.pod is None and w.line() == "the job is held: Suspended: queued"
     done = job(conditions=[{"type": "Succeeded", "status": "True"}])
     assert job_waiting(PYTORCHJOB_KIND, done, [pod()], []) == []
 
