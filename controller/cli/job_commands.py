@@ -144,6 +144,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             on_change=_announce,
             history=seen,
             say=_say,
+            where="submit",
         )
         return _outcome(cluster, job, namespace, seen)
     return 0

@@ -56,6 +56,7 @@ def wait_for_job(
     on_change: Callable[[dict[str, Any]], None] | None = None,
     history: PodHistory | None = None,
     say: Callable[[str], None] | None = None,
+    where: str = "wait",
 ) -> dict[str, Any]:
     """Block until the job is Succeeded or Failed; returns the job. NotFound if it vanishes,
     WaitTimeout after ``timeout_s`` (with what keeps the job from running). ``on_change(job)``
@@ -65,7 +66,7 @@ def wait_for_job(
     why the job does not run is said as it changes (``controller.jobs.why.WaitNotes``: a
     problem at once, a step once it lasts). With ``history``, the pods are recorded meanwhile
     (their last state and the log tail of each failed run), for the failure report once pods
-    are gone.
+    are gone. ``where`` starts the timeout's message (the command).
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     last = None
@@ -109,7 +110,7 @@ def wait_for_job(
                     say(f"job {name}: {line}")
     finally:
         watches.stop()
-    raise timeout_error("wait", namespace, name, timeout_s, last, notes.current())
+    raise timeout_error(where, namespace, name, timeout_s, last, notes.current())
 
 
 def timeout_error(

@@ -51,7 +51,7 @@ def test_an_image_that_cannot_be_pulled_is_named_with_the_registrys_answer(
     assert f'image "{BAD_IMAGE}" cannot be pulled: ' in said
     assert "connection refused" in said  # what the registry (here: nobody) answered
     error = r.stderr.split("\nerror: ")[1]
-    assert error.startswith(f"wait: job {namespace}/bad-image has not ended after 25 s (got ")
+    assert error.startswith(f"submit: job {namespace}/bad-image has not ended after 25 s (got ")
     assert "cannot be pulled" in error.splitlines()[0] and "Traceback" not in r.stderr
 
 
