@@ -100,7 +100,7 @@ def wait_for_job(
                         return obj
                 elif what == "pod" and etype != RESYNC:
                     notes.see_pod(etype, obj)
-                    if history is not None and etype != "DELETED":
+                    if history is not None:  # a deleted pod's last state too
                         history.see(cluster, obj, namespace)
                 elif what == "event" and etype != RESYNC:
                     notes.see_event(etype, obj)
