@@ -142,6 +142,7 @@ def kubectl_hints(
             f"--prefix --max-log-requests {max(max_pods, 1)}",
             f"  {CLI} logs -f {name} -n {namespace}   # rank 0, on the worker the rendezvous "
             "picked",
+            f"  {CLI} logs -f {name} -n {namespace} --all   # every worker",
         ]
     elif kind.name == PYTORCHJOB_KIND.name:  # the operator names the master pod exactly
         logs = [f"  kubectl logs -f {name}-master-0 -c {kind.container} -n {namespace}"]
