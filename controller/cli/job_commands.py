@@ -301,7 +301,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
             f"logs: no worker of job {namespace}/{args.name} shows the trainer's start event "
             "(a script of your own?): every worker's log, each line after its pod's name"
         )
+    from controller.jobs.follow import has_container
+
     pods = cluster.list_pods(namespace, kind.pods_selector(args.name))
+    pods = [p for p in pods if has_container(p, kind.container)]  # not an initializer's
     if not pods:
         raise NotFound(
             f"logs: job {namespace}/{args.name} has no pod (got none with "

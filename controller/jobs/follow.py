@@ -269,13 +269,17 @@ class RankFollower:
     # -- selection -------------------------------------------------------------------------
 
     def follows(self, pod: dict[str, Any]) -> bool:
-        """Whether ``pod``'s log is followed (every pod of the job is watched, for notes)."""
+        """Whether ``pod``'s log is followed (every pod of the job is watched, for notes): one
+        with the training container (a TrainJob's initializers have none) and, unless
+        ``every``, of the rank followed."""
+        if not has_container(pod, self.kind.container):
+            return False
+        labels = pod.get("metadata", {}).get("labels") or {}
         if self.every:
             return True
         if self.elastic:
-            labels = pod.get("metadata", {}).get("labels") or {}
             return labels.get(LABEL_REPLICA_TYPE) == "worker"
-        return self.kind.node_rank(pod) == self.rank
+        return matches(self.kind.rank_selector(self.job, self.rank), labels)
 
     def _prefix(self, pod: dict[str, Any]) -> str:
         if self.elastic:  # the rendezvous numbers the ranks: the pod names them
@@ -609,6 +613,19 @@ class RankFollower:
     def _end_all(self) -> None:
         for run in list(self.runs.values()):
             self._finish(run)
+
+
+def has_container(pod: dict[str, Any], name: str) -> bool:
+    """``pod`` runs a container ``name`` (a pod without a spec, as a test may write one, is
+    taken to)."""
+    containers = pod.get("spec", {}).get("containers")
+    return containers is None or any(c.get("name") == name for c in containers)
+
+
+def matches(selector: str, labels: dict[str, str]) -> bool:
+    """``labels`` satisfy an equality-based label selector (``a=b,c=d``)."""
+    pairs = (term.split("=", 1) for term in selector.split(",") if term)
+    return all(labels.get(key) == value for key, value in pairs)
 
 
 def _start_hostname(line: str) -> str:

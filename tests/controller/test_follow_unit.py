@@ -16,7 +16,7 @@ from controller.errors import NotFound
 from controller.jobs.follow import RankFollower
 from controller.kube.logstream import LogStreamBroken
 from controller.kube.watch import RESYNC
-from controller.kubeflow import LABEL_REPLICA_INDEX, LABEL_REPLICA_TYPE
+from controller.kubeflow import LABEL_JOB_NAME, LABEL_REPLICA_INDEX, LABEL_REPLICA_TYPE
 
 
 def stamp(i: int) -> str:
@@ -42,7 +42,7 @@ class FakeCluster:
     def pod_event(self, etype: str, name: str, uid: str, state: str) -> None:
         cs = {"name": "pytorch", "restartCount": 0, "state": {state: {}}}
         rtype, _, index = name.removeprefix("j-").partition("-")  # j-worker-1: worker, 1
-        labels = {LABEL_REPLICA_TYPE: rtype, LABEL_REPLICA_INDEX: index}
+        labels = {LABEL_JOB_NAME: "j", LABEL_REPLICA_TYPE: rtype, LABEL_REPLICA_INDEX: index}
         pod = {
             "metadata": {"name": name, "uid": uid, "labels": labels},
             "status": {
@@ -518,7 +518,11 @@ def test_notes_say_why_another_pod_does_not_run():
         "metadata": {
             "name": "j-worker-0",
             "uid": "w",
-            "labels": {LABEL_REPLICA_TYPE: "worker", LABEL_REPLICA_INDEX: "0"},
+            "labels": {
+                LABEL_JOB_NAME: "j",
+                LABEL_REPLICA_TYPE: "worker",
+                LABEL_REPLICA_INDEX: "0",
+            },
         },
         "spec": {"nodeName": "n"},
         "status": {
@@ -545,3 +549,25 @@ def test_notes_say_why_another_pod_does_not_run():
         'logs: pod j-worker-0 is not running: ErrImagePull: image "nope:1" cannot be pulled: '
         "not found"
     ]
+
+
+def test_a_trainjobs_initializer_pod_is_neither_rank_0_nor_one_of_every_rank():
+    """A TrainJob's dataset or model initializer is a Job of the same JobSet with completion
+    index 0 too, and no `node` container."""
+    from controller.jobs.apis import TRAINJOB_KIND
+    from controller.kubeflow import (
+        LABEL_JOB_COMPLETION_INDEX,
+        LABEL_JOBSET_NAME,
+        LABEL_REPLICATED_JOB_NAME,
+    )
+
+    def tj_pod(rjob: str, container: str) -> dict[str, Any]:
+        labels = {LABEL_JOBSET_NAME: "t", LABEL_REPLICATED_JOB_NAME: rjob}
+        labels[LABEL_JOB_COMPLETION_INDEX] = "0"
+        return {"metadata": {"labels": labels}, "spec": {"containers": [{"name": container}]}}
+
+    node, init = tj_pod("node", "node"), tj_pod("dataset-initializer", "dataset-initializer")
+    one = RankFollower(FakeCluster(), "ns", "t", 0, print, print, TRAINJOB_KIND)
+    every = RankFollower(FakeCluster(), "ns", "t", 0, print, print, TRAINJOB_KIND, every=True)
+    assert one.follows(node) and not one.follows(init)
+    assert every.follows(node) and not every.follows(init)
