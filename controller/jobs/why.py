@@ -204,6 +204,10 @@ def pod_waiting(pod: dict[str, Any], events: list[dict[str, Any]]) -> Waiting | 
     state = main.get("state") or {}
     if "running" in state or "terminated" in state:
         return None
+    if not main and any(  # a pod of another container (a TrainJob's initializer) that runs
+        "running" in (cs.get("state") or {}) for cs in status.get("containerStatuses") or []
+    ):
+        return None
     # Every other container (a sidecar) can keep the pod from starting too.
     for cs in [main] + [
         c for c in status.get("containerStatuses") or [] if c.get("name") != main.get("name")
