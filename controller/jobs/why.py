@@ -263,10 +263,11 @@ def job_waiting(
     missing = [r for r in kind.expected_replicas(job) if r not in have]
     if not missing:
         return out
-    created = job.get("metadata", {}).get("creationTimestamp") or ""
-    # An event from before the job was created is about an earlier job of the same name.
+    # An event from before the job was created is about an earlier job of the same name. To the
+    # second: creationTimestamp has whole seconds, an event's eventTime microseconds.
+    created = (job.get("metadata", {}).get("creationTimestamp") or "")[:19]
     failures = sorted(
-        (e for e in kind.build_failures(name, events) if event_time(e) >= created),
+        (e for e in kind.build_failures(name, events) if event_time(e)[:19] >= created),
         key=event_time,
     )
     for replica in missing:

@@ -214,7 +214,11 @@ def test_a_trainjob_without_a_jobset_is_explained_by_its_event():
         "spec": {"trainer": {"numNodes": 1}},
         "status": {},
     }
+    # As Trainer records it: eventTime with microseconds, no lastTimestamp, in the second the
+    # TrainJob was created.
     failed = event("t", "TrainJobResourcesCreationFailed", "runtime not found", kind="TrainJob")
+    failed["lastTimestamp"] = None
+    failed["eventTime"] = "2026-01-01T00:00:00.870814Z"
     (w,) = job_waiting(TRAINJOB_KIND, tj, [], [failed])
     assert w.missing and w.problem
     assert w.line() == "no pod for node-0 yet: TrainJobResourcesCreationFailed: runtime not found"
