@@ -20,6 +20,13 @@ from controller import kubeflow
 from localkube import images, tools, trainer_v2
 from localkube.handle import temporary_namespace, wait_until
 
+#: What the TrainJobStatus plugin gives every trainer container (trainer/progress_api.py).
+PROGRESS_ENV = (
+    "KUBEFLOW_TRAINER_SERVER_URL",
+    "KUBEFLOW_TRAINER_SERVER_CA_CERT",
+    "KUBEFLOW_TRAINER_SERVER_TOKEN",
+)
+
 pytestmark = pytest.mark.cluster
 
 PRINT_PET_ENV = (
@@ -229,9 +236,15 @@ def test_two_node_trainjob_becomes_indexed_jobset_with_pet_env(cluster, namespac
         assert container["name"] == kubeflow.TRAINJOB_CONTAINER
         assert container["image"] == images.trainer_ref()  # the runtime's: this checkout's
         env = {e["name"]: e for e in container["env"]}
-        # The 5 PET_* of the torch plugin, and the Job controller's own JOB_COMPLETION_INDEX:
-        # no MASTER_ADDR, RANK or WORLD_SIZE.
-        assert set(env) == {*kubeflow.TRAINJOB_RESERVED_ENV, "JOB_COMPLETION_INDEX"}
+        # The 5 PET_* of the torch plugin, the Job controller's own JOB_COMPLETION_INDEX and
+        # the progress API's three (the TrainJobStatus gate is on): no MASTER_ADDR, RANK or
+        # WORLD_SIZE.
+        assert set(env) == {*kubeflow.TRAINJOB_RESERVED_ENV, "JOB_COMPLETION_INDEX", *PROGRESS_ENV}
+        port = cluster.control_plane.read_state()["ports"]["trainer-status"]
+        assert env["KUBEFLOW_TRAINER_SERVER_URL"]["value"] == (
+            f"https://{trainer_v2.STATUS_DNS}:{port}"
+            f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{namespace}/trainjobs/{name}/status"
+        )
         assert env[kubeflow.ENV_NNODES]["value"] == "2"
         assert env[kubeflow.ENV_NPROC_PER_NODE]["value"] == "2"
         assert env[kubeflow.ENV_MASTER_ADDR]["value"] == master_addr
