@@ -13,8 +13,7 @@ import pytest
 import yaml
 
 from controller import kubeflow
-from localkube import node
-from tests.e2e.helpers import CLAIM, Background, ddpjob, get_json, node_spec
+from tests.e2e.helpers import Background, ddpjob, get_json, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -32,8 +31,7 @@ def _by_prefix(text: str, prefixes: dict[str, str]) -> dict[str, list[str]]:
 
 def test_logs_all_follows_every_rank_of_a_three_pod_trainjob(real_node, namespace, tmp_path):
     name = "three"
-    real_node.local_volume(namespace, CLAIM)
-    spec = node_spec(
+    spec = write_spec(
         real_node,
         tmp_path,
         name,
@@ -85,7 +83,6 @@ def test_an_elastic_job_of_a_users_own_script_is_followed_on_every_worker(
     real_node, namespace, tmp_path
 ):
     name = "own"
-    placement = node.placement()
     spec = tmp_path / "own.yaml"
     spec.write_text(
         yaml.safe_dump(
@@ -99,8 +96,6 @@ def test_an_elastic_job_of_a_users_own_script_is_followed_on_every_worker(
                 # the other pod: keep both logs.
                 "clean_pod_policy": "None",
                 "resources": {"cpu": "500m", "memory": "1Gi"},
-                "node_selector": placement["nodeSelector"],
-                "tolerations": placement["tolerations"],
                 "command": ["python", "-m", "torch.distributed.run", "--no-python"],
                 "args": ["python", "-c", SCRIPT],
             }

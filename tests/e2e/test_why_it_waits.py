@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.helpers import ddpjob, node_spec
+from tests.e2e.helpers import ddpjob, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -34,15 +34,8 @@ def _said(stderr: str, what: str) -> list[str]:
 def test_an_image_that_cannot_be_pulled_is_named_with_the_registrys_answer(
     real_node, namespace, tmp_path
 ):
-    spec = node_spec(
-        real_node,
-        tmp_path,
-        "bad-image",
-        namespace,
-        api="trainjob",
-        nodes=1,
-        image=BAD_IMAGE,
-        volumes=[],
+    spec = write_spec(
+        real_node, tmp_path, "bad-image", namespace, api="trainjob", nodes=1, image=BAD_IMAGE
     )
     r = ddpjob(real_node, "submit", str(spec), "--wait", "--timeout", TIMEOUT_S, timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr
@@ -56,13 +49,12 @@ def test_an_image_that_cannot_be_pulled_is_named_with_the_registrys_answer(
 
 
 def test_a_missing_secret_is_named_by_wait(real_node, namespace, tmp_path):
-    spec = node_spec(
+    spec = write_spec(
         real_node,
         tmp_path,
         "no-secret",
         namespace,
         nodes=1,
-        volumes=[],
         secret_env={"API_TOKEN": {"secret": "not-created", "key": "token"}},
     )
     r = ddpjob(real_node, "submit", str(spec))
@@ -82,14 +74,8 @@ def test_a_missing_secret_is_named_by_wait(real_node, namespace, tmp_path):
 
 
 def test_a_job_too_big_for_any_node_is_explained_by_follow(real_node, namespace, tmp_path):
-    spec = node_spec(
-        real_node,
-        tmp_path,
-        "too-big",
-        namespace,
-        nodes=1,
-        volumes=[],
-        resources={"cpu": "64", "memory": "1Gi"},
+    spec = write_spec(
+        real_node, tmp_path, "too-big", namespace, nodes=1, resources={"cpu": "64", "memory": "1Gi"}
     )
     r = ddpjob(
         real_node, "submit", str(spec), "--force", "--follow", "--timeout", TIMEOUT_S, timeout=120
