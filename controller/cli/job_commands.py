@@ -250,7 +250,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
     from controller.errors import NotFound, UserError
     from controller.jobs.explain import is_elastic
-    from controller.jobs.follow import RankFollower
+    from controller.jobs.follow import RankFollower, has_container
     from controller.jobs.wait import timeout_error
 
     since_time = _since_time(args.since)
@@ -301,8 +301,6 @@ def cmd_logs(args: argparse.Namespace) -> int:
             f"logs: no worker of job {namespace}/{args.name} shows the trainer's start event "
             "(a script of your own?): every worker's log, each line after its pod's name"
         )
-    from controller.jobs.follow import has_container
-
     pods = cluster.list_pods(namespace, kind.pods_selector(args.name))
     pods = [p for p in pods if has_container(p, kind.container)]  # not an initializer's
     if not pods:
