@@ -278,6 +278,55 @@ def test_status_reads_progress_from_rank_0_container_node():
     assert st["progress"]["eta_s"] == 45.0
 
 
+def test_status_and_list_show_the_progress_the_trainjob_itself_reports(monkeypatch, capsys):
+    """status.trainerStatus (Trainer's progress API, posted by rank 0): `status` has it whole
+    (`-o json`: reported_progress) and in one line, `list` its percentage; a job without it (a
+    PyTorchJob, or a TrainJob whose pods post nothing) shows none. The e2e test on the real
+    node: test_trainjob.py's quickstart."""
+    from controller.cli import job_commands
+    from controller.cli.main import main
+    from controller.jobs.explain import format_reported
+
+    reported = {
+        "progressPercentage": 45,
+        "estimatedRemainingSeconds": 192,
+        "metrics": [{"name": "step", "value": "45"}, {"name": "loss", "value": "0.2347"}],
+    }
+    assert format_reported(reported) == "45%  ETA 3m12s  step 45  loss 0.2347"
+    dated = format_reported({**reported, "lastUpdatedTime": "2026-11-22T10:00:00Z"})
+    assert dated.startswith("45%  ETA 3m12s  step 45  loss 0.2347  (updated ")
+    assert dated.endswith(" ago)")
+    assert PYTORCHJOB_KIND.reported_progress({"status": {"trainerStatus": reported}}) is None
+
+    tj = trainjob(jobs=job_counts(active=1, ready=1))
+    tj["status"]["trainerStatus"] = reported
+    quiet = {**trainjob(), "metadata": {**trainjob()["metadata"], "name": "quiet"}}
+
+    class Cluster(FakeCluster):
+        def default_namespace(self):
+            return "ml"
+
+        def list_jobs(self, namespace, selector=None, api=None):
+            return [job for (plural, _), job in self.jobs.items() if plural == api.plural]
+
+    fake = Cluster({("trainjobs", "tj"): tj, ("trainjobs", "quiet"): quiet}, pods=[pod(0)])
+    fake.logs[("tj-node-0-0-abc0d", False)] = ""
+    assert job_status(fake, "tj", "ml", "trainjob")["reported_progress"] == reported
+    assert job_status(fake, "quiet", "ml", "trainjob")["reported_progress"] is None
+    monkeypatch.setattr(job_commands, "_cluster", lambda args: fake)
+
+    assert main(["status", "tj", "--api", "trainjob"]) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert said[-1] == "reported in the TrainJob: 45%  ETA 3m12s  step 45  loss 0.2347"
+    assert main(["list", "--api", "trainjob"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert rows[0] == ["NAME", "KIND", "STATUS", "NODES", "PROGRESS", "AGE"]
+    assert [row[:5] for row in rows[1:]] == [
+        ["quiet", "TrainJob", "Pending", "2", "-"],
+        ["tj", "TrainJob", "Running", "2", "45%"],
+    ]
+
+
 def test_the_history_of_a_wait_stands_in_for_pods_the_job_deleted():
     from controller.jobs.status import failure_report
 
