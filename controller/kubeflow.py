@@ -35,7 +35,7 @@ class JobAPI:
 PYTORCHJOB = JobAPI("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs")
 PYTORCHJOB_CRD = PYTORCHJOB.crd
 #: The operator version the local cluster builds and the CRD-missing hint installs.
-OPERATOR_VERSION = "v1.9.2"
+OPERATOR_VERSION = "v1.9.4"
 
 #: Labels the operator puts on every pod of a job.
 LABEL_JOB_NAME = "training.kubeflow.org/job-name"
@@ -125,6 +125,30 @@ TRAINER_POD_SELECTOR = "app.kubernetes.io/name=trainer"
 #: Every job API ddpjob renders and watches, by the spec's ``api:`` value.
 JOB_APIS = (PYTORCHJOB, TRAINJOB)
 API_BY_NAME = {"pytorchjob": PYTORCHJOB, "trainjob": TRAINJOB}
+
+# ------------------------------------------------------------------------------------------
+# Kueue (the queue a shared cluster admits jobs through), v0.17: its API kueue.x-k8s.io/v1beta2.
+# Read from sigs.k8s.io/kueue@v0.17.0: apis/kueue/v1beta2, pkg/controller/constants.
+
+KUEUE_VERSION = "v0.17.0"
+WORKLOAD = JobAPI("kueue.x-k8s.io", "v1beta2", "Workload", "workloads")
+LOCAL_QUEUE = JobAPI("kueue.x-k8s.io", "v1beta2", "LocalQueue", "localqueues")
+CLUSTER_QUEUE = JobAPI("kueue.x-k8s.io", "v1beta2", "ClusterQueue", "clusterqueues")
+WORKLOAD_PRIORITY_CLASS = JobAPI(
+    "kueue.x-k8s.io", "v1beta2", "WorkloadPriorityClass", "workloadpriorityclasses"
+)
+#: The visibility API (an APIService Kueue serves when its VisibilityOnDemand gate is on, as in
+#: upstream's install): a LocalQueue's pending workloads with their positions.
+VISIBILITY_GROUP_VERSION = "visibility.kueue.x-k8s.io/v1beta2"
+
+#: On the job: the LocalQueue Kueue admits it through ...
+LABEL_QUEUE = "kueue.x-k8s.io/queue-name"
+#: ... and its WorkloadPriorityClass (KEP-973), which orders and preempts within the queue.
+LABEL_PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"
+#: On the Workload Kueue makes for a job: the job's UID.
+LABEL_JOB_UID = "kueue.x-k8s.io/job-uid"
+#: Kueue's controller pod in the upstream manifests (config/default).
+KUEUE_POD_SELECTOR = "app.kubernetes.io/name=kueue,control-plane=controller-manager"
 
 # ------------------------------------------------------------------------------------------
 # The trainer image (ours, but every renderer and the chart must agree on it)

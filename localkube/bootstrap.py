@@ -67,6 +67,7 @@ USERS = {
     "training-operator": ("ddpjob:training-operator", ()),
     "kubeflow-trainer": ("ddpjob:kubeflow-trainer", ()),  # Trainer v2 (trainer_v2.py)
     "jobset": ("ddpjob:jobset", ()),
+    "kueue": ("ddpjob:kueue", ()),  # kueue.py
 }
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from . import bootstrap, images, node, trainer_v2
+from . import bootstrap, images, kueue, node, trainer_v2
 from .context import Context, http_get
 from .host import CONTAINERD_CONFIG, COREDNS_CONFIG, GATEWAY, KUBELET_ROOT
 
@@ -360,6 +360,24 @@ TRAINER_CONTROLLER = Component(
     ports=trainer_v2.TRAINER_PORTS,
 )
 
+# ------------------------------------------------------------------------------------ Kueue
+
+# Kueue's command with its config file, certificates and objects from kueue.py. Waited for at
+# once: its webhooks (failurePolicy Fail) see every job and pod created from then on, and the
+# queues are admitted by them.
+
+KUEUE = Component(
+    "kueue",
+    kueue.argv,
+    lambda ctx: http_get(f"http://127.0.0.1:{ctx.ports['kueue-probe']}/readyz") == "ok",
+    wait="now",
+    prepare=kueue.prepare,
+    ports=kueue.PORTS,
+)
+
+#: Kueue after the operators (its integrations need their CRDs, the TrainJob one the runtime).
+KUEUE_STEPS: tuple[Component | Step, ...] = (Step("kueue-objects", kueue.apply_objects), KUEUE)
+
 # ------------------------------------------------------------------------------------ real node
 
 
@@ -439,6 +457,10 @@ def _torch_runtime(ctx: Context) -> None:
     trainer_v2.install_runtime(ctx, images.trainer_ref())
 
 
+def _kueue_queues(ctx: Context) -> None:
+    kueue.install_queues(ctx, node.NODE_NAME if node.ENABLED else None)
+
+
 def _default_service_account(ctx: Context) -> bool:
     proc = ctx.kubectl("get", "serviceaccount", "default", "-n", "default", check=False)
     return proc.returncode == 0
@@ -457,7 +479,10 @@ SEQUENCE: tuple[Component | Step, ...] = (
     JOBSET_CONTROLLER,
     TRAINER_CONTROLLER,
     Step("torch-distributed-runtime", _torch_runtime),
+    *(KUEUE_STEPS if kueue.ENABLED else ()),
     *(NODE if node.ENABLED else ()),
+    # The quick start's queues: the ClusterQueue's quota is the real node's CPU and memory.
+    *((Step("kueue-queues", _kueue_queues),) if kueue.ENABLED else ()),
 )
 
 #: Checks before anything is built or started: each raises a one-line LocalkubeError when this

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import bootstrap, procs, tools
+from . import bootstrap, kueue, procs, tools
 from .components import (
     FINAL_PROBES,
     HOST_CHECKS,
@@ -242,6 +242,8 @@ class ControlPlane:
         state["total_seconds"] = round(time.monotonic() - t0, 2)
         self.state.write(state)
         self.say(f"ready in {state['up_seconds']:.1f}s (kubeconfig {self.kubeconfig})")
+        if not kueue.ENABLED:
+            self.say(kueue.DISABLED_HINT)
         return state
 
     def _start(self, state: dict, ctx: Context, component: Component) -> None:

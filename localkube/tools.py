@@ -1,14 +1,15 @@
 """Build the Go components of the local control plane, pinned and cached outside the repo.
 
-Everything Go comes from one wrapper module (``localkube/go``) so that kube-apiserver,
-kube-controller-manager, kube-scheduler, etcd, kwok, the training operator, kubectl and the kubelet
+The Kubernetes components come from one wrapper module (``localkube/go``) so that
+kube-apiserver, kube-controller-manager, kube-scheduler, etcd, kwok, kubectl and the kubelet
 share one dependency graph and one link (a busybox-style multi-call binary ``kube``). helm is
 built from the same module graph, so the packages it shares with Kubernetes come from the Go
 build cache. CoreDNS is a small module of its own (``go/coredns``): its kubernetes plugin needs
 the client-go it was released with.
 
-Kubeflow Trainer v2 and JobSet need k8s.io v0.36: a second module (``localkube/go-trainer``,
-see ``trainer_v2.py``) builds their two commands into the same folder.
+The operators need k8s.io v0.36: a second module (``localkube/go-operators``, see
+``operators.py``) builds the training operator v1, Kubeflow Trainer v2, JobSet and Kueue into
+the same folder, with the manifests each installs.
 
 The tools folder is versioned by the pinned versions plus a hash of both modules' sources, so a
 second ``build()`` builds nothing and a change to either builds into a fresh folder.
@@ -24,18 +25,17 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import trainer_v2
+from . import operators
 from .gocmd import _run_go, module_download
 
 #: Pinned component versions. They must match localkube/go/go.mod.
 VERSIONS = {
     "kubernetes": "v1.33.13",
     "etcd": "v3.5.21",
-    "training-operator": "v1.9.2",
     "kwok": "v0.7.0",
     "helm": "v3.18.6",
     "coredns": "v1.12.0",
-    **trainer_v2.VERSIONS,  # built from localkube/go-trainer
+    **operators.VERSIONS,  # built from localkube/go-operators
 }
 
 GO_DIR = Path(__file__).resolve().parent / "go"
@@ -47,7 +47,6 @@ KUBE_COMPONENTS = (
     "kube-controller-manager",
     "kube-scheduler",
     "kwok",
-    "training-operator",
     "kubectl",
     "kubelet",
     "cri-reset",
@@ -57,19 +56,8 @@ KUBE_COMPONENTS = (
 OWN_BINARIES = {"helm": (".", "helm.sh/helm/v3/cmd/helm"), "coredns": ("coredns", ".")}
 
 #: Files copied out of the Go module cache, so that running the cluster needs no Go at all.
+#: (The operators' manifests come from their module: ``operators.MANIFESTS``.)
 MODULE_FILES = {
-    (
-        "github.com/kubeflow/training-operator",
-        "manifests/base/crds/kubeflow.org_pytorchjobs.yaml",
-    ): "pytorchjobs-crd.yaml",
-    (
-        "github.com/kubeflow/training-operator",
-        "manifests/base/rbac/role.yaml",
-    ): "training-operator-role.yaml",
-    (
-        "github.com/kubeflow/training-operator",
-        "manifests/base/webhook/manifests.yaml",
-    ): "training-operator-webhooks.yaml",
     ("sigs.k8s.io/kwok", "kustomize/crd/bases/kwok.x-k8s.io_logs.yaml"): "kwok-logs-crd.yaml",
 }
 
@@ -84,7 +72,7 @@ def _source_hash() -> str:
         digest.update(str(path.relative_to(GO_DIR)).encode())
         digest.update(path.read_bytes())
     digest.update(json.dumps(VERSIONS, sort_keys=True).encode())
-    digest.update(trainer_v2.source_digest())
+    digest.update(operators.source_digest())
     return digest.hexdigest()[:10]
 
 
@@ -110,7 +98,7 @@ def is_built() -> bool:
     names = [*KUBE_COMPONENTS, "kube", *OWN_BINARIES]
     if not all((root / "bin" / n).exists() for n in names):
         return False
-    if not trainer_v2.is_built(root):
+    if not operators.is_built(root):
         return False
     return all((root / "manifests" / f).exists() for f in MODULE_FILES.values())
 
@@ -186,7 +174,7 @@ def _build_locked(root: Path, log) -> dict[str, float]:
             times[name] = _run_go([*common, "-o", str(tmp), package], log, GO_DIR / module)
             tmp.rename(dest)
     _copy_module_files(root / "manifests")
-    times.update(trainer_v2.build(root, log))  # after kubectl: it renders their manifests
+    times.update(operators.build(root, log))  # after kubectl: it renders their manifests
     record = root / "build-times.json"
     old = json.loads(record.read_text()) if record.exists() else {}
     old.update({k: round(v, 1) for k, v in times.items()})

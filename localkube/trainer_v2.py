@@ -1,8 +1,9 @@
 """Kubeflow Trainer v2 and JobSet in the local cluster: their build, their processes, their objects.
 
 Both controllers are upstream's own commands, built unmodified from the Go module proxy by the
-module ``localkube/go-trainer`` (Trainer's ``cmd/trainer-controller-manager`` and JobSet's root
-``main``), and run as host processes beside the training operator v1, like every component:
+module ``localkube/go-operators`` (Trainer's ``cmd/trainer-controller-manager`` and JobSet's root
+``main``; ``operators.py`` builds them with Kueue and the training operator v1), and run as host
+processes beside the training operator v1, like every component:
 
 - Each reads a config file written at start: webhook server on ``127.0.0.1:<free port>``, no
   certificate management of its own (upstream's rotates a Secret for a Service; there is no pod
@@ -13,7 +14,7 @@ module ``localkube/go-trainer`` (Trainer's ``cmd/trainer-controller-manager`` an
 - Each has its own client identity (``kubeflow-trainer.kubeconfig``, ``jobset.kubeconfig``, see
   ``bootstrap.USERS``) bound to upstream's ClusterRoles.
 - Their CRDs, RBAC and webhook configurations are upstream's kustomize output, rendered at build
-  time (``render_manifests``) and installed by :func:`apply_objects` with every
+  time (``operators.render_manifests``) and installed by :func:`apply_objects` with every
   ``clientConfig.service`` replaced by ``url: https://127.0.0.1:<port><path>`` and the CA bundle.
 - :func:`install_runtime` installs upstream's ``torch-distributed`` ClusterTrainingRuntime with
   one change, the image: this checkout's trainer image (``images.trainer_ref()``, what
@@ -33,11 +34,7 @@ from __future__ import annotations
 
 import base64
 import copy
-import hashlib
-import json
-import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,12 +48,10 @@ from . import bootstrap
 if TYPE_CHECKING:
     from .context import Context
 
-#: Pinned versions (go-trainer/go.mod must require exactly these; ``build`` checks).
+#: Pinned versions (go-operators/go.mod must require exactly these; ``operators.build`` checks).
 VERSIONS = {"kubeflow-trainer": kubeflow.TRAINER_VERSION, "jobset": kubeflow.JOBSET_VERSION}
 TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
 JOBSET_MODULE = "sigs.k8s.io/jobset"
-
-GO_DIR = Path(__file__).resolve().parent / "go-trainer"
 
 #: Binaries in the tools ``bin/`` folder -> the upstream main package each is built from.
 BINARIES = {
@@ -64,9 +59,8 @@ BINARIES = {
     "jobset-controller-manager": JOBSET_MODULE,
 }
 
-#: Manifest files in the tools ``manifests/`` folder -> (module, path in the module zip, how):
-#: "kustomize" renders a kustomization folder with the built kubectl, "copy" copies one file,
-#: "rbac+webhooks" keeps only the ClusterRoles and webhook configurations of a kustomization.
+#: Manifest files in the tools ``manifests/`` folder -> (module, path in the module zip, how);
+#: ``operators.render_manifests`` says what each "how" does.
 MANIFESTS = {
     "trainer-crds.yaml": (TRAINER_MODULE, "manifests/base/crds", "kustomize"),
     "trainer-rbac.yaml": (TRAINER_MODULE, "manifests/base/rbac", "kustomize"),
@@ -100,7 +94,6 @@ CRDS = (
     kubeflow.CLUSTER_TRAINING_RUNTIME.crd,
     kubeflow.JOBSET.crd,
 )
-_KEPT_KINDS = ("ClusterRole", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 
 #: Upstream's public ConfigMap (``kubeflow_trainer_version``) and the Role/RoleBinding that let
 #: every authenticated user read it: the Kubeflow SDK (``TrainerClient``) reads it at start and
@@ -164,113 +157,6 @@ DIFFERENCES = (
     f"{STATUS_DNS} with an EndpointSlice to the node's bridge gateway is how pods reach it; "
     f"the CA the pods trust it by is the cluster CA, in Secret {STATUS_CA_SECRET}.",
 )
-
-
-# ------------------------------------------------------------------------------------ build
-
-
-def source_digest() -> bytes:
-    """A digest of the go-trainer module (go.mod, go.sum, *.go) and the pins, for tools_dir."""
-    digest = hashlib.sha256()
-    for path in [GO_DIR / "go.mod", GO_DIR / "go.sum", *sorted(GO_DIR.rglob("*.go"))]:
-        digest.update(str(path.relative_to(GO_DIR)).encode())
-        digest.update(path.read_bytes())
-    digest.update(json.dumps(VERSIONS, sort_keys=True).encode())
-    return digest.digest()
-
-
-def is_built(root: Path) -> bool:
-    """True when both binaries and every rendered manifest are in the tools folder ``root``."""
-    return all((root / "bin" / n).exists() for n in BINARIES) and all(
-        (root / "manifests" / n).exists() for n in MANIFESTS
-    )
-
-
-def required_versions(go_mod: str) -> dict[str, str]:
-    """The versions go.mod requires of Trainer and JobSet (``require`` lines only)."""
-    found = {}
-    for line in go_mod.splitlines():
-        parts = line.strip().removeprefix("require").split()
-        if len(parts) >= 2 and parts[0] in (TRAINER_MODULE, JOBSET_MODULE):
-            found[parts[0]] = parts[1]
-    return found
-
-
-def _check_pins() -> None:
-    want = {TRAINER_MODULE: kubeflow.TRAINER_VERSION, JOBSET_MODULE: kubeflow.JOBSET_VERSION}
-    got = required_versions((GO_DIR / "go.mod").read_text())
-    if got != want:
-        raise RuntimeError(
-            f"localkube.trainer_v2: {GO_DIR / 'go.mod'} does not pin the versions in "
-            f"controller/kubeflow.py (got {got}, want {want}). Edit one to match the other, "
-            f"then run `go mod tidy` in {GO_DIR}."
-        )
-
-
-def _module(module: str) -> dict:
-    """``go mod download -json`` of a module go-trainer requires: its Dir and Origin."""
-    from .gocmd import module_download
-
-    return module_download(module, GO_DIR)
-
-
-def build(root: Path, log) -> dict[str, float]:
-    """Build the missing binaries (one ``go build`` for both) and render the missing manifests
-    into the tools folder ``root``; return build seconds. Needs ``root/bin/kubectl`` built."""
-    from .gocmd import _run_go
-
-    times: dict[str, float] = {}
-    bindir, mandir = root / "bin", root / "manifests"
-    missing = {n: pkg for n, pkg in BINARIES.items() if not (bindir / n).exists()}
-    if missing:
-        _check_pins()
-        # The commit JobSet's own build stamps; the proxy's .info file records it.
-        info = json.loads(Path(_module(JOBSET_MODULE)["Info"]).read_text())
-        origin = info.get("Origin") or {}
-        version_pkg = f"{JOBSET_MODULE}/pkg/version"
-        ldflags = f"-s -w -X {version_pkg}.GitVersion={kubeflow.JOBSET_VERSION}"
-        if origin.get("Hash"):
-            ldflags += f" -X {version_pkg}.GitCommit={origin['Hash']}"
-        tmp = bindir / f".trainer-v2.tmp{os.getpid()}"
-        tmp.mkdir(parents=True, exist_ok=True)
-        args = ["build", "-trimpath", "-ldflags", ldflags, "-o", f"{tmp}/", *missing.values()]
-        times["trainer-v2"] = _run_go(args, log, cwd=GO_DIR)
-        for name, pkg in missing.items():
-            (tmp / pkg.rsplit("/", 1)[-1]).rename(bindir / name)
-        shutil.rmtree(tmp)
-    render_manifests(mandir, bindir / "kubectl")
-    return times
-
-
-def render_manifests(dest: Path, kubectl: Path) -> None:
-    """Write the files of :data:`MANIFESTS` missing in ``dest``: kustomize output or copies."""
-    dest.mkdir(parents=True, exist_ok=True)
-    dirs: dict[str, str] = {}
-    for name, (module, rel, how) in MANIFESTS.items():
-        if (dest / name).exists():
-            continue
-        if module not in dirs:
-            dirs[module] = _module(module)["Dir"]
-        src = Path(dirs[module]) / rel
-        tmp = dest / f".{name}.tmp{os.getpid()}"
-        if how == "copy":
-            shutil.copyfile(src, tmp)
-        else:
-            out = subprocess.run(
-                [str(kubectl), "kustomize", str(src)], capture_output=True, text=True, check=False
-            )
-            if out.returncode != 0:
-                raise RuntimeError(
-                    f"localkube.trainer_v2: kubectl kustomize {src} failed "
-                    f"(got exit {out.returncode}): {out.stderr[-2000:]}"
-                )
-            text = out.stdout
-            if how == "rbac+webhooks":
-                loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-                docs = [d for d in yaml.load_all(text, Loader=loader) if d]
-                text = yaml.safe_dump_all([d for d in docs if d["kind"] in _KEPT_KINDS])
-            tmp.write_text(text)
-        tmp.rename(dest / name)
 
 
 # ------------------------------------------------------------------------------------ processes

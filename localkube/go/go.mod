@@ -1,7 +1,9 @@
 // Module clustertools pins the Go components of the local cluster (issues 4 and 11: the kubelet
 // of the real node; CoreDNS is a module of its own, ./coredns).
 // One module, one dependency graph: kube-apiserver, kube-controller-manager, kube-scheduler,
-// etcd, kwok and the Kubeflow training operator compile their shared packages once.
+// etcd, kwok, kubectl and the kubelet compile their shared packages once. The operators that
+// need k8s.io v0.36 (the training operator v1.9.4, Kubeflow Trainer, JobSet, Kueue) are the
+// module ../go-operators.
 // k8s.io/kubernetes cannot be required directly (its go.mod replaces staging modules with
 // ./staging paths), so each staging module is replaced with its published twin v0.33.13.
 module ddpjob.local/clustertools
@@ -9,22 +11,16 @@ module ddpjob.local/clustertools
 go 1.24.0
 
 require (
-	github.com/kubeflow/training-operator v1.9.2
 	github.com/spf13/pflag v1.0.7
 	go.etcd.io/etcd/server/v3 v3.5.21
-	go.uber.org/zap v1.27.0
 	helm.sh/helm/v3 v3.18.6
-	k8s.io/apimachinery v0.33.13
 	k8s.io/client-go v0.33.13
 	k8s.io/component-base v0.33.13
 	k8s.io/cri-client v0.33.0
 	k8s.io/klog/v2 v2.130.1
 	k8s.io/kubectl v0.33.3
 	k8s.io/kubernetes v1.33.13
-	sigs.k8s.io/controller-runtime v0.19.1
 	sigs.k8s.io/kwok v0.7.0
-	sigs.k8s.io/scheduler-plugins v0.28.9
-	volcano.sh/apis v1.9.0
 )
 
 require (
@@ -203,6 +199,7 @@ require (
 	go.opentelemetry.io/otel/trace v1.41.0 // indirect
 	go.opentelemetry.io/proto/otlp v1.4.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
+	go.uber.org/zap v1.27.0 // indirect
 	go.yaml.in/yaml/v2 v2.4.2 // indirect
 	go.yaml.in/yaml/v3 v3.0.3 // indirect
 	golang.org/x/crypto v0.40.0 // indirect
@@ -215,7 +212,6 @@ require (
 	golang.org/x/text v0.27.0 // indirect
 	golang.org/x/time v0.9.0 // indirect
 	golang.org/x/tools v0.34.0 // indirect
-	gomodules.xyz/jsonpatch/v2 v2.4.0 // indirect
 	google.golang.org/genproto v0.0.0-20240123012728-ef4313101c80 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20250106144421-5f5ef82da422 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20250115164207-1a7da9e5054f // indirect
@@ -228,6 +224,7 @@ require (
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 	k8s.io/api v0.33.13 // indirect
 	k8s.io/apiextensions-apiserver v0.33.3 // indirect
+	k8s.io/apimachinery v0.33.13 // indirect
 	k8s.io/apiserver v0.33.13 // indirect
 	k8s.io/cli-runtime v0.33.13 // indirect
 	k8s.io/cloud-provider v0.33.13 // indirect
@@ -251,6 +248,7 @@ require (
 	k8s.io/utils v0.0.0-20241104100929-3ea5e8cea738 // indirect
 	oras.land/oras-go/v2 v2.6.0 // indirect
 	sigs.k8s.io/apiserver-network-proxy/konnectivity-client v0.31.2 // indirect
+	sigs.k8s.io/controller-runtime v0.19.1 // indirect
 	sigs.k8s.io/json v0.0.0-20241010143419-9aa6b5e7a4b3 // indirect
 	sigs.k8s.io/kustomize/api v0.19.0 // indirect
 	sigs.k8s.io/kustomize/kustomize/v5 v5.6.0 // indirect

@@ -1,18 +1,23 @@
-"""Trainer v2 in localkube without a cluster: pins, and how webhooks are pointed at 127.0.0.1."""
+"""Trainer v2 in localkube without a cluster: pins (of the go-operators module), and how webhooks
+are pointed at 127.0.0.1."""
 
 from __future__ import annotations
 
 from controller import kubeflow
-from localkube import trainer_v2
+from localkube import kueue, operators, trainer_v2
 
 
 def test_go_mod_pins_the_contract_versions():
-    """go-trainer/go.mod requires exactly the Trainer and JobSet versions of the contract."""
-    got = trainer_v2.required_versions((trainer_v2.GO_DIR / "go.mod").read_text())
+    """go-operators/go.mod requires exactly the training operator, Trainer, JobSet and Kueue
+    versions of the contract."""
+    got = operators.required_versions((operators.GO_DIR / "go.mod").read_text())
     assert got == {
+        "github.com/kubeflow/training-operator": kubeflow.OPERATOR_VERSION,
         trainer_v2.TRAINER_MODULE: kubeflow.TRAINER_VERSION,
         trainer_v2.JOBSET_MODULE: kubeflow.JOBSET_VERSION,
+        kueue.MODULE: kueue.VERSION,
     }
+    assert kueue.VERSION == kubeflow.KUEUE_VERSION
 
 
 def test_required_versions_reads_require_lines_only():
@@ -21,7 +26,7 @@ def test_required_versions_reads_require_lines_only():
         "\tsigs.k8s.io/jobset v0.12.0 // indirect\n\tk8s.io/api v0.36.2\n)\n"
         "replace sigs.k8s.io/jobset => ../jobset\n"
     )
-    assert trainer_v2.required_versions(go_mod) == {
+    assert operators.required_versions(go_mod) == {
         "github.com/kubeflow/trainer/v2": "v2.3.0",
         "sigs.k8s.io/jobset": "v0.12.0",
     }

@@ -1,7 +1,7 @@
 // Command kube is one multi-call binary for the local control plane of ddpjob's tests.
 //
 // Usage: kube <component> [flags...] where component is one of etcd, kube-apiserver,
-// kube-controller-manager, kube-scheduler, kwok, training-operator, kubectl, kubelet, cri-reset.
+// kube-controller-manager, kube-scheduler, kwok, kubectl, kubelet, cri-reset.
 // The binary can also be invoked through a symlink named after the component (busybox style).
 //
 // Linking the components into one binary compiles and links the shared Kubernetes packages
@@ -45,9 +45,8 @@ var components = map[string]func() int{
 		}
 		return 0
 	},
-	"training-operator": runTrainingOperator,
-	"kubelet":           runKubelet,
-	"cri-reset":         runCRIReset,
+	"kubelet":   runKubelet,
+	"cri-reset": runCRIReset,
 }
 
 func names() string {

@@ -1,10 +1,12 @@
-package main
+// Command training-operator is the Kubeflow training operator v1, reduced to the PyTorchJob
+// reconciler and its validating webhook. This mirrors cmd/training-operator.v1/main.go of
+// github.com/kubeflow/training-operator (v1.9.4), minus the in-cluster certificate rotation
+// (pkg/cert, which always rotates a Secret for a Service and serves from
+// /tmp/k8s-webhook-server): the harness writes the webhook's serving certificate itself
+// (--webhook-cert-dir) and registers the ValidatingWebhookConfiguration with a URL on
+// 127.0.0.1, because there is no Service network to reach a host process behind a ClusterIP.
 
-// The Kubeflow training operator v1, reduced to the PyTorchJob reconciler and its validating
-// webhook. This mirrors cmd/training-operator.v1/main.go of github.com/kubeflow/training-operator
-// (v1.9.2), minus the in-cluster certificate rotation: the harness writes the webhook's serving
-// certificate itself (--webhook-cert-dir) and registers the ValidatingWebhookConfiguration with a
-// URL on 127.0.0.1, because there is no Service network to reach a pod behind a ClusterIP.
+package main
 
 import (
 	"flag"
@@ -31,7 +33,9 @@ import (
 	pytorchwebhook "github.com/kubeflow/training-operator/pkg/webhooks/pytorch"
 )
 
-func runTrainingOperator() int {
+func main() { os.Exit(run()) }
+
+func run() int {
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(kubeflowv1.AddToScheme(scheme))
