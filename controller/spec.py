@@ -91,8 +91,8 @@ PYTORCHJOB_ONLY = {
         "set schedulerName"
     ),
     "priority_class": (
-        "runtimePatches cannot set priorityClassName; set it in the runtime, or with Kueue "
-        "use the kueue.x-k8s.io/priority-class label"
+        "runtimePatches cannot set priorityClassName; name a Kueue queue too and it becomes "
+        "the job's WorkloadPriorityClass (the kueue.x-k8s.io/priority-class label)"
     ),
     "restart_policy": (
         "a TrainJob's pods restart as its runtime's Job says (torch-distributed: OnFailure, in "
@@ -468,7 +468,10 @@ class JobSpec(_Model):
     priority_class: str | None = Field(
         None,
         description=(
-            "PyTorchJob only: PriorityClass of the pods (and of the gang, with gang scheduling)."
+            "Without a queue (PyTorchJob only): the pods' PriorityClass (and the gang's). With "
+            "a queue (both APIs): Kueue's WorkloadPriorityClass, the job's "
+            "`kueue.x-k8s.io/priority-class` label, which orders and preempts within the queue; "
+            "the pods then get no priorityClassName."
         ),
         json_schema_extra=_on("string", **_OBJECT_NAME),
     )
@@ -503,7 +506,8 @@ class JobSpec(_Model):
         None,
         description=(
             "Kueue LocalQueue name: sets the `kueue.x-k8s.io/queue-name` label (and the gang's "
-            "queue with gang scheduling)."
+            "queue with gang scheduling) and creates the job suspended; Kueue starts it when "
+            "the queue admits it."
         ),
         json_schema_extra=_on("string", **_OBJECT_NAME),
     )
@@ -551,7 +555,11 @@ class JobSpec(_Model):
         ),
     )
     suspend: bool = Field(
-        False, description="Create the job suspended (Kueue un-suspends it when admitted)."
+        False,
+        description=(
+            "Create the job suspended (a job with a queue always is: Kueue un-suspends it when "
+            "admitted)."
+        ),
     )
 
     # -- single fields -------------------------------------------------------------------------
@@ -755,11 +763,13 @@ class JobSpec(_Model):
                     f"{self.runtime}). Set api: trainjob, or remove runtime"
                 ]
             return []
+        # With a queue, priority_class is Kueue's (a job label), which a TrainJob carries.
+        kueue_fields = {"priority_class"} if self.queue else set()
         return [
             f"{field}: a TrainJob cannot carry it: {why} (got {_shown(getattr(self, field))}). "
             "Remove it, or use api: pytorchjob"
             for field, why in PYTORCHJOB_ONLY.items()
-            if field in self.model_fields_set
+            if field in self.model_fields_set and field not in kueue_fields
         ]
 
     # -- derived values the renderer and the local runner share --------------------------------

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.kubeflow import CONTAINER, DEFAULT_COMMAND, PORT, PORT_NAME, TRAINER_UID
+from controller.kubeflow import (
+    CONTAINER,
+    DEFAULT_COMMAND,
+    LABEL_PRIORITY_CLASS,
+    LABEL_QUEUE,
+    PORT,
+    PORT_NAME,
+    TRAINER_UID,
+)
 from controller.render.args import trainer_args
 from controller.spec import JobSpec
 
@@ -20,15 +28,32 @@ LABEL_INSTANCE = "app.kubernetes.io/instance"  # this job: the spec's name
 LABEL_COMPONENT = "app.kubernetes.io/component"  # the part of ddpjob: the trainer
 LABEL_PART_OF = "app.kubernetes.io/part-of"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"  # ddpjob here, Helm in the chart
-LABEL_QUEUE = "kueue.x-k8s.io/queue-name"  # Kueue admits the job through this LocalQueue
+
+
+# With a queue, ``priority_class`` is Kueue's WorkloadPriorityClass (LABEL_PRIORITY_CLASS), not
+# the pods' PriorityClass: Kueue's KEP-973 advises against pod priority for workload priority,
+# and a TrainJob cannot set it.
 
 
 def job_labels(spec: JobSpec) -> dict[str, str]:
-    """Labels on the job: the standard ones, the Kueue queue, then the user's."""
+    """Labels on the job: the standard ones, the Kueue queue and priority, then the user's."""
     # The queue label goes on the job only: on pods, Kueue's pod integration could admit them
     # one by one.
     queue = {LABEL_QUEUE: spec.queue} if spec.queue else {}
+    if spec.queue and spec.priority_class:
+        queue[LABEL_PRIORITY_CLASS] = spec.priority_class
     return {**_standard_labels(spec), **queue, **spec.labels}
+
+
+def suspended(spec: JobSpec) -> bool:
+    """A job with a queue is created suspended: Kueue starts it when the queue admits it (its
+    webhook would suspend it anyway; said here, the manifest shows what will happen)."""
+    return spec.suspend or bool(spec.queue)
+
+
+def pod_priority_class(spec: JobSpec) -> str | None:
+    """The pods' PriorityClass: ``priority_class`` unless a queue makes it Kueue's."""
+    return None if spec.queue else spec.priority_class
 
 
 def pod_labels(spec: JobSpec) -> dict[str, str]:
@@ -68,8 +93,8 @@ def pod_spec(spec: JobSpec) -> dict[str, Any]:
     pod: dict[str, Any] = {}
     if spec.service_account:
         pod["serviceAccountName"] = spec.service_account
-    if spec.priority_class:
-        pod["priorityClassName"] = spec.priority_class
+    if pod_priority_class(spec):
+        pod["priorityClassName"] = pod_priority_class(spec)
     if spec.gang and spec.gang.scheduler_name:
         pod["schedulerName"] = spec.gang.scheduler_name
     if spec.node_selector:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from controller.kubeflow import PYTORCHJOB
-from controller.render.pod import job_metadata, pod_template
+from controller.render.pod import job_metadata, pod_priority_class, pod_template, suspended
 from controller.spec import JobSpec
 
 
@@ -54,14 +54,14 @@ def run_policy(spec: JobSpec) -> dict[str, Any]:
         policy["activeDeadlineSeconds"] = spec.active_deadline_s
     if spec.ttl_after_finished_s is not None:
         policy["ttlSecondsAfterFinished"] = spec.ttl_after_finished_s
-    policy["suspend"] = spec.suspend
+    policy["suspend"] = suspended(spec)
     if spec.gang:
         default_min = spec.elastic.min_nodes if spec.elastic else spec.nodes
         scheduling: dict[str, Any] = {"minAvailable": spec.gang.min_available or default_min}
         if spec.queue:
             scheduling["queue"] = spec.queue
-        if spec.priority_class:
-            scheduling["priorityClass"] = spec.priority_class
+        if pod_priority_class(spec):
+            scheduling["priorityClass"] = pod_priority_class(spec)
         policy["schedulingPolicy"] = scheduling
     return policy
 

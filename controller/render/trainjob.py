@@ -16,11 +16,14 @@ the Trainer source they follow:
   a strategic merge into the runtime's JobSet template, which reaches only: pod labels and
   annotations, serviceAccountName, nodeSelector, tolerations, imagePullSecrets, the pod and
   container securityContext, volumes and the container's volumeMounts (/dev/shm, /tmp, PVCs).
-- Job labels: the standard ones, the Kueue queue (on the TrainJob only, as Kueue's TrainJob
-  integration reads it), then the user's. Pods get the standard and user labels through the patch.
-- ``suspend`` and ``activeDeadlineSeconds`` are the TrainJob's own fields.
-- What a TrainJob cannot carry (elastic, gang, priority class, restart policy, backoff limit, TTL,
-  clean pod policy) never reaches here: ``controller.spec`` refuses it, saying why.
+- Job labels: the standard ones, the Kueue queue and, with it, the WorkloadPriorityClass (on the
+  TrainJob only, as Kueue's TrainJob integration reads them), then the user's. Pods get the
+  standard and user labels through the patch.
+- ``suspend`` and ``activeDeadlineSeconds`` are the TrainJob's own fields; with a queue the
+  TrainJob is created suspended and Kueue starts it.
+- What a TrainJob cannot carry (elastic, gang, priority class without a queue, restart policy,
+  backoff limit, TTL, clean pod policy) never reaches here: ``controller.spec`` refuses it,
+  saying why.
 - No key ever carries null: optional fields are left out.
 """
 
@@ -45,6 +48,7 @@ from controller.render.pod import (
     pod_labels,
     pod_security_context,
     resources,
+    suspended,
     tolerations,
     volume_mounts,
     volumes,
@@ -75,7 +79,7 @@ def job_spec(spec: JobSpec) -> dict[str, Any]:
         },
         "trainer": trainer(spec),
         "runtimePatches": [runtime_patch(spec)],
-        "suspend": spec.suspend,
+        "suspend": suspended(spec),
     }
     if spec.active_deadline_s is not None:
         out["activeDeadlineSeconds"] = spec.active_deadline_s

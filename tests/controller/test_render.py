@@ -129,7 +129,6 @@ def test_run_policy_and_gang():
     job = render(
         nodes=4,
         gang={"scheduler_name": "volcano"},
-        queue="q",
         priority_class="high",
         backoff_limit=5,
         active_deadline_s=60,
@@ -143,10 +142,28 @@ def test_run_policy_and_gang():
         "activeDeadlineSeconds": 60,
         "ttlSecondsAfterFinished": 30,
         "suspend": True,
-        "schedulingPolicy": {"minAvailable": 4, "queue": "q", "priorityClass": "high"},
+        "schedulingPolicy": {"minAvailable": 4, "priorityClass": "high"},
     }
     pod = templates(job)[0]["spec"]
     assert pod["schedulerName"] == "volcano" and pod["priorityClassName"] == "high"
+    assert "kueue.x-k8s.io/priority-class" not in job["metadata"]["labels"]
+
+
+def test_a_queue_suspends_the_job_and_makes_priority_class_kueues():
+    """With a queue, priority_class is the WorkloadPriorityClass label on the job, not the
+    pods' PriorityClass (nor the gang's), and the job is created suspended for Kueue."""
+    job = render(nodes=2, queue="q", priority_class="high", gang={})
+    labels = job["metadata"]["labels"]
+    assert labels["kueue.x-k8s.io/queue-name"] == "q"
+    assert labels["kueue.x-k8s.io/priority-class"] == "high"
+    assert job["spec"]["runPolicy"]["suspend"] is True
+    assert job["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 2, "queue": "q"}
+    for template in templates(job):
+        assert "priorityClassName" not in template["spec"]
+        assert not any(k.startswith("kueue.x-k8s.io/") for k in template["metadata"]["labels"])
+    assert render(queue="q")["spec"]["runPolicy"]["suspend"] is True
+    assert "kueue.x-k8s.io/priority-class" not in render(queue="q")["metadata"]["labels"]
+    assert render()["spec"]["runPolicy"]["suspend"] is False
 
 
 def test_no_gang_no_scheduling_policy_and_no_nulls():

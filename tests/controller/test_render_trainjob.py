@@ -207,6 +207,20 @@ def test_a_pytorchjob_only_field_set_for_a_trainjob_is_named_with_why(field, val
     assert "(got " in line and line.endswith("Remove it, or use api: pytorchjob")
 
 
+def test_with_a_queue_a_trainjob_carries_priority_class_as_kueues_label():
+    """A TrainJob's pods cannot get a priorityClassName (runtimePatches), but Kueue's
+    WorkloadPriorityClass is a label on the TrainJob: with a queue, priority_class is that."""
+    job = render_job(validate_spec(minimal(api="trainjob", queue="q", priority_class="high")))
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "q"
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "high"
+    assert job["spec"]["suspend"] is True
+    assert "priorityClassName" not in str(job)
+    (patch,) = job["spec"]["runtimePatches"]
+    pod_meta = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]
+    labels = pod_meta["spec"]["template"]["metadata"]["labels"]
+    assert not any(k.startswith("kueue.x-k8s.io/") for k in labels)
+
+
 def test_every_pytorchjob_only_field_is_a_spec_field():
     from controller.spec import JobSpec
 

@@ -57,7 +57,7 @@ sets one.
 {{- $only := list }}
 {{- if kindIs "map" .Values.elastic }}{{ $only = append $only "elastic" }}{{ end }}
 {{- if kindIs "map" .Values.gang }}{{ $only = append $only "gang" }}{{ end }}
-{{- if .Values.priority_class }}{{ $only = append $only "priority_class" }}{{ end }}
+{{- if and .Values.priority_class (not .Values.queue) }}{{ $only = append $only "priority_class" }}{{ end }}
 {{- if ne .Values.restart_policy "ExitCode" }}{{ $only = append $only "restart_policy" }}{{ end }}
 {{- if ne (.Values.backoff_limit | int) 3 }}{{ $only = append $only "backoff_limit" }}{{ end }}
 {{- if not (kindIs "invalid" .Values.ttl_after_finished_s) }}{{ $only = append $only "ttl_after_finished_s" }}{{ end }}

@@ -150,8 +150,10 @@ metadata:
   {{- include "ddpjob.podMetadata" . | nindent 2 }}
 spec:
   {{- include "ddpjob.serviceAccount" . | nindent 2 }}
+  {{- if not .Values.queue }}
   {{- with .Values.priority_class }}
   priorityClassName: {{ . | quote }}
+  {{- end }}
   {{- end }}
   {{- if kindIs "map" .Values.gang }}
   {{- with .Values.gang.scheduler_name }}
