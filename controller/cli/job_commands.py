@@ -66,12 +66,26 @@ def _find(args: argparse.Namespace, cluster: Cluster, namespace: str) -> tuple[J
     return find_job(cluster, args.name, namespace, args.api, where=args.command)
 
 
-def _announce(job: dict[str, Any]) -> None:
+def _announcer(cluster: Cluster):
+    """``on_change`` for ``wait``: the job's condition, and where it stands in its Kueue queue
+    while it waits there (a suspended job in a queue is queued, not failed)."""
     from controller.jobs.explain import condition_message, job_condition
+    from controller.jobs.queue import QueueNotes
 
-    cond = job_condition(job)
-    msg = condition_message(job, cond)
-    _say(f"job {job['metadata']['name']}: {cond}" + (f" ({msg})" if msg else ""))
+    notes = QueueNotes(cluster)
+
+    def announce(job: dict[str, Any]) -> None:
+        name = job["metadata"]["name"]
+        line = notes.see(job)
+        if line is not None:
+            _say(f"job {name}: {line}")
+        if notes.was_queued:
+            return  # "Suspended" says less than the queue line
+        cond = job_condition(job)
+        msg = condition_message(job, cond)
+        _say(f"job {name}: {cond}" + (f" ({msg})" if msg else ""))
+
+    return announce
 
 
 # --------------------------------------------------------------------------------------------
@@ -141,7 +155,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             namespace,
             kind=kind,
             timeout_s=args.timeout,
-            on_change=_announce,
+            on_change=_announcer(cluster),
             history=seen,
             say=_say,
             where="submit",
@@ -193,7 +207,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
         namespace,
         kind=kind,
         timeout_s=args.timeout,
-        on_change=_announce,
+        on_change=_announcer(cluster),
         history=seen,
         say=_say,
     )
@@ -215,6 +229,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     msg = f" ({st['message']})" if st["message"] else ""
     print(f"{st['kind']} {namespace}/{st['name']}: {st['condition']}{msg}, age {st['age']}")
+    if st["queue"]:
+        from controller.jobs.queue import QueueView, preemption_line, summary
+
+        view = QueueView(**st["queue"])
+        print(f"queue: {summary(view)}")
+        preempted = preemption_line(view)
+        if preempted:
+            print(f"queue: {preempted}")
     if st["replicas"]:
         rows = [["REPLICA", "POD", "PHASE", "NODE", "RESTARTS", "EXIT", "REASON"]]
         for r in st["replicas"]:
@@ -416,6 +438,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from controller.errors import NotFound
     from controller.jobs.apis import KINDS
     from controller.jobs.explain import age
+    from controller.jobs.queue import queue_name, queued
 
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
@@ -434,7 +457,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         what = " or ".join(f"{k.api.kind}s" for k in served)
         print(f"no {what} in {namespace}" + (f" with {args.selector}" if args.selector else ""))
         return 0
-    rows = [["NAME", "KIND", "STATUS", "NODES", "PROGRESS", "AGE"]]
+    rows = [["NAME", "KIND", "STATUS", "QUEUE", "NODES", "PROGRESS", "AGE"]]
     for kind, job in sorted(found, key=lambda kj: (kj[1]["metadata"]["name"], kj[0].name)):
         nodes = kind.nodes(job)
         # The job's own record of its progress (a TrainJob's trainerStatus): no log is read.
@@ -444,7 +467,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             [
                 job["metadata"]["name"],
                 kind.api.kind,
-                kind.condition(job),
+                "Queued" if queued(job) else kind.condition(job),
+                queue_name(job) or "-",
                 "?" if nodes is None else str(nodes),
                 "-" if percent is None else f"{percent}%",
                 age(job["metadata"].get("creationTimestamp")),

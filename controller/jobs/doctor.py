@@ -12,6 +12,7 @@ taints).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -21,13 +22,21 @@ from controller.errors import ClusterError, DdpjobError, Forbidden, NotFound, Re
 from controller.jobs.apis import KINDS, PYTORCHJOB_KIND, TRAINJOB_KIND, JobKind, kind_of
 from controller.kube.client import Cluster
 from controller.kubeflow import (
+    CLUSTER_QUEUE,
     CLUSTER_TRAINING_RUNTIME,
     CONTAINER,
     DEFAULT_RUNTIME,
     JOBSET,
     JOBSET_VERSION,
+    KUEUE_VERSION,
+    LABEL_PRIORITY_CLASS,
+    LABEL_QUEUE,
+    LOCAL_QUEUE,
     TRAINJOB_CONTAINER,
     TRAINJOB_REPLICATED_JOB,
+    VISIBILITY_GROUP_VERSION,
+    WORKLOAD,
+    WORKLOAD_PRIORITY_CLASS,
 )
 
 GPU = "nvidia.com/gpu"
@@ -73,8 +82,22 @@ def permissions(kind: JobKind) -> list[tuple[str, str, str, str | None, str]]:
     ]
 
 
+VISIBILITY_GROUP = VISIBILITY_GROUP_VERSION.split("/")[0]
+
+#: Reading where a job stands in Kueue (status, wait, logs -f of a job with a queue): its
+#: Workload and its LocalQueue, in the job's namespace. The ClusterQueue and the
+#: WorkloadPriorityClass are cluster-scoped: reading them is optional and only warns.
+QUEUE_PERMISSIONS = [
+    ("list", WORKLOAD.plural, WORKLOAD.group, None, "status, wait of a queued job"),
+    ("get", LOCAL_QUEUE.plural, LOCAL_QUEUE.group, None, "status, doctor of a queued job"),
+    # Kueue's visibility API, where the cluster serves it: a pending job's position.
+    ("get", LOCAL_QUEUE.plural, VISIBILITY_GROUP, "pendingworkloads", "status: position"),
+]
+
 #: Every verb the CLI uses on either API (k8s/rbac.yaml's Role grants exactly these).
-PERMISSIONS = list(dict.fromkeys(permissions(PYTORCHJOB_KIND) + permissions(TRAINJOB_KIND)))
+PERMISSIONS = list(
+    dict.fromkeys(permissions(PYTORCHJOB_KIND) + permissions(TRAINJOB_KIND) + QUEUE_PERMISSIONS)
+)
 
 
 @dataclass
@@ -136,6 +159,7 @@ def run_checks(
                 checks.append(_check_runtime(cluster, manifest))
             checks.append(_check_manifest(cluster, manifest, can_create))
             checks.append(_check_fit(cluster, manifest))
+    checks.extend(queue_checks(cluster, namespace, manifest))
     return _dedupe_optional_rbac(checks)
 
 
@@ -517,6 +541,169 @@ def _check_fit(cluster: Cluster, manifest: dict[str, Any]) -> Check:
     return Check(name, OK, f"all pods fit ({len(nodes)} nodes, {_fmt(gpus)} GPUs allocatable)")
 
 
+# ----------------------------------------------------------------------------------------
+# Kueue: is it there, the job's queue, and can that queue ever admit the job?
+
+#: The checks whose failure is the spec's fault (a name that does not exist): exit 2.
+SPEC_CHECKS = ("job accepted", "queue", "priority class")
+#: The checks ``submit --force`` may override: the job could never start, but may be wanted.
+FORCEABLE = ("job fits", "queue admits")
+
+
+def queue_checks(cluster: Cluster, namespace: str, manifest: dict[str, Any] | None) -> list[Check]:
+    """Kueue's checks: without a job, whether Kueue is installed (a warning when not); with a
+    job naming a queue, also that Kueue manages its API, its LocalQueue exists, the ClusterQueue
+    that feeds can ever admit it, and its WorkloadPriorityClass exists."""
+    queue = ((manifest or {}).get("metadata", {}).get("labels") or {}).get(LABEL_QUEUE)
+    if manifest is not None and not queue:
+        return []
+    served = cluster.job_api_served(WORKLOAD)
+    if not served:
+        if queue:
+            return [
+                Check(
+                    "Kueue",
+                    FAIL,
+                    f"the job names queue {queue} but the cluster has no Kueue (it does not serve "
+                    f"{WORKLOAD.crd}): nothing would ever start it. Install Kueue {KUEUE_VERSION}, "
+                    "or remove queue from the spec",
+                )
+            ]
+        return [Check("Kueue", WARN, "not installed: only needed for specs with queue:")]
+    if manifest is None:
+        return [_check_kueue_queues(cluster, namespace)]
+    return [
+        _check_integration(cluster, manifest),
+        *_check_local_queue(cluster, manifest, queue),
+        *_check_priority_class(cluster, manifest),
+    ]
+
+
+def _check_kueue_queues(cluster: Cluster, namespace: str) -> Check:
+    try:
+        queues = cluster.list_objects(LOCAL_QUEUE, namespace)
+    except ClusterError as e:
+        return Check("Kueue", WARN, f"{WORKLOAD.crd} served; cannot list LocalQueues ({e})")
+    names = [
+        f"{q['metadata']['name']} -> {q.get('spec', {}).get('clusterQueue', '?')}" for q in queues
+    ]
+    return Check(
+        "Kueue",
+        OK,
+        f"{WORKLOAD.crd} served; LocalQueues in {namespace}: "
+        + (", ".join(names) if names else "none (specs with queue: need one)"),
+    )
+
+
+def _check_integration(cluster: Cluster, manifest: dict[str, Any]) -> Check:
+    """Kueue's webhook suspends a job with a queue label on create when the job's integration
+    is on (jobframework's Default); a dry-run create of the job, not suspended, shows it."""
+    name = "Kueue"
+    probe = copy.deepcopy(manifest)
+    spec = probe.setdefault("spec", {})
+    if manifest.get("kind") == TRAINJOB_KIND.api.kind:
+        spec["suspend"] = False
+    else:
+        spec.setdefault("runPolicy", {})["suspend"] = False
+    try:
+        got = cluster.create_job(probe, dry_run=True)
+    except ClusterError as e:
+        if e.reason != "AlreadyExists":
+            return Check(name, WARN, f"{WORKLOAD.crd} served; its integration not checked ({e})")
+        return Check(name, OK, f"{WORKLOAD.crd} served (a job of this name exists)")
+    got_spec = got.get("spec", {})
+    held = (got_spec.get("runPolicy") or {}).get("suspend") or got_spec.get("suspend")
+    if held:
+        what = f"{WORKLOAD.crd} served; its webhook suspends {manifest['kind']}s to queue them"
+        return Check(name, OK, what)
+    return Check(
+        name,
+        FAIL,
+        f"Kueue does not manage {manifest['kind']}s here (its webhook left a dry-run job with a "
+        f"queue running): the job would start without waiting for its queue. Enable the "
+        f"integration in Kueue's Configuration (integrations.frameworks)",
+    )
+
+
+def _check_local_queue(cluster: Cluster, manifest: dict[str, Any], queue: str) -> list[Check]:
+    from controller.jobs.queue import fmt_amount, manifest_requests, never_fits
+
+    namespace = manifest["metadata"]["namespace"]
+    try:
+        local_queue = cluster.get_object(LOCAL_QUEUE, queue, namespace)
+    except Forbidden:
+        return [Check("queue", WARN, f"not checked: may not get localqueues/{queue}")]
+    except NotFound:
+        try:
+            known = [q["metadata"]["name"] for q in cluster.list_objects(LOCAL_QUEUE, namespace)]
+        except ClusterError:
+            known = []
+        return [
+            Check(
+                "queue",
+                FAIL,
+                f"queue: no LocalQueue {queue} in namespace {namespace} (got "
+                f"{', '.join(known) if known else 'none'}): Kueue would never admit the job. Set "
+                "queue: to a LocalQueue of the namespace, or ask an admin to create it",
+            )
+        ]
+    cq_name = local_queue.get("spec", {}).get("clusterQueue", "?")
+    checks = [Check("queue", OK, f"LocalQueue {namespace}/{queue} feeds ClusterQueue {cq_name}")]
+    try:
+        cq = cluster.get_object(CLUSTER_QUEUE, cq_name)
+    except Forbidden:
+        return [*checks, Check("queue admits", WARN, f"not checked: may not get {cq_name}")]
+    except NotFound:
+        return [
+            *checks,
+            Check(
+                "queue admits",
+                FAIL,
+                f"LocalQueue {queue} feeds ClusterQueue {cq_name}, which does not exist: nothing "
+                "is admitted through it. Ask an admin to create it",
+            ),
+        ]
+    need = manifest_requests(pod_requests(manifest))
+    problem = never_fits(need, cq)
+    if problem:
+        return [
+            *checks,
+            Check(
+                "queue admits",
+                FAIL,
+                f"{problem}; it would wait in the queue forever. Lower resources or nodes, or "
+                "use --force to submit anyway",
+            ),
+        ]
+    asks = ", ".join(f"{k} {fmt_amount(k, v)}" for k, v in sorted(need.items()) if v > 0)
+    return [*checks, Check("queue admits", OK, f"{cq_name} can admit it (the job asks {asks})")]
+
+
+def _check_priority_class(cluster: Cluster, manifest: dict[str, Any]) -> list[Check]:
+    name = (manifest["metadata"].get("labels") or {}).get(LABEL_PRIORITY_CLASS)
+    if not name:
+        return []
+    try:
+        wpc = cluster.get_object(WORKLOAD_PRIORITY_CLASS, name)
+    except Forbidden:
+        return [Check("priority class", WARN, f"not checked: may not get {name}")]
+    except NotFound:
+        try:
+            known = [w["metadata"]["name"] for w in cluster.list_objects(WORKLOAD_PRIORITY_CLASS)]
+        except ClusterError:
+            known = []
+        return [
+            Check(
+                "priority class",
+                FAIL,
+                f"priority_class: no WorkloadPriorityClass {name} (got "
+                f"{', '.join(sorted(known)) if known else 'none'}): Kueue makes no Workload for "
+                "the job. Set priority_class: to one of them, or ask an admin to create it",
+            )
+        ]
+    return [Check("priority class", OK, f"WorkloadPriorityClass {name} (value {wpc.get('value')})")]
+
+
 def preflight(
     cluster: Cluster, manifest: dict[str, Any], *, force: bool, say: Callable[[str], None]
 ) -> None:
@@ -528,8 +715,11 @@ def preflight(
     for c in checks:
         if c.status != OK:
             say(f"preflight {c.line()}")
-    if force and failed and all(c.name == "job fits" for c in failed):
-        say("preflight: --force: submitting a job that cannot schedule now; it will stay Pending")
+    if force and failed and all(c.name in FORCEABLE for c in failed):
+        say(
+            "preflight: --force: submitting a job that cannot start now; it will stay Pending "
+            "(or queued)"
+        )
         return
     if not failed:
         say(f"preflight: ok ({len(checks)} checks)")
@@ -537,6 +727,6 @@ def preflight(
     first = failed[0]
     detail = first.detail.split(": ", 1)[1] if first.detail.startswith("submit: ") else first.detail
     message = f"submit: preflight {first.name} failed: {detail}"
-    if first.name == "job accepted":
+    if first.name in SPEC_CHECKS:
         raise UserError(message)
     raise ClusterError(message, reason="PreflightFailed")

@@ -38,6 +38,7 @@ from typing import Any
 from controller.errors import ClusterError, Forbidden, NotFound, Unreachable
 from controller.jobs.apis import PYTORCHJOB_KIND, JobKind
 from controller.jobs.explain import container_status, job_terminal
+from controller.jobs.queue import QueueNotes
 from controller.jobs.watches import JobWatches
 from controller.jobs.why import Waiting, WaitNotes
 from controller.kube.client import Cluster
@@ -265,6 +266,7 @@ class RankFollower:
         self._listing = True  # the pod watch's first list has not ended: runs there already
         self._held_since: float | None = None  # elastic: when a line was first held back
         self.lines = 0
+        self.queue_notes = QueueNotes(cluster)  # where the job waits in its Kueue queue
 
     # -- selection -------------------------------------------------------------------------
 
@@ -562,6 +564,9 @@ class RankFollower:
                 self.state = self.kind.condition(obj)
                 if job_terminal(obj) and ended_at is None:
                     ended_at = time.monotonic()
+                note = self.queue_notes.see(obj)
+                if note is not None:
+                    self.say(f"logs: job {self.job}: {note}")
             elif what == "pod" and etype == RESYNC:
                 pods_listed, self._listing = True, False
             elif what == "pod":
@@ -580,6 +585,8 @@ class RankFollower:
             elif what == "event" and etype != RESYNC:
                 self.notes.see_event(etype, obj)
             if ended_at is None:
+                # A queued job's reason is the queue line above (WaitNotes says no "held" line
+                # while Kueue holds it); its pods' reasons once it is admitted.
                 for line in self.notes.due(time.monotonic())[0]:
                     self.say(f"logs: {line}")
                 self._maybe_fall_back()

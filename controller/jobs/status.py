@@ -24,6 +24,7 @@ from controller.jobs.explain import (
     termination_run,
 )
 from controller.jobs.find import find_job
+from controller.jobs.queue import read_queue
 from controller.jobs.rank0 import rank0_pod
 from controller.jobs.why import job_events, job_waiting
 from controller.kube.client import Cluster
@@ -123,6 +124,8 @@ def job_status(
         "pending": [],
     }
     out["pending"] = _pending(cluster, kind, job, pods, namespace)
+    view = read_queue(cluster, job)  # None for a job without a Kueue queue
+    out["queue"] = view.as_dict() if view is not None else None
     # Progress from rank 0's latest events: its pod's log (a Master, node 0 of a TrainJob), or
     # in an elastic job the log of the worker the rendezvous made rank 0 (found by its events).
     rank0, tail = rank0_pod(cluster, namespace, job, kind, tail_lines=200)

@@ -19,7 +19,8 @@ What a pod that does not run shows, and where (Kubernetes 1.33):
 - a pod the job's controller could not create: none at all, and a Warning event of the job (or
   a TrainJob's JobSet or Job) says why (``FailedCreate``, ``TrainJobResourcesCreationFailed``);
 - the job itself is suspended: its ``Suspended`` condition (a queue such as Kueue admits it by
-  resuming it).
+  resuming it); with Kueue's queue label, it is ``Queued`` (``controller.jobs.queue`` says
+  where it stands in that queue and what it waits for).
 
 A reason is a *problem* (said at once: it will not go away by itself) or a *step* on the way
 (scheduling, pulling, creating: said only once it lasts, see ``STEP_SAID_AFTER_S``).
@@ -33,6 +34,7 @@ from typing import Any
 
 from controller.jobs.apis import JobKind
 from controller.jobs.explain import container_status, event_time, node_rank, replica_name
+from controller.jobs.queue import queued
 
 #: A step on the way (scheduling, pulling a big image) is said once it has lasted this long; a
 #: problem at once. Wait, follow and the timeout message read the same reasons.
@@ -60,6 +62,11 @@ PROBLEM_REASONS = frozenset(
 #: kubelet alternates them between retries.
 IMAGE_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "RegistryUnavailable"})
 STARTING_REASONS = frozenset({"ContainerCreating", "PodInitializing"})
+
+#: The key of a job that Kueue holds: ``wait`` and ``--follow`` say where it stands in its queue
+#: (``controller.jobs.queue.QueueNotes``, read when the job changes), so WaitNotes does not
+#: repeat it; it still counts for the timeout's message.
+QUEUED_KEY = ("queued",)
 
 _RPC_PREFIX = re.compile(r"^rpc error: code = \w+ desc = ")
 
@@ -233,11 +240,16 @@ def pod_waiting(pod: dict[str, Any], events: list[dict[str, Any]]) -> Waiting | 
 
 
 def job_reason(kind: JobKind, job: dict[str, Any]) -> Waiting | None:
-    """Why the job as a whole waits (not one pod): suspended (by ``spec.suspend``, or by a
-    queue until it admits the job). None when nothing at the job's level holds it."""
+    """Why the job as a whole waits (not one pod): suspended (by ``spec.suspend``), or queued
+    (suspended with a Kueue queue, until Kueue admits it). None when nothing at the job's level
+    holds it."""
     name = job.get("metadata", {}).get("name", "?")
     if kind.condition(job) != "Suspended":
         return None
+    local_queue = queued(job)
+    if local_queue:
+        message = f"waiting in Kueue queue {local_queue} until it is admitted"
+        return Waiting(name, "Queued", message, False, (*QUEUED_KEY, local_queue))
     message = kind.condition_message(job, "Suspended") or "spec.suspend is true"
     return Waiting(name, "Suspended", _one_line(message), False, ("suspended",))
 
@@ -369,7 +381,7 @@ class WaitNotes:
         subjects = {w.subject for w in waiting}
         for w in waiting:
             since = self._since.setdefault(w.subject, now)
-            if self._said.get(w.subject) == w.key:
+            if self._said.get(w.subject) == w.key or w.key[:1] == QUEUED_KEY:
                 continue
             if w.problem or now - since >= self.step_after_s:
                 lines.append(w.line())

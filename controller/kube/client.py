@@ -195,8 +195,47 @@ class Cluster:
 
     def get_cluster_object(self, api: JobAPI, name: str) -> dict[str, Any]:
         """A cluster-scoped custom object (a ClusterTrainingRuntime, ...)."""
-        path = f"/apis/{api.group}/{api.version}/{api.plural}/{_q(name)}"
-        return self._json("GET", path, "get", f"{api.kind} {name}")
+        return self.get_object(api, name)
+
+    def get_object(self, api: JobAPI, name: str, namespace: str | None = None) -> dict[str, Any]:
+        """A custom object: namespaced when ``namespace`` is given, else cluster-scoped."""
+        what = f"{api.kind} {namespace}/{name}" if namespace else f"{api.kind} {name}"
+        return self._json("GET", _objects_path(api, namespace, name), "get", what)
+
+    def list_objects(
+        self, api: JobAPI, namespace: str | None = None, selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Custom objects of ``api`` in ``namespace`` (every namespace when None, or a
+        cluster-scoped kind). NotFound with reason APINotServed when the API is not served."""
+        query = [("labelSelector", selector)] if selector else None
+        where = f"{api.kind} list" + (f" in {namespace}" if namespace else "")
+        try:
+            body = self._json("GET", _objects_path(api, namespace), "list", where, query=query)
+        except NotFound as e:
+            if e.reason == "NamespaceNotFound":
+                raise
+            raise NotFound(
+                f"list: the cluster does not serve {api.plural}.{api.group} (got {e})",
+                reason="APINotServed",
+            ) from None
+        return body.get("items", [])
+
+    def pending_workloads(self, namespace: str, local_queue: str) -> list[dict[str, Any]] | None:
+        """Kueue's visibility API: the LocalQueue's pending workloads with their positions
+        (``positionInLocalQueue``, ``positionInClusterQueue``), or None where the cluster does
+        not serve it (its APIService is not installed, or not reachable) or the user may not
+        read it."""
+        from controller.kubeflow import VISIBILITY_GROUP_VERSION
+
+        path = (
+            f"/apis/{VISIBILITY_GROUP_VERSION}/namespaces/{_q(namespace)}/localqueues/"
+            f"{_q(local_queue)}/pendingworkloads"
+        )
+        try:
+            body = self._json("GET", path, "queue", f"pending workloads of {local_queue}")
+        except ClusterError:
+            return None
+        return body.get("items", [])
 
     # ------------------------------------------------------------------------------------
     # Pods, logs, events, nodes
@@ -323,6 +362,14 @@ class Cluster:
 def _q(name: str) -> str:
     """One path segment (a name or namespace), quoted: a stray ``/`` cannot change the path."""
     return quote(name, safe="")
+
+
+def _objects_path(api: JobAPI, namespace: str | None, name: str | None = None) -> str:
+    path = f"/apis/{api.group}/{api.version}"
+    if namespace:
+        path += f"/namespaces/{_q(namespace)}"
+    path += f"/{api.plural}"
+    return f"{path}/{_q(name)}" if name else path
 
 
 def _jobs_path(api: JobAPI, namespace: str, name: str | None = None) -> str:

@@ -320,10 +320,10 @@ def test_status_and_list_show_the_progress_the_trainjob_itself_reports(monkeypat
     assert said[-1] == "reported in the TrainJob: 45%  ETA 3m12s  step 45  loss 0.2347"
     assert main(["list", "--api", "trainjob"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]
-    assert rows[0] == ["NAME", "KIND", "STATUS", "NODES", "PROGRESS", "AGE"]
-    assert [row[:5] for row in rows[1:]] == [
-        ["quiet", "TrainJob", "Pending", "2", "-"],
-        ["tj", "TrainJob", "Running", "2", "45%"],
+    assert rows[0] == ["NAME", "KIND", "STATUS", "QUEUE", "NODES", "PROGRESS", "AGE"]
+    assert [row[:6] for row in rows[1:]] == [  # no queue: QUEUE is "-"
+        ["quiet", "TrainJob", "Pending", "-", "2", "-"],
+        ["tj", "TrainJob", "Running", "-", "2", "45%"],
     ]
 
 

@@ -206,6 +206,28 @@ def test_a_suspended_job_waits_as_a_whole_and_an_ended_one_not_at_all():
     assert job_waiting(PYTORCHJOB_KIND, done, [pod()], []) == []
 
 
+def test_a_job_kueue_holds_is_queued_and_its_queue_lines_are_not_repeated():
+    # Kueue keeps a job with its queue label suspended until it admits it: wait and --follow
+    # say where it stands in the queue (controller.jobs.queue.QueueNotes); WaitNotes says no
+    # "held" line of its own, but the timeout's message still names the queue.
+    held = job(conditions=[{"type": "Suspended", "status": "True", "message": "suspended"}])
+    held["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "user-queue"}
+    held["spec"]["runPolicy"] = {"suspend": True}
+    (w,) = job_waiting(PYTORCHJOB_KIND, held, [], [])
+    assert w.pod is None and not w.problem
+    assert (
+        w.line()
+        == "the job is held: Queued: waiting in Kueue queue user-queue until it is admitted"
+    )
+    notes = WaitNotes(PYTORCHJOB_KIND, "j")
+    notes.see_job(held)
+    assert notes.due(0.0) == ([], None)
+    assert notes.due(STEP_SAID_AFTER_S + 1) == ([], None)
+    assert "Queued: waiting in Kueue queue user-queue" in str(
+        timeout_error("wait", "ml", "j", 5, "Suspended", notes.current())
+    )
+
+
 def test_a_trainjob_without_a_jobset_is_explained_by_its_event():
     tj = {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
