@@ -75,8 +75,14 @@ USER = "kueue"  # its client identity (bootstrap.USERS)
 ROLES = ("kueue-manager-role", "kueue-metrics-auth-role")
 PORTS = ("kueue-webhook", "kueue-probe", "kueue-metrics")
 
-#: The integrations ddpjob submits (``integrations.frameworks``).
-FRAMEWORKS = ("kubeflow.org/pytorchjob", "trainer.kubeflow.org/trainjob")
+#: The integrations (``integrations.frameworks``): the two ddpjob submits, and batch/job, which
+#: upstream's configuration enables too. Kueue v0.17.0 cannot run without it: the other
+#: integrations' webhooks answer as no-ops when disabled, but the Job webhook does not look at
+#: that option and dereferences a queue manager it was not given (jobs/job/job_webhook.go
+#: SetupWebhook), so with batch/job off every Job create panics in the webhook and is refused:
+#: JobSet could not create a TrainJob's Job ("admission webhook mjob.kb.io denied the request:
+#: panic: runtime error: invalid memory address or nil pointer dereference", seen here).
+FRAMEWORKS = ("batch/job", "kubeflow.org/pytorchjob", "trainer.kubeflow.org/trainjob")
 
 #: Where ``cmd/kueue`` reads its metrics certificate when its internal certificate management
 #: is off (a constant there, not a setting).
@@ -108,7 +114,8 @@ DIFFERENCES = (
     "(internalCertManagement.enable=false): no kueue-webhook-server-cert Secret, no CA "
     "injection. The metrics certificate is bind-mounted at the fixed "
     "/etc/kueue/metrics/certs in the process's own mount namespace.",
-    "Integrations: kubeflow.org/pytorchjob and trainer.kubeflow.org/trainjob only (upstream "
+    "Integrations: kubeflow.org/pytorchjob, trainer.kubeflow.org/trainjob and batch/job "
+    "(which Kueue v0.17.0 needs on: its Job webhook panics when it is off) only (upstream "
     "enables 17); the others' webhooks stay registered and answer as no-ops, as upstream's do "
     "for a disabled integration.",
     "Feature gate VisibilityOnDemand off: its API (visibility.kueue.x-k8s.io, pending "
