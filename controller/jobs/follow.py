@@ -28,6 +28,7 @@ up to ``HELD_LINES``, and printed first.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import deque
@@ -60,6 +61,11 @@ HELD_LINES = 1000
 FALLBACK_S = 30.0
 # How global rank 0 announces itself (trainer/train.py, the `start` event; keys only added).
 START_PREFIX = '{"event": "start"'
+# What the kubelet sends as the log's whole body when the container's record is already gone
+# (kuberuntime_container.go GetContainerLogs): not a line the container printed. Seen when a
+# pod is deleted as its container ends (Kueue preempting a job: the operator suspends it and
+# deletes its pods) and the follower re-attaches or reads the run's end.
+KUBELET_NO_LOG = re.compile(r"unable to retrieve container logs for \w+://[0-9a-f]+")
 
 
 def split_timestamp(line: str) -> tuple[tuple[str, int] | None, str]:
@@ -338,6 +344,7 @@ class RankFollower:
         every rank: each with its run's prefix). Once the run is stopped only its final read
         may offer (a slow reader thread may not); ``end``: that read delivered all there is."""
         run.last_line_at = time.monotonic()
+        batch = [line for line in batch if not KUBELET_NO_LOG.fullmatch(line)]
         with run.lock:
             if run.stop.is_set() and not final:
                 return

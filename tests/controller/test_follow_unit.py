@@ -222,6 +222,27 @@ def test_lines_written_after_the_stream_closed_come_from_the_final_read():
     assert out == ["one", "two"]
 
 
+def test_the_kubelets_no_log_message_is_not_printed_as_a_line():
+    """A pod deleted as its container ends (Kueue preempting the job): the kubelet answers the
+    final read with ``unable to retrieve container logs for containerd://<id>`` as the body.
+    Seen in tests/e2e/test_queue.py's followed log between the two runs; not the container's."""
+    c = FakeCluster()
+    out: list[str] = []
+    follower = RankFollower(c, "ns", "j", 0, out.extend, lambda s: None)
+    c.pod_event("ADDED", "j-master-0", "a", "running")
+    t = threading.Thread(target=lambda: follower.follow(time.monotonic() + 30))
+    t.start()
+    c.print("a", "one")
+    time.sleep(0.3)
+    with c.cond:  # what the kubelet sends once the container's record is gone: no timestamp
+        c.files["a"].append("unable to retrieve container logs for containerd://2a060431db15")
+    c.print("a", "two")
+    c.pod_event("MODIFIED", "j-master-0", "a", "terminated")
+    c.job_event("Succeeded")
+    t.join(timeout=20)
+    assert out == ["one", "two"]
+
+
 def _follow_in_thread(follower: RankFollower) -> tuple[threading.Thread, dict[str, Any]]:
     result: dict[str, Any] = {}
     t = threading.Thread(target=lambda: result.update(job=follower.follow(time.monotonic() + 30)))
