@@ -530,7 +530,10 @@ def summary(view: QueueView) -> str:
     if view.state == FINISHED_STATE:
         return f"finished in {where}"
     if view.state == EVICTED_STATE:
-        return f"evicted from {where}: {view.message or 'being suspended'}"
+        why = view.message or "evicted"
+        if view.preempted_by and is_true_preemption(view):
+            why = f"preempted by {view.preempted_by} ({view.preempted_why})"
+        return f"evicted from {where}: {why}; its pods stop, then it waits in the queue again"
     if view.state == WAITING_FOR_KUEUE:
         return (
             f"queued in {where}: no Workload yet (Kueue makes one within seconds; if none "
@@ -548,6 +551,11 @@ def summary(view: QueueView) -> str:
     elif view.message:
         text += f"; {view.message}"
     return text
+
+
+def is_true_preemption(view: QueueView) -> bool:
+    """The eviction is a preemption (Kueue's message names the preemptor)."""
+    return preempted_by(view.message) is not None
 
 
 def preemption_line(view: QueueView) -> str | None:
@@ -583,7 +591,7 @@ class QueueNotes:
             view = read_queue(self.cluster, job)
             line = summary(view) if view is not None else None
             preempted = preemption_line(view) if view is not None else None
-            if line and preempted and not self.was_queued:
+            if line and preempted and not self.was_queued and view.state == PENDING:
                 line += f" ({preempted})"  # queued again: say why
             self.was_queued = True
         elif self.was_queued and queue_name(job):

@@ -261,6 +261,24 @@ def test_after_readmission_the_preemption_is_still_told_from_its_stats_and_event
     assert q.summary(view) == "admitted by cluster-queue at 2026-11-25T23:52:15Z"
 
 
+def test_while_it_is_stopped_the_summary_names_the_preemptor_not_kueues_paths():
+    stopping = workload(
+        conditions=[
+            *ADMITTED,
+            cond("Evicted", "True", reason="Preempted", message=PREEMPTION),
+            cond("Preempted", "True", reason="InClusterQueue", message=PREEMPTION),
+        ],
+        admitted_cq="cluster-queue",
+    )
+    high = workload("urgent", "job-urgent", uid="wl-urgent", priority=1000, conditions=ADMITTED)
+    view = q.describe(job(), [stopping, high], local_queue=LOCAL_QUEUE)
+    assert view.state == q.EVICTED_STATE
+    assert q.summary(view) == (
+        "evicted from user-queue -> cluster-queue: preempted by pytorchjob default/urgent "
+        "(prioritization in the ClusterQueue); its pods stop, then it waits in the queue again"
+    )
+
+
 def test_preempted_by_parses_kueues_message_only():
     assert q.preempted_by(PREEMPTION) == {
         "uid": "wl-urgent",

@@ -1,0 +1,299 @@
+"""Jobs through Kueue (v0.17, its real controller and webhooks) on the local cluster, as a user
+on a shared cluster meets them: submit to a queue, see where the job stands, wait through the
+queue, and be preempted by a job of higher priority, then resume exactly.
+
+Each test gets a namespace with a LocalQueue. The first feeds the quick start's
+``cluster-queue``; the others feed a ClusterQueue of their own whose quota is one CPU, so what
+is admitted, what waits and what is preempted does not depend on other tests sharing the
+cluster (Kueue counts only the jobs of its queue; the node's CPUs are shared, so a job may be
+admitted and still wait for the node a while).
+
+The preemption test runs both APIs. A low-priority job trains with checkpoints on the node's
+PersistentVolume; a high-priority job arrives; Kueue evicts the low one (its pods get the
+kubelet's SIGTERM: the trainer checkpoints and exits 143), runs the high one, then admits the
+low one again, which resumes from the checkpoint it wrote on SIGTERM: every step from 1 to
+max_steps is trained once, none lost, none repeated, read from rank 0's events.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from controller import kubeflow
+from localkube import kueue
+from localkube.handle import temporary_namespace, wait_until
+from tests.e2e.helpers import (
+    Background,
+    ExitCodes,
+    assert_same_lines,
+    ddpjob,
+    events,
+    get_json,
+    last_step,
+    write_spec,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+LOW, HIGH = "ddpjob-e2e-low", "ddpjob-e2e-high"  # WorkloadPriorityClasses (cluster-scoped)
+V1BETA2 = "kueue.x-k8s.io/v1beta2"
+
+
+def _apply(cluster, *objects: dict) -> None:
+    cluster.kubectl(
+        "apply", "-f", "-", input_text=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                   "items": list(objects)})
+    )  # fmt: skip
+
+
+def _local_queue(name: str, namespace: str, cluster_queue: str) -> dict:
+    return {
+        "apiVersion": V1BETA2,
+        "kind": "LocalQueue",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"clusterQueue": cluster_queue},
+    }
+
+
+def _cluster_queue(name: str, cpu: str) -> dict:
+    """A ClusterQueue of ``cpu`` CPUs (and 8Gi) in the quick start's flavor, preempting lower
+    priorities within itself, for the test's namespace only."""
+    return {
+        "apiVersion": V1BETA2,
+        "kind": "ClusterQueue",
+        "metadata": {"name": name},
+        "spec": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": name}},
+            "resourceGroups": [
+                {
+                    "coveredResources": ["cpu", "memory"],
+                    "flavors": [
+                        {
+                            "name": kueue.FLAVOR,
+                            "resources": [
+                                {"name": "cpu", "nominalQuota": cpu},
+                                {"name": "memory", "nominalQuota": "8Gi"},
+                            ],
+                        }
+                    ],
+                }
+            ],
+            "preemption": {"withinClusterQueue": "LowerPriority"},
+        },
+    }
+
+
+@pytest.fixture
+def namespace(cluster):
+    kueue.require()
+    with temporary_namespace(cluster, "queue") as name:
+        yield name
+        # The namespace's jobs go with it; TrainJobs are not in temporary_namespace's list.
+        cluster.kubectl("delete", "trainjobs", "--all", "-n", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def own_queue(cluster, namespace):
+    """LocalQueue ``user-queue`` in the namespace, feeding a ClusterQueue of one CPU named
+    after the namespace; the WorkloadPriorityClasses LOW (100) and HIGH (1000)."""
+    _apply(
+        cluster,
+        {"apiVersion": V1BETA2, "kind": "WorkloadPriorityClass", "metadata": {"name": LOW},
+         "value": 100},
+        {"apiVersion": V1BETA2, "kind": "WorkloadPriorityClass", "metadata": {"name": HIGH},
+         "value": 1000},
+        _cluster_queue(namespace, "1"),
+        _local_queue("user-queue", namespace, namespace),
+    )  # fmt: skip
+    yield namespace
+    cluster.kubectl("delete", "clusterqueue", namespace, "--wait=false", check=False)
+
+
+def _spec(cluster, tmp_path, name, namespace, **fields):
+    """write_spec's small job (2 pods of half a CPU: one CPU of quota) in the queue."""
+    return write_spec(cluster, tmp_path, name, namespace, queue="user-queue", **fields)
+
+
+def _status(cluster, name: str, namespace: str) -> dict:
+    r = ddpjob(cluster, "status", name, "-n", namespace, "-o", "json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
+def test_a_job_submitted_to_user_queue_is_queued_admitted_and_succeeds(
+    cluster, namespace, tmp_path, api
+):
+    """The quick start's queue: LocalQueue user-queue feeding cluster-queue. The job is created
+    suspended, Kueue admits it (``submit --wait`` says by which ClusterQueue; whether it also
+    saw it queued first depends on how fast Kueue was) and it succeeds; status and list name
+    the queue."""
+    _apply(cluster, _local_queue("user-queue", namespace, kueue.CLUSTER_QUEUE))
+    spec = _spec(cluster, tmp_path, "queued", namespace, api=api, max_steps=20)
+    r = ddpjob(cluster, "submit", str(spec), "--wait", "--timeout", "400", timeout=420)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "job queued: admitted by cluster-queue at " in r.stderr, r.stderr
+    assert f"job {namespace}/queued Succeeded" in r.stdout
+    (workload,) = get_json(cluster, "workloads", "-n", namespace)["items"]
+    assert workload["spec"]["queueName"] == "user-queue"
+    assert workload["status"]["admission"]["clusterQueue"] == kueue.CLUSTER_QUEUE
+    manifest = get_json(cluster, api, "queued", "-n", namespace)
+    assert manifest["metadata"]["labels"][kubeflow.LABEL_QUEUE] == "user-queue"
+    st = _status(cluster, "queued", namespace)
+    assert st["queue"]["local_queue"] == "user-queue"
+    assert st["queue"]["cluster_queue"] == kueue.CLUSTER_QUEUE
+    assert st["queue"]["state"] in ("admitted", "finished")
+    listed = ddpjob(cluster, "list", "-n", namespace)
+    (row,) = [line.split() for line in listed.stdout.splitlines() if line.startswith("queued ")]
+    assert row[2:4] == ["Succeeded", "user-queue"], listed.stdout
+
+
+def test_a_queued_job_says_what_it_waits_for_and_wait_waits_through_the_queue(
+    cluster, own_queue, tmp_path
+):
+    """The first job takes the queue's one CPU; the second waits: status names its queue, its
+    ClusterQueue and what it waits for (1 cpu of 0 free), list shows it Queued, and ``wait``
+    says it is queued, waits (a suspended job is not failed), and follows it to Succeeded once
+    the first ends and Kueue admits it."""
+    ns = own_queue
+    first = _spec(cluster, tmp_path, "first", ns, max_steps=40)
+    assert ddpjob(cluster, "submit", str(first)).returncode == 0
+    wait_until(
+        "first admitted",
+        lambda: (_status(cluster, "first", ns)["queue"] or {}).get("state") == "admitted",
+        60,
+    )
+    second = _spec(cluster, tmp_path, "second", ns, max_steps=20)
+    r = ddpjob(cluster, "submit", str(second))
+    assert r.returncode == 0, r.stderr
+    waiter = Background(cluster, tmp_path, "wait-second", "wait", "second", "-n", ns)
+    try:
+        st = wait_until(
+            "second pending with its reason",
+            lambda: (s := _status(cluster, "second", ns))["queue"]["waits_for"] and s,
+            60,
+        )
+        q = st["queue"]
+        assert (q["local_queue"], q["cluster_queue"], q["state"]) == ("user-queue", ns, "pending")
+        assert q["waits_for"] == [f"1 cpu of 0 free (quota 1, flavor {kueue.FLAVOR})"]
+        assert "insufficient unused quota for cpu" in q["message"]
+        assert q["ahead"] == 0
+        text = ddpjob(cluster, "status", "second", "-n", ns).stdout
+        assert f"queue: queued in user-queue -> {ns}, next in line; waits for 1 cpu of 0 free" in (
+            text
+        )
+        listed = ddpjob(cluster, "list", "-n", ns).stdout
+        rows = {line.split()[0]: line.split() for line in listed.splitlines()[1:]}
+        assert rows["second"][2:4] == ["Queued", "user-queue"], listed
+        assert (
+            get_json(cluster, "pods", "-n", ns, "-l", "training.kubeflow.org/job-name=second")[
+                "items"
+            ]
+            == []
+        )
+        rc, out, err = waiter.result(timeout=500)
+    finally:
+        waiter.stop()
+    assert rc == 0, out + err
+    assert f"job second: queued in user-queue -> {ns}" in err
+    assert f"job second: admitted by {ns} at " in err
+    assert f"job {ns}/second Succeeded" in out
+    assert err.index("queued in") < err.index("admitted by") < err.index("Running")
+
+
+def test_a_missing_queue_or_priority_class_is_refused_before_submit(cluster, namespace, tmp_path):
+    spec = _spec(cluster, tmp_path, "typo", namespace)
+    r = ddpjob(cluster, "submit", str(spec))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "queue: no LocalQueue user-queue in namespace" in r.stderr.splitlines()[-1]
+    _apply(cluster, _local_queue("user-queue", namespace, kueue.CLUSTER_QUEUE))
+    r = ddpjob(cluster, "submit", str(spec), "--set", "priority_class=no-such-class")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "priority_class: no WorkloadPriorityClass no-such-class" in r.stderr.splitlines()[-1]
+    assert "Traceback" not in r.stderr
+    assert get_json(cluster, "pytorchjobs", "-n", namespace)["items"] == []  # nothing submitted
+
+
+# ---------------------------------------------------------------------------------------------
+# Preemption, end to end on the real node
+
+#: The low job's steps. A step of write_spec's job takes about 50 ms on this machine's CPUs
+#: (torch 2.15): 600 leave it training for half a minute after the high job is submitted at
+#: step 10, longer than Kueue takes to evict it (a few seconds). Every step is logged.
+MAX_STEPS = 600
+
+
+def _rank0_selector(api: str, name: str) -> str:
+    if api == "trainjob":
+        return f"{kubeflow.LABEL_JOBSET_NAME}={name},{kubeflow.LABEL_JOB_COMPLETION_INDEX}=0"
+    return f"{kubeflow.LABEL_JOB_NAME}={name},{kubeflow.LABEL_REPLICA_TYPE}=master"
+
+
+@pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
+def test_a_low_priority_job_preempted_by_a_high_one_checkpoints_resumes_and_loses_no_step(
+    cluster, own_queue, tmp_path, api
+):
+    ns = own_queue
+    low = _spec(
+        cluster, tmp_path, "low", ns, api=api, priority_class=LOW, max_steps=MAX_STEPS,
+        every_steps=5, log_every=1,
+    )  # fmt: skip
+    high = _spec(cluster, tmp_path, "high", ns, api=api, priority_class=HIGH, max_steps=10)
+    exits = ExitCodes(cluster, ns, _rank0_selector(api, "low"))
+    assert ddpjob(cluster, "submit", str(low)).returncode == 0
+    follow = Background(cluster, tmp_path, "low-logs", "logs", "low", "-n", ns, "-f")
+    wait_low = Background(cluster, tmp_path, "low-wait", "wait", "low", "-n", ns)
+    try:
+        wait_until(
+            "low training past step 10", lambda: last_step(follow.out_path.read_text()) >= 10, 400
+        )
+        r = ddpjob(cluster, "submit", str(high), "--wait", "--timeout", "500", timeout=520)
+        assert r.returncode == 0, r.stdout + r.stderr  # the high one ran and completed
+        rc_w, out_w, err_w = wait_low.result(timeout=600)
+        rc_f, out_f, err_f = follow.result(timeout=120)
+    finally:
+        follow.stop()
+        wait_low.stop()
+        runs = exits.stop()
+    assert rc_w == 0, out_w + err_w
+    assert rc_f == 0, err_f[-3000:]
+
+    # Rank 0 of the low job: SIGTERM from the kubelet when Kueue evicted it -> checkpoint, 143;
+    # the run after readmission -> 0.
+    assert [code for _, _, code in runs] == [143, 0], runs
+    done = events(out_f, "done")
+    assert [d["reason"] for d in done] == ["preempted", "completed"], err_f[-2000:]
+    preempted_at = done[0]["step"]
+    assert 10 <= preempted_at < MAX_STEPS
+    assert preempted_at in [e["step"] for e in events(out_f, "checkpoint")]
+    (resumed,) = events(out_f, "resume")
+    assert resumed["step"] == preempted_at
+    assert len(events(out_f, "start")) == 2
+    # Exactly max_steps steps: each step from 1 to max_steps trained once (log_every=1).
+    steps = [e["step"] for e in events(out_f, "train")]
+    assert steps == list(range(1, MAX_STEPS + 1)), steps
+    assert done[-1]["step"] == MAX_STEPS
+    # logs -f showed both runs: everything rank 0's containers printed, in order, once.
+    pods = list(dict.fromkeys(pod for pod, _, _ in runs))
+    truth = [line for pod in pods for line in cluster.pod_log_lines(ns, pod)]
+    assert_same_lines(out_f, truth, "rank 0 of low")
+    # What `wait` told the user: evicted by the high job (or, had Kueue requeued it before
+    # `wait` looked, queued again after it), then admitted again.
+    told = err_w.splitlines()
+    by_high = [i for i, line in enumerate(told) if f"by {api} {ns}/high (prioritization" in line]
+    again = [i for i, line in enumerate(told) if line.startswith(f"job low: admitted by {ns} at")]
+    assert by_high and again and by_high[0] < again[-1], err_w
+    st = _status(cluster, "low", ns)
+    assert st["condition"] == "Succeeded"
+    assert st["queue"]["preempted"] == 1
+    assert st["queue"]["preempted_by"] == f"{api} {ns}/high"
+    assert st["queue"]["preempted_why"] == "prioritization in the ClusterQueue"
+    text = ddpjob(cluster, "status", "low", "-n", ns).stdout
+    assert f"queue: preempted 1 time, last by {api} {ns}/high" in text
+    high_st = _status(cluster, "high", ns)
+    assert high_st["condition"] == "Succeeded" and high_st["queue"]["preempted"] == 0
