@@ -15,7 +15,6 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Callable
-from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
 from pydantic import (
@@ -29,6 +28,7 @@ from pydantic import (
 
 from controller.errors import UserError
 from controller.kubeflow import DEFAULT_RUNTIME, TRAINJOB_REPLICATED_JOB
+from controller.quantity import QUANTITY, parse_quantity
 from trainer.config import TrainConfig, format_errors
 
 # --------------------------------------------------------------------------------------------
@@ -44,19 +44,6 @@ LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]")
 LABEL_KEY = re.compile(rf"({DNS1123_SUBDOMAIN.pattern}/)?{LABEL_NAME.pattern}")
 ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
-# ASCII digits only: Kubernetes reads no others (Python's \d would take any Unicode digit).
-QUANTITY = re.compile(
-    r"(?P<num>[0-9]+(\.[0-9]*)?|\.[0-9]+)"
-    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][-+]?[0-9]+)?"
-)
-_SUFFIX_FACTOR = {
-    None: Decimal(1),
-    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
-    "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12, "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
-    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30,
-    "Ti": Decimal(2) ** 40, "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
-}  # fmt: skip
 
 # Set by the training operator in every pod; a user value would be overwritten or conflict.
 OPERATOR_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "PYTHONUNBUFFERED")
@@ -110,20 +97,6 @@ PYTORCHJOB_ONLY = {
         "policy to choose"
     ),
 }
-
-
-def parse_quantity(text: str) -> Decimal:
-    """A Kubernetes quantity (``500m``, ``16Gi``, ``1e3``) as a number; ValueError if not."""
-    m = QUANTITY.fullmatch(text)
-    if not m:
-        raise ValueError("must be a Kubernetes quantity such as 500m, 2, 512Mi or 16Gi")
-    suffix = m["suffix"]
-    try:
-        if suffix and suffix[0] in "eE":
-            return Decimal(m["num"] + suffix)
-        return Decimal(m["num"]) * _SUFFIX_FACTOR[suffix]
-    except InvalidOperation:  # pragma: no cover - the regex admits only valid numbers
-        raise ValueError("not a number") from None
 
 
 def _quantity(value: Any, *, positive: bool = True) -> str:

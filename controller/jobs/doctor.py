@@ -392,7 +392,7 @@ def _trainjob_requests(
 
 
 def _qty(value: Any) -> Decimal:
-    from controller.spec import parse_quantity
+    from controller.quantity import parse_quantity
 
     return parse_quantity(str(value))
 

@@ -133,7 +133,7 @@ def state(workload: dict[str, Any] | None) -> str:
 
 
 def _qty(value: Any) -> Decimal:
-    from controller.spec import parse_quantity
+    from controller.quantity import parse_quantity
 
     return parse_quantity(str(value))
 
@@ -297,21 +297,23 @@ def preemptions(workload: dict[str, Any]) -> int:
     return sum(int(e.get("count", 0)) for e in stats if e.get("reason") == PREEMPTED)
 
 
-def ahead_of(workload: dict[str, Any], workloads: list[dict[str, Any]]) -> int:
-    """Pending Workloads of the same LocalQueue that come before this one in Kueue's order:
-    higher priority, or the same priority and created earlier (``workload.Ordering``: a
-    Workload preempted within its ClusterQueue keeps its creation time, so its place)."""
+def ahead_of(workload: dict[str, Any], workloads: list[dict[str, Any]]) -> tuple[int, int]:
+    """(ahead, tied): pending Workloads of the same LocalQueue that come before this one in
+    Kueue's order: higher priority, or the same priority and created earlier
+    (``workload.Ordering``: a Workload preempted within its ClusterQueue keeps its creation
+    time, so its place); and those of the same priority created in the same second, whose order
+    Kueue does not fix (timestamps have one-second resolution)."""
     queue = workload.get("spec", {}).get("queueName")
     me = _order_key(workload)
-    return sum(
-        1
+    others = [
+        _order_key(w)
         for w in workloads
         if w.get("spec", {}).get("queueName") == queue
         and w["metadata"].get("uid") != workload["metadata"].get("uid")
         and state(w) == PENDING
         and w.get("spec", {}).get("active", True) is not False
-        and _order_key(w) < me
-    )
+    ]
+    return sum(1 for k in others if k < me), sum(1 for k in others if k == me)
 
 
 def _order_key(w: dict[str, Any]) -> tuple[int, str]:
@@ -345,8 +347,10 @@ class QueueView:
     #: Kueue's visibility API, where served: 1-based positions.
     position_in_local_queue: int | None = None
     position_in_cluster_queue: int | None = None
-    #: Without it: pending Workloads of the LocalQueue before this one (priority, then time).
+    #: Without it: pending Workloads of the LocalQueue before this one (priority, then time),
+    #: and those queued in the same second at the same priority (in no set order).
     ahead: int | None = None
+    tied: int | None = None
     waits_for: list[str] = field(default_factory=list)
     #: Kueue's own words: the QuotaReserved (or Evicted) condition's message.
     message: str = ""
@@ -410,7 +414,7 @@ def describe(
             view.position_in_local_queue = _position(mine, "positionInLocalQueue")
             view.position_in_cluster_queue = _position(mine, "positionInClusterQueue")
         else:
-            view.ahead = ahead_of(wl, workloads)
+            view.ahead, view.tied = ahead_of(wl, workloads)
     elif view.state == EVICTED_STATE:
         view.message = " ".join((conds[EVICTED].get("message") or "").split())
     _preemption(view, wl, workloads, events or [])
@@ -545,7 +549,9 @@ def summary(view: QueueView) -> str:
         if view.position_in_cluster_queue is not None:
             text += f" ({view.position_in_cluster_queue} in {view.cluster_queue})"
     elif view.ahead is not None:
-        text += f", {view.ahead} ahead of it" if view.ahead else ", next in line"
+        text += f", {view.ahead} ahead of it" if view.ahead or view.tied else ", next in line"
+        if view.tied:
+            text += f" (and {view.tied} queued in the same second, in no set order)"
     if view.waits_for:
         text += "; waits for " + "; ".join(view.waits_for)
     elif view.message:

@@ -305,10 +305,19 @@ def test_ahead_counts_higher_priority_then_earlier_pending_workloads_of_the_same
         ),
         workload("d", "jd", uid="d", priority=1000, conditions=ADMITTED),  # admitted: not waiting
     ]
-    assert q.ahead_of(me, [me, *others]) == 2  # a (priority) and b (earlier); not c, not d
+    assert q.ahead_of(me, [me, *others]) == (2, 0)  # a (priority) and b (earlier); not c, d
     # Preempted and requeued, it keeps its place (Kueue orders by creation time).
     requeued = workload(uid="me", priority=100, conditions=REQUEUED)
-    assert q.ahead_of(requeued, [requeued, *others]) == 2
+    assert q.ahead_of(requeued, [requeued, *others]) == (2, 0)
+    # Created in the same second at the same priority: Kueue sets no order between them.
+    twin = workload("e", "je", uid="e", priority=100, created="2026-11-25T23:50:00Z",
+                    conditions=PENDING)  # fmt: skip
+    assert q.ahead_of(me, [me, twin, *others]) == (2, 1)
+    view = q.describe(job(), [me, twin, *others], local_queue=LOCAL_QUEUE)
+    assert q.summary(view).startswith(
+        "queued in user-queue -> cluster-queue, 2 ahead of it (and 1 queued in the same second, "
+        "in no set order)"
+    )
 
 
 def test_kueues_visibility_api_gives_the_positions_where_served():
