@@ -1,11 +1,11 @@
 """Run every benchmark, one after the other, each printing its own side-by-side ratios.
 
-    make bench                      # all eight
+    make bench                      # all nine
     python bench/run.py trainjob    # one of: trainer controller cluster logs logs-all image local
-                                    #         trainjob
+                                    #         trainjob queue
 
-The trainer bench needs only CPU; the cluster, logs, logs-all and trainjob benches reuse a live
-`make cluster-up` or start the local cluster themselves (logs-all and trainjob need its real
+The trainer bench needs only CPU; the cluster, logs, logs-all, trainjob and queue benches reuse a
+live `make cluster-up` or start the local cluster themselves (logs-all and trainjob need its real
 node); the image bench needs root, podman and containerd; the local bench builds the trainer
 image when it is stale. Exit status: non-zero if any bench missed its target or failed.
 """
@@ -26,6 +26,7 @@ BENCHES = {
     "image": HERE / "image_bench.py",
     "local": HERE / "local_bench.py",
     "trainjob": HERE / "trainjob_bench.py",
+    "queue": HERE / "queue_bench.py",
 }
 
 
