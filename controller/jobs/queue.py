@@ -22,6 +22,7 @@ from decimal import Decimal
 from typing import Any
 
 from controller.errors import ClusterError, Forbidden, NotFound
+from controller.jobs.explain import job_terminal
 from controller.kube.client import Cluster
 from controller.kubeflow import (
     CLUSTER_QUEUE,
@@ -373,10 +374,12 @@ def describe(
     cluster_queue: dict[str, Any] | None = None,
     events: list[dict[str, Any]] | None = None,
     pending: list[dict[str, Any]] | None = None,
+    local_queue_missing: bool = False,
 ) -> QueueView | None:
     """The QueueView of ``job`` from the namespace's ``workloads``, its ``local_queue`` and
-    ``cluster_queue`` (None: missing or not readable), the Workload's ``events`` and the
-    visibility API's ``pending`` list (None: not served). None for a job without a queue."""
+    ``cluster_queue`` (None: missing or not readable; ``local_queue_missing``: it does not
+    exist), the Workload's ``events`` and the visibility API's ``pending`` list (None: not
+    served). None for a job without a queue."""
     name = queue_name(job)
     if name is None:
         return None
@@ -385,7 +388,7 @@ def describe(
     view.priority_class = labels.get(LABEL_PRIORITY_CLASS)
     if local_queue is not None:
         view.cluster_queue = local_queue.get("spec", {}).get("clusterQueue")
-    elif local_queue is None and workloads is not None:
+    elif local_queue_missing and not job_terminal(job):
         view.problem = (
             f"LocalQueue {job['metadata'].get('namespace', '')}/{name} does not exist: Kueue "
             "never admits the job. Create it, or submit with a queue that exists"
@@ -478,11 +481,22 @@ def read_queue(cluster: Cluster, job: dict[str, Any]) -> QueueView | None:
     namespace = job["metadata"].get("namespace", "default")
     try:
         workloads = cluster.list_objects(WORKLOAD, namespace)
-    except NotFound:  # Kueue's CRDs are not installed
+    except (NotFound, Forbidden) as e:
         view = QueueView(local_queue=name)
-        view.problem = "Kueue is not installed (the API server does not serve workloads)"
+        view.problem = (
+            "Kueue is not installed (the API server does not serve workloads)"
+            if isinstance(e, NotFound)
+            else f"cannot read it: RBAC forbids listing workloads in {namespace} (k8s/rbac.yaml "
+            "grants it)"
+        )
         return view
-    local_queue = _get(cluster, LOCAL_QUEUE, name, namespace)
+    local_queue, missing = None, False
+    try:
+        local_queue = cluster.get_object(LOCAL_QUEUE, name, namespace)
+    except NotFound:
+        missing = True
+    except Forbidden:
+        pass
     cq_name = (local_queue or {}).get("spec", {}).get("clusterQueue")
     wl = workload_of(job, workloads)
     admitted_cq = ((wl or {}).get("status", {}).get("admission") or {}).get("clusterQueue")
@@ -507,6 +521,7 @@ def read_queue(cluster: Cluster, job: dict[str, Any]) -> QueueView | None:
         cluster_queue=cluster_queue,
         events=events,
         pending=pending,
+        local_queue_missing=missing,
     )
     return view
 

@@ -350,11 +350,17 @@ def test_the_summary_of_a_pending_job_says_what_it_waits_for():
 
 
 def test_a_missing_local_queue_is_the_problem_named():
-    view = q.describe(job(), [], local_queue=None)
+    view = q.describe(job(), [], local_queue=None, local_queue_missing=True)
     assert view.state == q.WAITING_FOR_KUEUE
     assert (
         view.problem is not None and "LocalQueue default/user-queue does not exist" in view.problem
     )
+    assert q.summary(view).startswith("queue user-queue: LocalQueue default/user-queue does not")
+    # Not readable (RBAC) is not missing; an ended job's queue may be gone since.
+    assert q.describe(job(), [], local_queue=None).problem is None
+    ended = job()
+    ended["status"] = {"conditions": [{"type": "Succeeded", "status": "True"}]}
+    assert q.describe(ended, [], local_queue_missing=True).problem is None
     assert q.describe(job(queue=None), []) is None
 
 
