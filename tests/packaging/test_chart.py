@@ -37,6 +37,15 @@ from .conftest import (
 # Specs beyond the examples, so that every branch of the templates is compared with render.
 SPECS: dict[str, dict[str, Any]] = {
     "single-node": {"name": "solo", "image": "repo/trainer:1"},
+    # Without a queue, priority_class is the pods' PriorityClass (and the gang's); with one
+    # (elastic-gang, trainjob-every-field), Kueue's WorkloadPriorityClass label on the job.
+    "pod-priority": {
+        "name": "urgent",
+        "image": "repo/trainer:1",
+        "nodes": 2,
+        "priority_class": "high",
+        "gang": {},
+    },
     "elastic-gang": {
         "name": "stretch",
         "image": "repo/trainer:1",
@@ -125,6 +134,7 @@ SPECS: dict[str, dict[str, Any]] = {
         "labels": {"team": "ml", "flag": "true"},
         "annotations": {"example.com/note": "hello: world"},
         "queue": "q",
+        "priority_class": "high",
         "active_deadline_s": 100000000,
         "suspend": True,
     },
@@ -238,6 +248,7 @@ def test_the_branch_specs_reach_every_branch():
         '"secretKeyRef"',
         '"annotations"',
         '"kueue.x-k8s.io/queue-name"',
+        '"kueue.x-k8s.io/priority-class"',
         '"activeDeadlineSeconds"',
         '"ttlSecondsAfterFinished"',
         '"nvidia.com/gpu"',
@@ -258,6 +269,7 @@ def test_the_branch_specs_reach_every_branch():
         '"secretKeyRef"',
         '"annotations"',
         '"kueue.x-k8s.io/queue-name"',
+        '"kueue.x-k8s.io/priority-class"',
         '"nvidia.com/gpu"',
         '"nodeSelector"',
         '"args"',
