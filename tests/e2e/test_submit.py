@@ -67,7 +67,7 @@ def test_quickstart_submit_wait_follow_succeeds(real_node, namespace, tmp_path):
     listing = ddpjob(cluster, "list", "-n", namespace, "-l", "app.kubernetes.io/name=ddpjob")
     assert listing.returncode == 0
     assert any(
-        line.split()[:4] == ["quickstart", "PyTorchJob", "Succeeded", "2"]
+        line.split()[:5] == ["quickstart", "PyTorchJob", "Succeeded", "-", "2"]  # no queue
         for line in listing.stdout.splitlines()
     )
 

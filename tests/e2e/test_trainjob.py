@@ -107,7 +107,7 @@ def test_submit_status_list_events_delete_a_suspended_trainjob(cluster, namespac
 
     ls = ddpjob(cluster, "list", "-n", namespace)
     row = next(x.split() for x in ls.stdout.splitlines() if x.startswith("tj-susp"))
-    assert row[1:4] == ["TrainJob", "Suspended", "2"], ls.stdout
+    assert row[1:5] == ["TrainJob", "Suspended", "-", "2"], ls.stdout  # suspended, no queue
 
     cluster.kubectl(
         "patch", "trainjob", "tj-susp", "-n", namespace, "--type", "merge",
