@@ -86,9 +86,12 @@ def test_submit_status_list_events_delete_a_suspended_trainjob(cluster, namespac
     assert f"submitted trainjob {namespace}/tj-susp" in r.stdout
     assert "preflight: ok" in r.stderr, r.stderr
     job = get_json(cluster, "trainjob", "tj-susp", "-n", namespace)
-    # The webhook kept what render wrote and stamped our runtime patch.
-    (patch,) = job["spec"]["runtimePatches"]
-    assert patch["manager"] == "ddpjob/spec" and patch.get("time")
+    # The webhook kept what render wrote and stamped our runtime patch. (Kueue's TrainJob
+    # webhook appends an empty one of its own, manager kueue.x-k8s.io/manager, to every TrainJob,
+    # queued or not.)
+    patches = {p["manager"]: p for p in job["spec"]["runtimePatches"]}
+    assert set(patches) <= {"ddpjob/spec", "kueue.x-k8s.io/manager"}, patches
+    assert patches["ddpjob/spec"].get("time")
 
     wait_until(
         "Suspended condition",
