@@ -56,7 +56,8 @@ def exit_preempted() -> NoReturn:
     worker exited 10.3 s after SIGTERM, torchrun 20.5 s, this launcher 29.3 s: one after the
     other, against Kubernetes' default 30 s grace period, after which the kubelet's SIGKILL
     makes the exit 137 and a TrainJob's pod, run under torchrun, was seen to end so when Kueue
-    preempted it)."""
+    preempted it). Measured before the re-launching parent stopped importing torch
+    (``trainer.launch``): that parent has no torch to tear down now; the worker still has."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(EXIT_PREEMPTED)
