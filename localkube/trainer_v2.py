@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import os
 import shutil
 import time
 from pathlib import Path
