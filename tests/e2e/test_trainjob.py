@@ -261,8 +261,8 @@ def test_quickstart_as_a_trainjob_succeeds(cluster, namespace, tmp_path, real_no
     text = ddpjob(cluster, "status", "tj-quick", "-n", namespace).stdout
     assert "reported in the TrainJob: 100%  ETA 0s  step 40  loss " in text
     listed = ddpjob(cluster, "list", "-n", namespace).stdout.splitlines()
-    assert listed[0].split() == ["NAME", "KIND", "STATUS", "NODES", "PROGRESS", "AGE"]
-    assert listed[1].split()[:5] == ["tj-quick", "TrainJob", "Succeeded", "2", "100%"]
+    assert listed[0].split() == ["NAME", "KIND", "STATUS", "QUEUE", "NODES", "PROGRESS", "AGE"]
+    assert listed[1].split()[:6] == ["tj-quick", "TrainJob", "Succeeded", "-", "2", "100%"]
 
 
 def test_a_suspended_trainjob_resumed_succeeds(cluster, namespace, tmp_path, real_node):
