@@ -36,8 +36,10 @@ KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 #: started there), a CPU pod cannot, and lands on the real node.
 KWOK_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 
-#: kwok keeps its default node stages; the only pod stage never matches, so kwok fakes nothing
-#: for pods (no Running, no Succeeded): a pod bound to a kwok node stays Pending, never started.
+#: kwok keeps its default node stages; of pod stages it has two: one that never matches, so kwok
+#: fakes nothing for pods (no Running, no Succeeded: a pod bound to a kwok node stays Pending,
+#: never started), and upstream's pod-delete, with no delay: a deleted pod there goes at once
+#: (no kubelet would confirm it, and its namespace would stay Terminating for good).
 KWOK_CONFIG = """\
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokConfiguration
@@ -55,6 +57,23 @@ spec:
     matchLabels:
       ddpjob.local/kwok-never-matches: "true"
   next: {}
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-delete
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: .metadata.deletionTimestamp
+      operator: Exists
+  next:
+    finalizers:
+      empty: true
+    delete: true
 """
 
 #: Client identities: name -> (certificate CN, organisations). Each gets ``<name>.kubeconfig``

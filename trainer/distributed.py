@@ -5,9 +5,12 @@ accelerate, nothing) is read in ``trainer.launch``, without torch.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
+import sys
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -69,6 +72,7 @@ def setup(device: str = "auto", backend: str = "auto", timeout_s: int = 600) -> 
         chosen = backend if backend != "auto" else ("nccl" if use_cuda else "gloo")
         # Before the group exists, or teardown() cannot free it: see _import_before_init.
         _import_before_init()
+        formed = _join_watchdog(rank)
         dist.init_process_group(
             backend=chosen,
             rank=rank,
@@ -76,7 +80,53 @@ def setup(device: str = "auto", backend: str = "auto", timeout_s: int = 600) -> 
             timeout=datetime.timedelta(seconds=timeout_s),
             device_id=dev if chosen == "nccl" else None,
         )
+        formed.set()
     return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=dev)
+
+
+#: Under torchrun, how long the group may take to form once the agents have met (seconds).
+JOIN_TIMEOUT_S = 180
+
+
+def _join_watchdog(rank: int) -> threading.Event:
+    """Under torchrun's agent, end the process (exit 138, retryable) if the group has not formed
+    within ``DDPJOB_JOIN_TIMEOUT_S`` (default :data:`JOIN_TIMEOUT_S`); set the returned event
+    once it has.
+
+    Every agent has met before any worker starts, so every worker follows within seconds. One
+    that waits far longer met a store that is gone: a TrainJob pod restarted in place (kill -9,
+    OOM) starts its agent within a second, while the master pod's old agent, whose TCPStore
+    answers at the same name and address, takes seconds to notice the lost peer and exit. The
+    new agent reads the old rendezvous' rank assignment from it and starts its worker; the
+    master's new agent then waits for an agent that will never come, and this worker for a
+    rank 0 that never starts, for the 10-minute group timeout and the 15-minute rendezvous
+    timeout. Exiting lets the kubelet restart this container, whose agent then meets the
+    master's new one. (A PyTorchJob pod without torchrun has no agent: its worker's wait for
+    its peers is the rendezvous itself, which an image pull may make long.)"""
+    done = threading.Event()
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return done
+    limit = float(os.environ.get("DDPJOB_JOIN_TIMEOUT_S") or JOIN_TIMEOUT_S)
+
+    def watch() -> None:
+        if not done.wait(limit):
+            print(
+                f"[rank {rank}] the process group did not form within {limit:.0f} s of torchrun's "
+                "rendezvous: a peer's agent met a store that was going away (a container "
+                "restarted in place while the master's old one was still exiting); exiting 138 "
+                "so this container restarts and meets the master's new agent",
+                file=sys.stderr,
+                flush=True,
+            )
+            # As trainer.__main__.record_exit: the re-launching parent exits with the worker's code.
+            path = os.environ.get("DDPJOB_EXIT_FILE")
+            if path:
+                with contextlib.suppress(OSError), open(path, "a") as f:
+                    f.write("138\n")
+            os._exit(138)
+
+    threading.Thread(target=watch, name="ddpjob-join-watchdog", daemon=True).start()
+    return done
 
 
 # What a collective raises when another rank died (gloo closes the socket; the TCPStore on the

@@ -95,7 +95,7 @@ def test_an_elastic_job_of_a_users_own_script_is_followed_on_every_worker(
                 # The operator ends an elastic job when one worker is done and would delete
                 # the other pod: keep both logs.
                 "clean_pod_policy": "None",
-                "resources": {"cpu": "500m", "memory": "1Gi"},
+                "resources": {"cpu": "250m", "memory": "1Gi"},
                 "command": ["python", "-m", "torch.distributed.run", "--no-python"],
                 "args": ["python", "-c", SCRIPT],
             }

@@ -165,7 +165,7 @@ def test_quickstart_submit_wait_follow_then_kubectl_logs_exec_describe(real_node
     sets = {
         "namespace": rns,
         "image": image,
-        "resources": {"cpu": "500m", "memory": "1536Mi"},
+        "resources": {"cpu": "250m", "memory": "1536Mi"},
         "clean_pod_policy": "None",
         "trainer.max_steps": 200,
         "trainer.eval_every": 0,

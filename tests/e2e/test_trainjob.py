@@ -139,7 +139,8 @@ def test_a_runtime_that_does_not_exist_is_refused_clearly(cluster, namespace, tm
     )
     r = ddpjob(cluster, "submit", str(spec), "--no-preflight")
     assert r.returncode == 2, r.stdout + r.stderr  # the Trainer's webhook refused: bad input
-    assert "specified clusterTrainingRuntime must be created before" in r.stderr, r.stderr
+    # The Trainer webhook's own words, which its versions change: the runtime, named.
+    assert "denied the request" in r.stderr and "no-such-runtime" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -373,7 +374,13 @@ def test_a_trainjob_recovers(cluster, namespace, tmp_path, real_node, how):
     peer = 1 - rank
     by_rank = {r: [(pod, code) for pod, index, code in runs if index == str(r)] for r in (0, 1)}
     assert [code for _, code in by_rank[peer]] == [codes[1], 0], runs
-    assert [code for _, code in by_rank[rank]] == [codes[0], 0], runs
+    victim_codes = [code for _, code in by_rank[rank]]
+    # A worker killed in place restarts within a second, and its agent may meet the master's
+    # old store while that one is still exiting: its worker then ends itself after the join
+    # timeout (138, trainer.distributed._join_watchdog) and the run after that meets the
+    # master's new agent. Anything else (a hang, another code) fails here or in wait above.
+    raced = rank != 0 and fault == "kill -9" and victim_codes == [codes[0], 138, 0]
+    assert raced or victim_codes == [codes[0], 0], runs
     (peer_pod,) = _rank_pods(cluster, name, namespace, peer)
     assert peer_pod["status"]["containerStatuses"][0]["restartCount"] == 1
     (victim_now,) = _rank_pods(cluster, name, namespace, rank)
@@ -382,7 +389,8 @@ def test_a_trainjob_recovers(cluster, namespace, tmp_path, real_node, how):
         assert by_rank[rank][0][0] == victim_name and by_rank[rank][1][0] != victim_name
     else:
         assert victim_now["metadata"]["uid"] == victim["metadata"]["uid"]
-        assert victim_now["status"]["containerStatuses"][0]["restartCount"] == 1
+        restarts = victim_now["status"]["containerStatuses"][0]["restartCount"]
+        assert restarts == len(victim_codes) - 1, runs
 
     # Rank 0 resumed from a checkpoint of its first run and finished.
     starts = events(out_f, "start")

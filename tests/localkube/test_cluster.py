@@ -245,6 +245,10 @@ def test_gpu_pods_are_bound_to_the_kwok_nodes_and_never_started(real_node, names
         assert p["status"].get("phase") == "Pending", p["status"]
         assert not p["status"].get("containerStatuses"), p["status"]
     assert not _job_condition(cluster, namespace, "fits", "Succeeded")
+    # No kubelet confirms a delete there: kwok's pod-delete stage does, or the pod (and its
+    # namespace) would stay Terminating for good.
+    cluster.kubectl("delete", "pytorchjob", "fits", "-n", namespace)
+    _wait("the kwok-bound pods gone", lambda: _pods(cluster, namespace, "fits") == [], 60)
 
 
 def test_a_cpu_pod_never_lands_on_a_kwok_node(real_node, namespace):

@@ -383,7 +383,7 @@ def test_trainer_image_trains_across_two_pods(real_node, ns):
         name="ddp",
         namespace=ns,
         image=real_node.trainer_image(),
-        resources={"cpu": "500m", "memory": "1536Mi"},
+        resources={"cpu": "250m", "memory": "1536Mi"},
         clean_pod_policy="None",  # keep the worker pod to look at
     )
     data["trainer"].update(

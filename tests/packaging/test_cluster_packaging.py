@@ -395,7 +395,7 @@ def _helm_job(cluster, namespace: str, nodes: int, tmp_path: Path):
     values = {
         "name": release,
         "nodes": nodes,
-        "resources": {"gpus": 0, "cpu": "1", "memory": "2Gi"},
+        "resources": {"gpus": 0, "cpu": "250m", "memory": "2Gi"},
         "shm_size": "256Mi",
         "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
         "args": _small_trainer_args(tmp_path),
@@ -679,7 +679,7 @@ def test_every_command_works_with_the_shipped_role_and_nothing_is_refused(
                 "namespace": K8S_NAMESPACE,
                 "image": "ghcr.io/ddpjob/trainer:0.1.0",
                 "nodes": 1,
-                "resources": {"cpu": "1", "memory": "2Gi"},
+                "resources": {"cpu": "250m", "memory": "2Gi"},
                 "shm_size": "256Mi",
                 "env": {"OMP_NUM_THREADS": "1"},
                 "trainer": {
