@@ -112,7 +112,9 @@ def own_queue(cluster, namespace):
 
 
 def _spec(cluster, tmp_path, name, namespace, **fields):
-    """write_spec's small job (2 pods of half a CPU: one CPU of quota) in the queue."""
+    """write_spec's small job with 2 pods of half a CPU (one CPU of quota: the queues' size) in
+    the queue."""
+    fields.setdefault("resources", {"cpu": "500m", "memory": "1536Mi"})
     return write_spec(cluster, tmp_path, name, namespace, queue="user-queue", **fields)
 
 

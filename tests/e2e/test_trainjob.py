@@ -397,7 +397,9 @@ def test_a_trainjob_recovers(cluster, namespace, tmp_path, real_node, how):
     assert len(starts) == 2, err_f[-2000:]
     saved = [e["step"] for e in events(out_f, "checkpoint")]
     (resumed,) = events(out_f, "resume")
-    assert resumed["step"] in saved and resumed["step"] >= 10
+    # The newest checkpoint, announced or not: a save is durable once renamed, and its event
+    # comes after the barrier that follows it, which fails when the peer is already gone.
+    assert resumed["step"] >= max(saved) >= 10 and resumed["step"] % 10 == 0, (resumed, saved)
     assert [d["reason"] for d in events(out_f, "done")][-1] == "completed"
     assert last_step(out_f) == 160
     (pod0,) = _rank_pods(cluster, name, namespace, 0)
