@@ -127,7 +127,9 @@ def test_helm_install_of_the_built_image_in_a_restricted_namespace(real_node, rn
             real_node,
             rns,
             "helmjob-worker-0",
-            'id -u; id -g; echo "$MASTER_ADDR"; getent hosts "$MASTER_ADDR"; '
+            'id -u; id -g; echo "$MASTER_ADDR"; '
+            # The master's name resolves once its pod runs (its Service then has an address).
+            'for i in $(seq 120); do getent hosts "$MASTER_ADDR" && break; sleep 1; done; '
             "python3 -c 'import torch; print(torch.__version__)'",
         ).split("\n")
         uid, gid, master_addr, resolved, torch_version = inside[:5]

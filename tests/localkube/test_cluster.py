@@ -137,7 +137,8 @@ def test_a_kubeflow_docs_pytorchjob_runs_in_the_image_with_a_dns_master_addr(rea
     cluster.kubectl(
         "apply", "-f", "-", input_text=_job_yaml("envjob", namespace, PRINT_ENV, PRINT_ENV)
     )
-    _wait("job Succeeded", lambda: _job_condition(cluster, namespace, "envjob", "Succeeded"))
+    # Two pods that each wait for the other's name: minutes on a loaded node, not seconds.
+    _wait("job Succeeded", lambda: _job_condition(cluster, namespace, "envjob", "Succeeded"), 300)
 
     services = {s["metadata"]["name"] for s in _get(cluster, "svc", "-n", namespace)["items"]}
     assert {"envjob-master-0", "envjob-worker-0"} <= services
