@@ -29,7 +29,7 @@ from controller.kube.errors import api_message, short_reason, translate
 from controller.kube.logstream import LogStream, LogStreamBroken
 from controller.kube.transport import ApiError, Transport
 from controller.kube.watch import watch
-from controller.kubeflow import PYTORCHJOB, JobAPI
+from controller.kubeflow import PYTORCHJOB, TRAINJOB, JobAPI
 
 # Requests that are not streams get a bounded wait: (connect, read) seconds.
 REQUEST_TIMEOUT_S = (5, 60)
@@ -183,14 +183,20 @@ class Cluster:
         )
 
     def delete_job(self, name: str, namespace: str, api: JobAPI = PYTORCHJOB) -> dict[str, Any]:
-        # Foreground: the job object stays (with a deletionTimestamp) until the garbage collector
-        # has removed its pods, so waiting for the job to vanish waits for the pods too.
+        # A PyTorchJob: foreground, the job object stays (with a deletionTimestamp) until the
+        # garbage collector has removed its pods. A TrainJob: background, the object goes at
+        # once and the collector takes its JobSet, Jobs and pods after it. Kubeflow Trainer
+        # (v2.3.0) creates the JobSet again while a TrainJob it still sees is being deleted, and
+        # each round of that lasts the pods' grace period: under foreground deletion a resumed
+        # TrainJob on the local node was still there after 120 s, twice in a row. wait_deleted
+        # waits for the pods either way.
+        policy = "Background" if api is TRAINJOB else "Foreground"
         return self._json(
             "DELETE",
             _jobs_path(api, namespace, name),
             "delete",
             f"{api.kind} {namespace}/{name}",
-            query=[("propagationPolicy", "Foreground")],
+            query=[("propagationPolicy", policy)],
         )
 
     def get_cluster_object(self, api: JobAPI, name: str) -> dict[str, Any]:

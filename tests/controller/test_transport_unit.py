@@ -155,6 +155,17 @@ def test_http_errors_become_the_projects_errors(api):
     assert api.seen[-1][1] == f"{PODS}/a%2Fb"
 
 
+def test_a_trainjob_is_deleted_in_the_background(api):
+    """Kubeflow Trainer creates a TrainJob's JobSet again while it sees the TrainJob being
+    deleted: the TrainJob goes at once (background), and wait_deleted waits for the pods."""
+    from controller.kubeflow import TRAINJOB
+
+    path = f"/apis/{TRAINJOB.group}/{TRAINJOB.version}/namespaces/n/{TRAINJOB.plural}/t"
+    api.routes[("DELETE", path)] = lambda q, h: h.reply(200, {"kind": "Status"})
+    api.cluster().delete_job("t", "n", api=TRAINJOB)
+    assert api.seen[-1][1:3] == (path, {"propagationPolicy": ["Background"]})
+
+
 def test_a_log_not_there_yet_is_not_found_and_a_log_streams_in_lines(api):
     """400 from the log endpoint (container not started, no previous run) is transient for a
     follower: NotFound (NoLogYet), which it waits out, not a refusal that ends `logs -f`."""
