@@ -51,6 +51,7 @@ def job_manifest(name: str, namespace: str, lines: int, image: str) -> dict[str,
         "image": image,
         "nodes": PODS,
         "resources": {"cpu": "500m", "memory": "512Mi"},
+        "shm_size": "64Mi",  # counts against memory; the default is 1Gi
         "command": ["python", "-c", PRINTER.format(lines=lines, pad=pad)],
         "args": [],
     }
@@ -89,6 +90,7 @@ def follow_all(
         KUBECTL: [
             str(handle.kubectl_path), "logs", "-f", "-l", selector,
             "-c", kubeflow.TRAINJOB_CONTAINER, "--prefix", "--max-log-requests", str(PODS),
+            "--tail", "-1",  # with -l, kubectl shows each pod's last 10 lines unless told
             "-n", namespace,
         ],
         OURS: [sys.executable, "-m", "controller", "logs", name, "--all", "-f", "-n", namespace],
