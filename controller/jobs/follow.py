@@ -65,7 +65,12 @@ START_PREFIX = '{"event": "start"'
 # (kuberuntime_container.go GetContainerLogs): not a line the container printed. Seen when a
 # pod is deleted as its container ends (Kueue preempting a job: the operator suspends it and
 # deletes its pods) and the follower re-attaches or reads the run's end.
-KUBELET_NO_LOG = re.compile(r"unable to retrieve container logs for \w+://[0-9a-f]+")
+# The kubelet's other answer then (pkg/kubelet/kuberuntime/logs, its log file already removed):
+# 'failed to try resolving symlinks in path "/var/log/pods/...": lstat ...: no such file ...'.
+KUBELET_NO_LOG = re.compile(
+    r"unable to retrieve container logs for \w+://[0-9a-f]+"
+    r'|failed to try resolving symlinks in path "/var/log/pods/[^"]+": .*'
+)
 
 
 def split_timestamp(line: str) -> tuple[tuple[str, int] | None, str]:

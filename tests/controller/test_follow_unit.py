@@ -236,6 +236,11 @@ def test_the_kubelets_no_log_message_is_not_printed_as_a_line():
     time.sleep(0.3)
     with c.cond:  # what the kubelet sends once the container's record is gone: no timestamp
         c.files["a"].append("unable to retrieve container logs for containerd://2a060431db15")
+        c.files["a"].append(  # and its other answer, once the log file is gone (ci3)
+            'failed to try resolving symlinks in path "/var/log/pods/q_low-master-0_2c1d/'
+            'pytorch/0.log": lstat /var/log/pods/q_low-master-0_2c1d/pytorch/0.log: no such '
+            "file or directory"
+        )
     c.print("a", "two")
     c.pod_event("MODIFIED", "j-master-0", "a", "terminated")
     c.job_event("Succeeded")
