@@ -226,14 +226,20 @@ def fmt_amount(resource: str, v: Decimal) -> str:
     return _fmt(v)
 
 
+def _rooms_by_resource(cluster_queue: dict[str, Any]) -> dict[str, list[Room]]:
+    """The ClusterQueue's rooms (:func:`rooms`), grouped by resource."""
+    by_resource: dict[str, list[Room]] = {}
+    for room in rooms(cluster_queue):
+        by_resource.setdefault(room.resource, []).append(room)
+    return by_resource
+
+
 def waits_for(need: dict[str, Decimal], cluster_queue: dict[str, Any]) -> list[str]:
     """What the job waits for: each resource it asks more of than the ClusterQueue has free
     now, e.g. ``8 nvidia.com/gpu of 4 free (quota 16, flavor default-flavor)``. Empty when it
     all fits (then it waits for its turn, or for Kueue)."""
     out = []
-    by_resource: dict[str, list[Room]] = {}
-    for room in rooms(cluster_queue):
-        by_resource.setdefault(room.resource, []).append(room)
+    by_resource = _rooms_by_resource(cluster_queue)
     for resource, amount in sorted(need.items()):
         if amount <= 0:
             continue
@@ -244,9 +250,9 @@ def waits_for(need: dict[str, Decimal], cluster_queue: dict[str, Any]) -> list[s
             continue
         best = max(held, key=lambda r: r.free)
         if best.free < amount:
-            need, free = fmt_amount(resource, amount), fmt_amount(resource, best.free)
+            asked, free = fmt_amount(resource, amount), fmt_amount(resource, best.free)
             out.append(
-                f"{need} {resource} of {free} free "
+                f"{asked} {resource} of {free} free "
                 f"(quota {fmt_amount(resource, best.quota)}, flavor {best.flavor})"
             )
     return out
@@ -256,9 +262,7 @@ def never_fits(need: dict[str, Decimal], cluster_queue: dict[str, Any]) -> str |
     """Why the ClusterQueue can never admit a job asking ``need`` (a resource it does not
     cover, or more than all its flavors' quota and borrowing together); None if it can."""
     name = cluster_queue.get("metadata", {}).get("name", "?")
-    by_resource: dict[str, list[Room]] = {}
-    for room in rooms(cluster_queue):
-        by_resource.setdefault(room.resource, []).append(room)
+    by_resource = _rooms_by_resource(cluster_queue)
     for resource, amount in sorted(need.items()):
         if amount <= 0:
             continue
