@@ -20,7 +20,6 @@ Under restartPolicy ExitCode the operator retries 130, 137, 138 and 143 and fail
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import logging
 import os
@@ -33,20 +32,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from trainer.config import ConfigError, TrainConfig, load_config
+from trainer.launch import EXIT_FILE_ENV, record_exit
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_PEER_LOST, EXIT_PREEMPTED = 0, 1, 2, 138, 143
-# Set by the torchrun re-launch: each worker appends its exit code, because torchrun itself
-# reports any worker failure as 1 and the operator must still see 138/143 as retryable.
-EXIT_FILE_ENV = "DDPJOB_EXIT_FILE"
-
-
-def record_exit(code: int) -> int:
-    """Tell a re-launching parent (if any) how this worker ended; returns ``code``."""
-    path = os.environ.get(EXIT_FILE_ENV)
-    if path and code != EXIT_OK:
-        with contextlib.suppress(OSError), open(path, "a") as f:
-            f.write(f"{code}\n")
-    return code
 
 
 def exit_preempted() -> NoReturn:

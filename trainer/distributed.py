@@ -5,7 +5,6 @@ accelerate, nothing) is read in ``trainer.launch``, without torch.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import logging
 import os
@@ -17,6 +16,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from trainer.launch import record_exit
 
 log = logging.getLogger(__name__)
 
@@ -118,12 +119,7 @@ def _join_watchdog(rank: int) -> threading.Event:
                 file=sys.stderr,
                 flush=True,
             )
-            # As trainer.__main__.record_exit: the re-launching parent exits with the worker's code.
-            path = os.environ.get("DDPJOB_EXIT_FILE")
-            if path:
-                with contextlib.suppress(OSError), open(path, "a") as f:
-                    f.write("138\n")
-            os._exit(138)
+            os._exit(record_exit(138))  # the re-launching parent exits with the worker's code
 
     threading.Thread(target=watch, name="ddpjob-join-watchdog", daemon=True).start()
     return done

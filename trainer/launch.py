@@ -19,6 +19,7 @@ Four launchers, one contract (see docs/architecture.md, "The launcher contracts"
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -93,3 +94,17 @@ def torchrun_argv(trainer_args: list[str]) -> list[str]:
         "trainer",
         *trainer_args,
     ]
+
+
+# Set by the torchrun re-launch: each worker appends its exit code, because torchrun itself
+# reports any worker failure as 1 and the operator must still see 138/143 as retryable.
+EXIT_FILE_ENV = "DDPJOB_EXIT_FILE"
+
+
+def record_exit(code: int) -> int:
+    """Tell a re-launching parent (if any) how this worker ended; returns ``code``."""
+    path = os.environ.get(EXIT_FILE_ENV)
+    if path and code != 0:  # success needs no word
+        with contextlib.suppress(OSError), open(path, "a") as f:
+            f.write(f"{code}\n")
+    return code
