@@ -18,14 +18,24 @@ value}], lastUpdatedTime}}`` with that token as a bearer token sets ``status.tra
 Upstream's SDK (``kubeflow.trainer.update_trainjob_status``) posts at most once every 5 s
 (``_MIN_UPDATE_INTERVAL_SECONDS``); so does this.
 
-Training never waits for it: :meth:`ProgressPoster.update` only stores the latest state and
-wakes a daemon thread, which posts. The first error (an HTTP error, TLS, a timeout, a missing
-file) is logged once and posting stops for the rest of the run. Standard library only: the
-image needs nothing more.
+Training never waits for it: :meth:`ProgressPoster.event` only stores the latest state and
+wakes a daemon thread, which posts. Errors are logged once:
+
+- one that will not go away by itself (a refused or invalid request: any 4xx but 408 and 429; a
+  certificate the CA does not sign; a missing CA or token file) stops posting for the rest of
+  the run;
+- one that may (a timeout, a refused or reset connection, 408, 429, a 5xx: a loaded or
+  restarting status server, whose every request also goes to the API server) keeps the state
+  for the next try, at an interval that doubles up to :data:`MAX_BACKOFF_S`. A timed-out post
+  made the whole run's progress go missing before (a TrainJob completed with no
+  ``trainerStatus``, or left at 3%, under CI's load), so the 100% of the end is still posted.
+
+Standard library only: the image needs nothing more.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import math
@@ -49,6 +59,8 @@ ENV_TOKEN = "KUBEFLOW_TRAINER_SERVER_TOKEN"
 MIN_INTERVAL_S = 5.0
 #: One request's connect + read budget (upstream's SDK: timeout=5).
 REQUEST_TIMEOUT_S = 5.0
+#: The longest wait between tries while the server keeps failing in a way that may pass.
+MAX_BACKOFF_S = 60.0
 #: What the server accepts of a metric (trainjob_types.go: name and value MaxLength=64).
 METRIC_MAX_CHARS = 64
 
@@ -117,6 +129,8 @@ class ProgressPoster:
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self.posted = 0  # requests answered 2xx
         self.failed: str | None = None  # the error that stopped posting
+        self.retried = 0  # posts that failed in a way that may pass, and were tried again
+        self._backoff = 0.0  # the wait after such failures in a row (0: not failing)
         self._evals: dict[str, Any] = {}
         self._last_train: Mapping[str, Any] = {}
         self._pending: dict[str, Any] | None = None  # the newest state not posted yet
@@ -155,12 +169,14 @@ class ProgressPoster:
             self._fail(f"{type(e).__name__}: {e}")
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Post what is pending (after the interval since the last post), then stop. Waits at
-        most ``timeout_s`` (default: one interval and one request)."""
+        """Post what is pending (after the interval since the last post, not after a back-off),
+        then stop. Waits at most ``timeout_s`` (default: a request under way, one interval and
+        one more request)."""
         with self._cond:
             self._closing = True
             self._cond.notify()
-        wait = self.interval_s + self.timeout_s + 1.0 if timeout_s is None else timeout_s
+        # A post under way, then the last one: its interval and its request.
+        wait = self.interval_s + 2 * self.timeout_s + 1.0 if timeout_s is None else timeout_s
         self._thread.join(wait)
 
     # -- the thread ---------------------------------------------------------------------------
@@ -172,16 +188,42 @@ class ProgressPoster:
                     self._cond.wait()
                 if self._pending is None or self.failed is not None:
                     return  # closing with nothing to post
-                # The rate limit: a newer state that comes meanwhile replaces this one.
-                while time.monotonic() < self._last_post + self.interval_s:
-                    self._cond.wait(self._last_post + self.interval_s - time.monotonic())
+                # The rate limit: a newer state that comes meanwhile replaces this one. Closing
+                # cuts a back-off short: the last state (100% at the end) gets its try.
+                while time.monotonic() < self._next_post():
+                    self._cond.wait(self._next_post() - time.monotonic())
                 status, self._pending = self._pending, None
                 self._last_post = time.monotonic()
             try:
                 self._post(status)
             except Exception as e:
-                self._fail(_describe(e))
-                return
+                if not may_pass(e):
+                    self._fail(_describe(e))
+                    return
+                self._retry(status, _describe(e))
+            else:
+                self._backoff = 0.0
+
+    def _next_post(self) -> float:
+        if self._closing or not self._backoff:
+            return self._last_post + self.interval_s
+        return self._last_post + self._backoff
+
+    def _retry(self, status: dict[str, Any], why: str) -> None:
+        with self._cond:
+            self.retried += 1
+            if self._pending is None:
+                self._pending = status  # nothing newer came meanwhile: try this one again
+            self._backoff = min(MAX_BACKOFF_S, 2 * (self._backoff or self.interval_s))
+            first = self.retried == 1
+        if first:
+            log.warning(
+                "progress: a post to the TrainJob's status at %s failed (got %s); training goes "
+                "on, and posting tries again, at most every %.0f s",
+                self.url,
+                why,
+                MAX_BACKOFF_S,
+            )
 
     def _post(self, status: dict[str, Any]) -> None:
         status = {
@@ -213,6 +255,22 @@ class ProgressPoster:
             self.url,
             why,
         )
+
+
+def may_pass(e: BaseException) -> bool:
+    """Whether a failed post is worth trying again: the server was slow, unreachable for a
+    moment, or said so (408, 429, 5xx). Not a refusal, a bad certificate, a missing file."""
+    if isinstance(e, urllib.error.HTTPError):
+        return e.code in (408, 429) or e.code >= 500
+    if isinstance(e, urllib.error.URLError):
+        if not isinstance(e.reason, BaseException):
+            return False  # a bad URL, not a bad moment
+        e = e.reason
+    if isinstance(e, ssl.SSLCertVerificationError | FileNotFoundError | PermissionError):
+        return False
+    # Timeouts, refused or reset connections, DNS, a TLS handshake cut short, a response cut
+    # short (http.client's RemoteDisconnected is a ConnectionResetError; IncompleteRead is not).
+    return isinstance(e, OSError | http.client.HTTPException)
 
 
 def _describe(e: BaseException) -> str:

@@ -5,13 +5,16 @@ The real server, on the local cluster's real node: tests/e2e/test_trainjob_progr
 
 from __future__ import annotations
 
+import http.client
 import http.server
 import itertools
 import json
 import logging
+import socket
 import ssl
 import threading
 import time
+import urllib.error
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,7 @@ from trainer.progress_api import (
     ENV_URL,
     MIN_INTERVAL_S,
     ProgressPoster,
+    may_pass,
     trainer_status,
 )
 
@@ -39,6 +43,7 @@ class StatusServer:
         crt, key = pki.issue("status", "status", server=True, dns=("localhost",))
         self.ca = str(pki.path("ca.crt"))
         self.answer = answer
+        self.first_answers: list[int] = []  # answers for the first requests, then `answer`
         self.posts: list[tuple[float, dict[str, str], dict[str, Any]]] = []
         self.entered = threading.Event()
         self.release = threading.Event()
@@ -51,12 +56,13 @@ class StatusServer:
                 server.posts.append((time.monotonic(), dict(self.headers), body))
                 server.entered.set()
                 server.release.wait()
-                if server.answer == 200:
+                answer = server.first_answers.pop(0) if server.first_answers else server.answer
+                if answer == 200:
                     data = json.dumps(body).encode()
                 else:
-                    status = {"status": "Failure", "message": "Forbidden", "code": server.answer}
+                    status = {"status": "Failure", "message": "Forbidden", "code": answer}
                     data = json.dumps(status).encode()
-                self.send_response(server.answer)
+                self.send_response(answer)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -154,6 +160,63 @@ def test_a_refused_post_is_logged_once_and_posting_stops(tmp_path, caplog):
     assert poster.failed == "HTTP 403 Forbidden: Forbidden"
     (record,) = caplog.records
     assert "cannot post to the TrainJob's status" in record.getMessage()
+
+
+def test_a_server_that_fails_for_a_while_still_gets_the_end(server, caplog):
+    """503s (a status server whose API server is slow) are tried again, logged once, at a
+    growing interval; the run's 100% still reaches the server."""
+    server.first_answers = [503, 503, 503]
+    poster = ProgressPoster(server.url, server.ca, str(server.token), interval_s=0.1)
+    with caplog.at_level(logging.WARNING, logger="trainer.progress_api"):
+        for step in range(1, 41):
+            poster.event("train", {"step": step, "max_steps": 40})
+            time.sleep(0.04)
+        poster.event("done", {"step": 40, "max_steps": 40, "reason": "completed"})
+        poster.close(timeout_s=10)
+    assert poster.failed is None and poster.retried == 3 and poster.posted >= 1
+    (record,) = caplog.records
+    assert "failed (got HTTP 503" in record.getMessage() and "tries again" in record.getMessage()
+    times = [t for t, _, _ in server.posts]
+    gaps = [b - a for a, b in itertools.pairwise(times[:4])]
+    assert gaps[1] > gaps[0] * 1.5, gaps  # backing off, not hammering a failing server
+    assert server.posts[-1][2]["trainerStatus"]["progressPercentage"] == 100
+
+
+def test_a_post_that_times_out_is_tried_again(server):
+    """The flake this rule came from: a first post that outlived its timeout stopped every later
+    one, and the TrainJob completed with no trainerStatus."""
+    server.release.clear()  # the first request hangs past the client's timeout
+    poster = ProgressPoster(server.url, server.ca, str(server.token), interval_s=0.1, timeout_s=0.5)
+    poster.event("train", {"step": 1, "max_steps": 2})
+    assert server.entered.wait(10)
+    time.sleep(0.8)
+    server.release.set()
+    poster.event("done", {"step": 2, "max_steps": 2, "reason": "completed"})
+    poster.close(timeout_s=10)
+    assert poster.failed is None and poster.retried == 1 and poster.posted >= 1
+    assert server.posts[-1][2]["trainerStatus"]["progressPercentage"] == 100
+
+
+@pytest.mark.parametrize(
+    ("error", "again"),
+    [
+        (urllib.error.HTTPError("u", 503, "Service Unavailable", None, None), True),
+        (urllib.error.HTTPError("u", 429, "Too Many Requests", None, None), True),
+        (urllib.error.HTTPError("u", 403, "Forbidden", None, None), False),
+        (urllib.error.HTTPError("u", 404, "Not Found", None, None), False),
+        (urllib.error.HTTPError("u", 422, "Unprocessable", None, None), False),
+        (TimeoutError("timed out"), True),
+        (urllib.error.URLError(ConnectionRefusedError(111, "refused")), True),
+        (urllib.error.URLError(socket.gaierror(-2, "Name or service not known")), True),
+        (http.client.RemoteDisconnected("closed"), True),
+        (urllib.error.URLError(ssl.SSLCertVerificationError(1, "unknown ca")), False),
+        (FileNotFoundError(2, "no such file", "/var/run/token"), False),
+        (urllib.error.URLError("unknown url type: htps"), False),
+        (ValueError("a bug of ours"), False),
+    ],
+)
+def test_which_failures_are_tried_again(error, again):
+    assert may_pass(error) is again
 
 
 def test_training_never_waits_for_a_server_that_does_not_answer(server):
