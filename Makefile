@@ -67,6 +67,8 @@ demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 # Without root or apt the node's packages cannot be installed: the suite still runs, and the tests
 # that need the real node fail with one line that says why.
 TEST_WORKERS ?= 3
+# Each phase ends with its slowest tests, so a CI log says where the time went.
+DURATIONS ?= --durations=25 --durations-min=10
 BUILD_LOG := build/make-test-builds.log
 PYTEST := $(PY) -m pytest
 test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, end-to-end
@@ -75,13 +77,13 @@ test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, 
 	@mkdir -p $(dir $(BUILD_LOG)); t0=$$SECONDS; rc=0; \
 	echo "make test: building the Go tools and the images in the background ($(BUILD_LOG))"; \
 	$(MAKE) --no-print-directory -j2 tools test-images > $(BUILD_LOG) 2>&1 & builds=$$!; \
-	$(PYTEST) -n 2 -m "not cluster and not built" || rc=1; t1=$$SECONDS; \
+	$(PYTEST) $(DURATIONS) -n 2 -m "not cluster and not built" || rc=1; t1=$$SECONDS; \
 	wait $$builds || { tail -n 40 $(BUILD_LOG); rc=1; }; t2=$$SECONDS; \
 	grep -E "^\[(cluster|images)\] (built|wheelhouse)" $(BUILD_LOG) || true; \
 	$(PY) -m ruff check . || rc=1; \
-	$(PYTEST) -n $(TEST_WORKERS) -m "(cluster or built) and not (disruptive or whole_node)" \
-		|| rc=1; t3=$$SECONDS; \
-	$(PYTEST) -m "disruptive or whole_node" || rc=1; t4=$$SECONDS; \
+	$(PYTEST) $(DURATIONS) -n $(TEST_WORKERS) \
+		-m "(cluster or built) and not (disruptive or whole_node)" || rc=1; t3=$$SECONDS; \
+	$(PYTEST) $(DURATIONS) -m "disruptive or whole_node" || rc=1; t4=$$SECONDS; \
 	echo "make test: offline tests $$((t1-t0))s, builds done at $$((t2-t0))s, cluster and" \
 		"image tests $$((t3-t2))s, tests run alone $$((t4-t3))s; total $$((t4-t0))s"; \
 	exit $$rc
