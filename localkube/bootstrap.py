@@ -186,11 +186,10 @@ def apply(ctx: Context) -> None:
         operator_webhooks(ctx.manifests, ctx.pki.path("ca.crt"), ctx.ports["operator-webhook"]),
         *(kwok_node(n) for n in KWOK_NODES),
     ]
-    crds = [ctx.manifests / "pytorchjobs-crd.yaml", ctx.manifests / "kwok-logs-crd.yaml"]
-    docs = "\n---\n".join(p.read_text() for p in crds)
+    docs = (ctx.manifests / "pytorchjobs-crd.yaml").read_text()
     docs += "\n---\n" + "\n---\n".join(yaml.safe_dump(o) for o in objects)
     ctx.apply(docs, timeout=120)
-    wait_established(ctx, [kubeflow.PYTORCHJOB_CRD, "logs.kwok.x-k8s.io"])
+    wait_established(ctx, [kubeflow.PYTORCHJOB_CRD])
 
 
 def wait_established(ctx: Context, crds: list[str], timeout_s: float = 60) -> None:
@@ -201,7 +200,8 @@ def wait_established(ctx: Context, crds: list[str], timeout_s: float = 60) -> No
     while True:
         out = ctx.kubectl("get", "crd", *crds, "-o", "json", check=False)
         if out.returncode == 0:
-            items = json.loads(out.stdout)["items"]
+            data = json.loads(out.stdout)
+            items = data["items"] if "items" in data else [data]  # one name: the object itself
             if len(items) == len(crds) and all(
                 any(
                     c["type"] == "Established" and c["status"] == "True"

@@ -272,8 +272,6 @@ def _kwok(ctx: Context) -> list[str]:
         str(pki.path("kwok.crt")),
         "--tls-private-key-file",
         str(pki.path("kwok.key")),
-        "--enable-crds",
-        "Logs",
         "--node-lease-duration-seconds",
         "40",
     ]

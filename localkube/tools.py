@@ -21,12 +21,11 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
 from . import operators
-from .gocmd import _run_go, module_download
+from .gocmd import _run_go
 
 #: Pinned component versions. They must match localkube/go/go.mod.
 VERSIONS = {
@@ -54,13 +53,6 @@ KUBE_COMPONENTS = (
 
 #: Binaries of their own: name -> (module folder in go/, main package).
 OWN_BINARIES = {"helm": (".", "helm.sh/helm/v3/cmd/helm"), "coredns": ("coredns", ".")}
-
-#: Files copied out of the Go module cache, so that running the cluster needs no Go at all.
-#: (The operators' manifests come from their module: ``operators.MANIFESTS``.)
-MODULE_FILES = {
-    ("sigs.k8s.io/kwok", "kustomize/crd/bases/kwok.x-k8s.io_logs.yaml"): "kwok-logs-crd.yaml",
-}
-
 
 def _source_hash() -> str:
     """Return a short hash of the wrapper module's sources (go.mod, go.sum, *.go)."""
@@ -98,9 +90,7 @@ def is_built() -> bool:
     names = [*KUBE_COMPONENTS, "kube", *OWN_BINARIES]
     if not all((root / "bin" / n).exists() for n in names):
         return False
-    if not operators.is_built(root):
-        return False
-    return all((root / "manifests" / f).exists() for f in MODULE_FILES.values())
+    return operators.is_built(root)
 
 
 def _ldflags() -> str:
@@ -119,16 +109,6 @@ def _ldflags() -> str:
             f"-X {helm_pkg}.version={VERSIONS['helm']}",
         ]
     )
-
-
-def _copy_module_files(dest: Path) -> None:
-    """Copy CRDs and manifests out of the module cache into ``dest``."""
-    dest.mkdir(parents=True, exist_ok=True)
-    dirs: dict[str, str] = {}
-    for (module, rel), name in MODULE_FILES.items():
-        if module not in dirs:
-            dirs[module] = module_download(module)["Dir"]
-        shutil.copyfile(Path(dirs[module]) / rel, dest / name)
 
 
 def build(log=sys.stderr) -> dict[str, float]:
@@ -173,7 +153,6 @@ def _build_locked(root: Path, log) -> dict[str, float]:
             tmp = bindir / f".{name}.tmp{os.getpid()}"
             times[name] = _run_go([*common, "-o", str(tmp), package], log, GO_DIR / module)
             tmp.rename(dest)
-    _copy_module_files(root / "manifests")
     times.update(operators.build(root, log))  # after kubectl: it renders their manifests
     record = root / "build-times.json"
     old = json.loads(record.read_text()) if record.exists() else {}

@@ -272,7 +272,7 @@ replace (
 	k8s.io/component-helpers => k8s.io/component-helpers v0.33.13
 	k8s.io/controller-manager => k8s.io/controller-manager v0.33.13
 	k8s.io/cri-api => k8s.io/cri-api v0.33.13
-	k8s.io/cri-client => ./third_party/cri-client // patched: see third_party/README.md
+	k8s.io/cri-client => k8s.io/cri-client v0.33.13
 	k8s.io/csi-translation-lib => k8s.io/csi-translation-lib v0.33.13
 	k8s.io/dynamic-resource-allocation => k8s.io/dynamic-resource-allocation v0.33.13
 	k8s.io/endpointslice => k8s.io/endpointslice v0.33.13
