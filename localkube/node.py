@@ -306,6 +306,11 @@ def kubelet_config(ctx: Context) -> dict:
         # A rank 0 log of a few hundred thousand lines stays one file (kubectl logs reads only
         # the current one; upstream rotates at 10Mi).
         "containerLogMaxSize": "256Mi",
+        # A pod's CPU limit is not a ceiling here (no CFS quota): its request still decides what
+        # fits the node, and cpu.shares still divides a busy machine by requests. The e2e pods
+        # ask a quarter CPU so that eight fit the 2-core node; throttled to a quarter core each,
+        # a test's pods took 12 s to import torch while the machine sat 90% idle (ci4).
+        "cpuCFSQuota": False,
         # In-place restarts back off 10 s at most (upstream: 300 s), as tests and users wait.
         "featureGates": {"KubeletCrashLoopBackOffMax": True},
         "crashLoopBackOff": {"maxContainerRestartPeriod": "10s"},

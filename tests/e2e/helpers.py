@@ -88,22 +88,28 @@ def plugin_on_claim(cluster, namespace: str, module: Path) -> dict[str, str]:
     return {"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{MOUNT}/plugins"}
 
 
+def paced(cluster, namespace: str, step_s: float) -> dict[str, Any]:
+    """:func:`write_spec` fields for the tests' tiny task (tests/trainer/tasks.py, put on the
+    claim) sleeping ``step_s`` each step: a job that lasts at least ``max_steps * step_s``
+    seconds on any machine, for tests that need it still running after some event (a kill, a
+    preemption, an exec). The quickstart's pace is the machine's: the node does not throttle a
+    pod to its CPU limit, so an idle machine runs it several times faster than a busy one."""
+    env = plugin_on_claim(cluster, namespace, REPO / "tests" / "trainer" / "tasks.py")
+    trainer = {"task": "tasks:build", "task_args": {"sleep_s": step_s}, "batch_size": 16}
+    return {"env": env, "trainer": trainer}
+
+
 def paced_spec(
     cluster, tmp_path: Path, name: str, namespace: str, *, max_steps: int, step_s: float, **fields
 ) -> Path:
-    """:func:`write_spec` with the tests' tiny task (tests/trainer/tasks.py) on the claim,
-    sleeping ``step_s`` each step: a job that lasts at least ``max_steps * step_s`` seconds on any
-    machine, for tests that need it still running after some event (the quickstart's pace is
-    the machine's)."""
-    env = plugin_on_claim(cluster, namespace, REPO / "tests" / "trainer" / "tasks.py")
+    """:func:`write_spec` of a job paced by :func:`paced`."""
     return write_spec(
         cluster,
         tmp_path,
         name,
         namespace,
         max_steps=max_steps,
-        env=env,
-        trainer={"task": "tasks:build", "task_args": {"sleep_s": step_s}, "batch_size": 16},
+        **paced(cluster, namespace, step_s),
         **fields,
     )
 

@@ -32,6 +32,7 @@ from tests.e2e.helpers import (
     events,
     get_json,
     last_step,
+    paced,
     write_spec,
 )
 
@@ -224,10 +225,11 @@ def test_a_missing_queue_or_priority_class_is_refused_before_submit(cluster, nam
 # ---------------------------------------------------------------------------------------------
 # Preemption, end to end on the real node
 
-#: The low job's steps. A step of write_spec's job takes about 50 ms on this machine's CPUs
-#: (torch 2.15): 600 leave it training for half a minute after the high job is submitted at
-#: step 10, longer than Kueue takes to evict it (a few seconds). Every step is logged.
-MAX_STEPS = 600
+#: The low job's steps, paced at :data:`STEP_S` (helpers.paced): at least 19 s of training
+#: after the high job is submitted at step 10, longer than Kueue takes to evict it (a few
+#: seconds) on any machine. Every step is logged.
+MAX_STEPS = 400
+STEP_S = 0.05
 
 
 def _rank0_selector(api: str, name: str) -> str:
@@ -243,7 +245,7 @@ def test_a_low_priority_job_preempted_by_a_high_one_checkpoints_resumes_and_lose
     ns = own_queue
     low = _spec(
         cluster, tmp_path, "low", ns, api=api, priority_class=LOW, max_steps=MAX_STEPS,
-        every_steps=5, log_every=1,
+        every_steps=5, log_every=1, **paced(cluster, ns, STEP_S),
     )  # fmt: skip
     high = _spec(cluster, tmp_path, "high", ns, api=api, priority_class=HIGH, max_steps=10)
     exits = ExitCodes(cluster, ns, _rank0_selector(api, "low"))

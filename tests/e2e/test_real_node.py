@@ -30,7 +30,7 @@ import yaml
 
 from localkube import images, node
 from localkube.handle import temporary_namespace, wait_until
-from tests.e2e.helpers import QUICKSTART, Background, ddpjob, events, get_json, write_spec
+from tests.e2e.helpers import QUICKSTART, Background, ddpjob, events, get_json, paced, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -114,7 +114,11 @@ def init_container_ran(p: dict) -> bool:
 
 
 def test_helm_install_of_the_built_image_in_a_restricted_namespace(real_node, rns, tmp_path):
-    spec = write_spec(real_node, tmp_path, "helmjob", rns, max_steps=300, clean_pod_policy="None")
+    # Paced (0.05 s a step): still running while the exec below resolves names and imports torch.
+    spec = write_spec(
+        real_node, tmp_path, "helmjob", rns, max_steps=300, clean_pod_policy="None",
+        **paced(real_node, rns, 0.05),
+    )  # fmt: skip
     values = ddpjob(real_node, "render", str(spec), "--values")
     assert values.returncode == 0, values.stderr
     (tmp_path / "values.yaml").write_text(values.stdout)
@@ -162,6 +166,9 @@ def test_helm_install_of_the_built_image_in_a_restricted_namespace(real_node, rn
         real_node.helm("uninstall", "helmjob", "-n", rns, "--wait", check=False)
 
 
+QUICK_STEPS = 400
+
+
 def test_quickstart_submit_wait_follow_then_kubectl_logs_exec_describe(real_node, rns, tmp_path):
     image = real_node.trainer_image()
     sets = {
@@ -169,7 +176,9 @@ def test_quickstart_submit_wait_follow_then_kubectl_logs_exec_describe(real_node
         "image": image,
         "resources": {"cpu": "250m", "memory": "1536Mi"},
         "clean_pod_policy": "None",
-        "trainer.max_steps": 200,
+        # Enough steps that the exec below finds the worker still running: the node does not
+        # throttle a pod to its CPU limit, so on an idle machine the quickstart is quick.
+        "trainer.max_steps": QUICK_STEPS,
         "trainer.eval_every": 0,
         "trainer.checkpoint.dir": "/tmp/ckpt",
     }
@@ -189,13 +198,13 @@ def test_quickstart_submit_wait_follow_then_kubectl_logs_exec_describe(real_node
     assert cmdline.split()[:3] == ["python", "-m", "trainer"], cmdline  # the rendered command
     assert code == 0, out[-2000:] + err[-3000:]
     assert f"submitted pytorchjob {rns}/quickstart" in out
-    assert [e["step"] for e in events(out, "train")][-1] == 200
+    assert [e["step"] for e in events(out, "train")][-1] == QUICK_STEPS
     assert f"job {rns}/quickstart Succeeded" in out
 
     logs = real_node.kubectl("logs", "quickstart-worker-0", "-n", rns, "-c", "pytorch")
     assert logs.returncode == 0, logs.stderr
     master_logs = real_node.kubectl("logs", "quickstart-master-0", "-n", rns).stdout
-    assert events(master_logs, "done")[-1]["step"] == 200
+    assert events(master_logs, "done")[-1]["step"] == QUICK_STEPS
     # The rank-0 events `--follow` printed are the master container's, in order, once each.
     followed = [x for x in out.splitlines() if x.startswith('{"event"')]
     assert followed == [x for x in master_logs.splitlines() if x.startswith('{"event"')]
@@ -250,6 +259,7 @@ def test_shm_size_is_dev_shm_and_nproc_per_node_2_runs_torchrun_in_the_container
         resources={"cpu": "1", "memory": "3Gi"},
         max_steps=300,
         clean_pod_policy="None",
+        **paced(real_node, rns, 0.05),  # still running while the checks below look inside
     )
     r = ddpjob(real_node, "submit", str(spec))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -285,7 +295,7 @@ def test_a_secret_env_reaches_the_trainer_and_is_printed_nowhere(real_node, rns,
         "sec",
         rns,
         nodes=1,
-        max_steps=200,
+        max_steps=400,  # still running for the exec below (no claim here to pace it from)
         volumes=[],
         secret_env={"API_TOKEN": {"secret": "api", "key": "token"}},
         clean_pod_policy="None",

@@ -28,7 +28,6 @@ from tests.e2e.helpers import (
     latest_step,
     paced_spec,
     restart_apiserver,
-    write_spec,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -37,7 +36,10 @@ MAX_STEPS = 160
 
 
 def _start_job(cluster, namespace, tmp_path, name):
-    spec = write_spec(cluster, tmp_path, name, namespace, max_steps=MAX_STEPS, every_steps=10)
+    # Paced (0.1 s a step): at least 13 s of training left when the fault comes at step 30.
+    spec = paced_spec(
+        cluster, tmp_path, name, namespace, max_steps=MAX_STEPS, step_s=0.1, every_steps=10
+    )
     r = ddpjob(cluster, "submit", str(spec))
     assert r.returncode == 0, r.stderr
     follow0 = Background(cluster, tmp_path, "logs-rank0", "logs", name, "-n", namespace, "-f")

@@ -41,6 +41,7 @@ from tests.e2e.helpers import (
     events,
     get_json,
     last_step,
+    paced,
     plugin_on_claim,
     write_spec,
 )
@@ -344,7 +345,11 @@ def test_a_trainjob_recovers(cluster, namespace, tmp_path, real_node, how):
     rank 0's container printed across its runs: no line lost, none twice."""
     fault, rank, codes = FAULTS[how]
     name = f"tj-{how}"
-    spec = _trainjob_spec(cluster, tmp_path, name, namespace, max_steps=160, every_steps=10)
+    # Paced: at least 13 s of training left when the fault comes at step 30.
+    spec = _trainjob_spec(
+        cluster, tmp_path, name, namespace, max_steps=160, every_steps=10,
+        **paced(cluster, namespace, 0.1),
+    )  # fmt: skip
     r = ddpjob(cluster, "submit", str(spec))
     assert r.returncode == 0, r.stdout + r.stderr
     exits = ExitCodes(cluster, namespace, f"{JOBSET_NAME}={name}")
