@@ -107,25 +107,37 @@ def _pods(cluster, ns: str, job: str) -> list[dict]:
 # (retried: the master's Service gets its address once the master pod runs).
 PRINT_ENV = textwrap.dedent("""
     import json, os, socket, time
-    for _ in range(120):
-        try:
-            ip = socket.gethostbyname(os.environ["MASTER_ADDR"])
-            break
-        except OSError:
-            time.sleep(1)
-    keys = ('MASTER_ADDR', 'MASTER_PORT', 'RANK', 'WORLD_SIZE', 'HOSTNAME')
-    print(json.dumps({**{k: os.environ.get(k) for k in keys}, 'resolved': ip}), flush=True)
-    # A finished master leaves its Service: it stays until the worker runs (its own name
-    # resolves), and 5 s more for the worker to resolve the master's meanwhile.
-    me = os.environ['HOSTNAME']
-    if me.endswith('-master-0'):
-        for _ in range(120):
+    def resolve(name):
+        for _ in range(240):
             try:
-                socket.gethostbyname(me[: -len('master-0')] + 'worker-0')
-                break
+                return socket.gethostbyname(name)
             except OSError:
                 time.sleep(1)
-    time.sleep(5)
+        raise SystemExit(f"{name} did not resolve in 240 tries")
+    ip = resolve(os.environ["MASTER_ADDR"])
+    keys = ('MASTER_ADDR', 'MASTER_PORT', 'RANK', 'WORLD_SIZE', 'HOSTNAME')
+    print(json.dumps({**{k: os.environ.get(k) for k in keys}, 'resolved': ip}), flush=True)
+    # A finished pod leaves its Service, so neither may end before the other is done with its
+    # name. The worker resolved the master's above and then waits for the master to connect to
+    # it by name; the master ends only after that connection. (A fixed linger raced: the
+    # master's first lookup of the worker, made before the worker's record existed, is cached
+    # as a miss by the DNS server for longer than the worker stayed.)
+    me = os.environ['HOSTNAME']
+    if me.endswith('-master-0'):
+        worker = me[: -len('master-0')] + 'worker-0'
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                socket.create_connection((resolve(worker), 12345), timeout=5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
+    else:
+        with socket.create_server(("", 12345)) as server:
+            server.settimeout(240)
+            server.accept()[0].close()
 """)
 
 
@@ -137,7 +149,7 @@ def test_a_kubeflow_docs_pytorchjob_runs_in_the_image_with_a_dns_master_addr(rea
     cluster.kubectl(
         "apply", "-f", "-", input_text=_job_yaml("envjob", namespace, PRINT_ENV, PRINT_ENV)
     )
-    # Two pods that each wait for the other's name: minutes on a loaded node, not seconds.
+    # Two pods that each wait for the other: minutes on a loaded node, not seconds.
     _wait("job Succeeded", lambda: _job_condition(cluster, namespace, "envjob", "Succeeded"), 300)
 
     services = {s["metadata"]["name"] for s in _get(cluster, "svc", "-n", namespace)["items"]}
