@@ -61,6 +61,9 @@ MIN_INTERVAL_S = 5.0
 REQUEST_TIMEOUT_S = 5.0
 #: The longest wait between tries while the server keeps failing in a way that may pass.
 MAX_BACKOFF_S = 60.0
+#: How long the run's end waits for its last state to be posted (a post under way, the
+#: interval, the last post, and a retry of it if that one fails in a way that may pass).
+CLOSE_S = 30.0
 #: What the server accepts of a metric (trainjob_types.go: name and value MaxLength=64).
 METRIC_MAX_CHARS = 64
 
@@ -130,6 +133,8 @@ class ProgressPoster:
         self.posted = 0  # requests answered 2xx
         self.failed: str | None = None  # the error that stopped posting
         self.retried = 0  # posts that failed in a way that may pass, and were tried again
+        self.last_posted: dict[str, Any] | None = None  # the newest state a 2xx answered
+        self._sending: dict[str, Any] | None = None  # the state of the post under way
         self._backoff = 0.0  # the wait after such failures in a row (0: not failing)
         self._evals: dict[str, Any] = {}
         self._last_train: Mapping[str, Any] = {}
@@ -170,14 +175,30 @@ class ProgressPoster:
 
     def close(self, timeout_s: float | None = None) -> None:
         """Post what is pending (after the interval since the last post, not after a back-off),
-        then stop. Waits at most ``timeout_s`` (default: a request under way, one interval and
-        one more request)."""
+        then stop. Waits at most ``timeout_s`` (default :data:`CLOSE_S`), then says in one line
+        what the TrainJob's status was left at."""
         with self._cond:
             self._closing = True
+            final = self._pending or self._sending or self.last_posted
             self._cond.notify()
-        # A post under way, then the last one: its interval and its request.
-        wait = self.interval_s + 2 * self.timeout_s + 1.0 if timeout_s is None else timeout_s
+        wait = CLOSE_S if timeout_s is None else timeout_s
         self._thread.join(wait)
+        if self.failed is not None:
+            return  # said when it happened
+        if self._thread.is_alive():
+            log.warning(
+                "progress: the run's last state (%s%%) was not posted within %.0f s of its end "
+                "(%s); the TrainJob's status may show an older one",
+                (final or {}).get("progressPercentage", "?"),
+                wait,
+                "a post was still under way" if self._sending else "waiting to try again",
+            )
+        elif self.last_posted is not None:
+            log.info(
+                "progress: %d posts to the TrainJob's status, the last at %s%%",
+                self.posted,
+                self.last_posted.get("progressPercentage", "?"),
+            )
 
     # -- the thread ---------------------------------------------------------------------------
 
@@ -194,15 +215,19 @@ class ProgressPoster:
                     self._cond.wait(self._next_post() - time.monotonic())
                 status, self._pending = self._pending, None
                 self._last_post = time.monotonic()
+                self._sending = status
             try:
                 self._post(status)
             except Exception as e:
+                self._sending = None
                 if not may_pass(e):
                     self._fail(_describe(e))
                     return
                 self._retry(status, _describe(e))
             else:
+                self._sending = None
                 self._backoff = 0.0
+                self.last_posted = status
 
     def _next_post(self) -> float:
         if self._closing or not self._backoff:

@@ -251,16 +251,24 @@ def test_pytorchjob_master_name_resolves_through_the_operators_service(real_node
         "for i in $(seq 150); do nslookup {0} && ok=1 && break; sleep 1; done; "
         '[ -n "$ok" ] || exit 1; '
     )
+    worker = f"{job}-worker-0"
+    # A finished pod leaves its Service's endpoints, so neither may end while the other still
+    # needs its name. The worker, once it has resolved the master, waits for the master to
+    # connect to it by name; the master ends after that connection. (Each lingering 10 s raced
+    # in ci5: the master's early misses for the worker's name outlasted the worker.)
+    connect = (
+        f"for i in $(seq 150); do echo hi | busybox nc -w 2 {worker} 12345 && ok=1 && break; "
+        'sleep 1; done; [ -n "$ok" ] || exit 1'
+    )
+    listen = "busybox timeout 200 busybox nc -l -p 12345 >/dev/null"
     manifest = {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
         "metadata": {"name": job, "namespace": ns},
         "spec": {
             "pytorchReplicaSpecs": {
-                # A finished pod leaves its Service's endpoints: the master stays 10 s after it
-                # sees the worker (its own lookup comes after that), the worker 10 s after.
-                "Master": replica(lookup.format(f"{job}-worker-0") + "sleep 10"),
-                "Worker": replica(lookup.format("$MASTER_ADDR") + "sleep 10"),
+                "Master": replica(lookup.format(worker) + connect),
+                "Worker": replica(lookup.format("$MASTER_ADDR") + listen),
             }
         },
     }
@@ -273,14 +281,16 @@ def test_pytorchjob_master_name_resolves_through_the_operators_service(real_node
         )
 
     wait_until("job Succeeded", lambda: condition("Succeeded") or condition("Failed"), 240)
-    assert condition("Succeeded")
+    assert condition("Succeeded"), {
+        name: logs(real_node, ns, name)[-2000:] for name in (f"{job}-master-0", worker)
+    }
     master = pod(real_node, ns, f"{job}-master-0")
-    worker = wait_phase(real_node, ns, f"{job}-worker-0", ("Succeeded", "Failed"))
-    assert worker["status"]["phase"] == "Succeeded"
-    init = worker["spec"]["initContainers"][0]
+    worker_pod = wait_phase(real_node, ns, worker, ("Succeeded", "Failed"))
+    assert worker_pod["status"]["phase"] == "Succeeded"
+    init = worker_pod["spec"]["initContainers"][0]
     assert (init["name"], init["image"]) == ("init-pytorch", node.images()["init"])
-    assert worker["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
-    out = logs(real_node, ns, f"{job}-worker-0")
+    assert worker_pod["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+    out = logs(real_node, ns, worker)
     assert re.search(
         rf"Name:\s+{job}-master-0\.{ns}\.svc\.cluster\.local\s+Address:\s+"
         rf"{re.escape(master['status']['podIP'])}\b",
