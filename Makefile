@@ -59,13 +59,15 @@ demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 # 2. at once, in the background: the one-time builds, the Go tools and the images (on a warm
 #    machine they build nothing; logged to $(BUILD_LOG)), and the tests that need neither, on 2
 #    workers (logged to $(OFFLINE_LOG), printed when they end);
-# 3. ruff, once the builds are done; 4. beside the offline tests: the tests on the local cluster
-#    and on what was built, on $(TEST_WORKERS) workers (each test has its own namespace; most of
-#    their time is pods starting and waiting for each other, which left the CPUs 60% idle when
-#    they ran alone, while the offline tests keep both busy);
-# 5. alone: the few that restart the API server or stop the node (marker `disruptive`), and the
-#    examples as written, whose pods ask the node's every CPU (`whole_node`: beside the others
-#    they held the node while the others' pods waited past their tests' timeouts).
+# 3. ruff, once the builds are done;
+# 4. beside the offline tests, alone, one at a time: the few that restart the API server or stop
+#    the node (marker `disruptive`), and the examples as written, whose pods ask the node's every
+#    CPU (`whole_node`: beside the other cluster tests they held the node while the others' pods
+#    waited past their tests' timeouts). Mostly waiting, they left the CPUs 65% idle when they
+#    ran last (ci5); the offline tests fill that, and nothing of the offline tests uses the node;
+# 5. beside the offline tests still running: the tests on the local cluster and on what was
+#    built, on $(TEST_WORKERS) workers (each test has its own namespace; most of their time is
+#    pods starting and waiting, which left the CPUs 60% idle when they ran alone, ci4).
 # Every phase runs even when one before failed, so one run shows every failure.
 # Without root or apt the node's packages cannot be installed: the suite still runs, and the tests
 # that need the real node fail with one line that says why.
@@ -88,14 +90,14 @@ test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, 
 	wait $$builds || { tail -n 40 $(BUILD_LOG); rc=1; }; t2=$$SECONDS; \
 	grep -E "^\[(cluster|images)\] (built|wheelhouse)" $(BUILD_LOG) || true; \
 	$(PY) -m ruff check . || rc=1; \
+	$(PYTEST) $(DURATIONS) -m "disruptive or whole_node" || rc=1; t3=$$SECONDS; \
 	$(PYTEST) $(DURATIONS) -n $(TEST_WORKERS) \
-		-m "(cluster or built) and not (disruptive or whole_node)" || rc=1; t3=$$SECONDS; \
+		-m "(cluster or built) and not (disruptive or whole_node)" || rc=1; t4=$$SECONDS; \
 	wait $$offline || rc=1; t1=$$SECONDS; \
 	echo "make test: the offline tests ($(OFFLINE_LOG)):"; cat $(OFFLINE_LOG); \
-	$(PYTEST) $(DURATIONS) -m "disruptive or whole_node" || rc=1; t4=$$SECONDS; \
-	echo "make test: builds done at $$((t2-t0))s, cluster and image tests done at" \
-		"$$((t3-t0))s, offline tests waited for until $$((t1-t0))s" \
-		"($$(tail -n 1 $(OFFLINE_LOG))), tests run alone $$((t4-t1))s; total $$((t4-t0))s"; \
+	echo "make test: builds done at $$((t2-t0))s, tests run alone $$((t3-t2))s, cluster and" \
+		"image tests $$((t4-t3))s, $$(tail -n 1 $(OFFLINE_LOG)) (waited for until" \
+		"$$((t1-t0))s); total $$((t1-t0))s"; \
 	exit $$rc
 
 test-images: venv  ## make images for make test: where they cannot be built, the image tests say why
