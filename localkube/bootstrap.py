@@ -201,7 +201,7 @@ def wait_established(ctx: Context, crds: list[str], timeout_s: float = 60) -> No
         out = ctx.kubectl("get", "crd", *crds, "-o", "json", check=False)
         if out.returncode == 0:
             data = json.loads(out.stdout)
-            items = data["items"] if "items" in data else [data]  # one name: the object itself
+            items = data.get("items", [data])  # one name: the object itself
             if len(items) == len(crds) and all(
                 any(
                     c["type"] == "Established" and c["status"] == "True"
