@@ -54,6 +54,7 @@ KUBE_COMPONENTS = (
 #: Binaries of their own: name -> (module folder in go/, main package).
 OWN_BINARIES = {"helm": (".", "helm.sh/helm/v3/cmd/helm"), "coredns": ("coredns", ".")}
 
+
 def _source_hash() -> str:
     """Return a short hash of the wrapper module's sources (go.mod, go.sum, *.go)."""
     digest = hashlib.sha256()
