@@ -143,13 +143,15 @@ class Reporter:
                 group = "perf" if key.endswith(("_per_s", "_s")) or key == "data_wait" else name
                 self.tb.add_scalar(f"{group}/{key}", value, step)
 
-    def close(self) -> None:
+    def close(self, wait_s: float | None = None) -> None:
+        """End the bar, TensorBoard and the progress API, whose last state (100% when done)
+        is posted after the rate limit, waiting at most ``wait_s`` (None: its own default)."""
         if self.bar is not None:
             self.bar.close()
         if self.tb is not None:
             self.tb.close()
         if self.progress_api is not None:
-            self.progress_api.close()  # the last state (100% when done), after the rate limit
+            self.progress_api.close(timeout_s=wait_s)
             self.progress_api = None
 
 

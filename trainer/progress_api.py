@@ -191,7 +191,11 @@ class ProgressPoster:
                 "(%s); the TrainJob's status may show an older one",
                 (final or {}).get("progressPercentage", "?"),
                 wait,
-                "a post was still under way" if self._sending else "waiting to try again",
+                "a post was still under way"
+                if self._sending
+                else "waiting to try again"
+                if self._backoff
+                else f"waiting out the rate limit, one post per {self.interval_s:.0f} s",
             )
         elif self.last_posted is not None:
             log.info(

@@ -58,6 +58,10 @@ def _buffer_sync_kwargs(broadcast_buffers: bool) -> dict[str, bool]:
     return {"broadcast_buffers": False}
 
 
+#: How long a run that did not complete waits for the progress API's last post at its end.
+UNFINISHED_CLOSE_S = 2.0
+
+
 class HostFlags:
     """The step's ``[loss, stop]`` on the host, read without draining the device's queue.
 
@@ -296,11 +300,17 @@ class Trainer:
     def fit(self) -> str:
         """Train to ``max_steps``; return COMPLETED, PREEMPTED or NONFINITE."""
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        reason = None
         try:
-            return self._loop()
+            reason = self._loop()
+            return reason
         finally:
             signal.signal(signal.SIGTERM, previous)
-            self.report.close()
+            # A run that did not complete (preempted: the pod's grace period is running, and
+            # every other rank waits in the barrier after fit for this one) gives the progress
+            # API a moment for its last state, not the full wait (ci6: rank 0 waiting on a slow
+            # status server kept a deleted pod's rank past its 30 s, and it was killed).
+            self.report.close(wait_s=None if reason == COMPLETED else UNFINISHED_CLOSE_S)
 
     def _loop(self) -> str:
         cfg, env, report = self.cfg, self.env, self.report

@@ -10,8 +10,10 @@ import http.server
 import itertools
 import json
 import logging
+import signal
 import socket
 import ssl
+import subprocess
 import threading
 import time
 import urllib.error
@@ -21,7 +23,7 @@ from typing import Any
 import pytest
 
 from localkube.pki import PKI
-from tests.trainer.conftest import common_args, run_pods, trainjob_envs
+from tests.trainer.conftest import REPO, common_args, run_pods, trainer_cmd, trainjob_envs
 from trainer.progress_api import (
     ENV_CA_CERT,
     ENV_TOKEN,
@@ -271,3 +273,36 @@ def test_a_trainjob_run_posts_from_rank_0_only_at_upstreams_rate_and_100_at_the_
     assert final["progressPercentage"] == 100
     assert {m["name"] for m in final["metrics"]} >= {"loss", "samples_per_s", "step"}
     assert any(0 < p[2]["trainerStatus"]["progressPercentage"] < 100 for p in server.posts)
+
+
+def test_a_preempted_trainjob_run_does_not_wait_for_a_slow_status_server(server, tmp_path):
+    """The pod of rank 1 is deleted (SIGTERM) while the status server holds every post: both
+    ranks checkpoint and exit 143 within seconds. Rank 0 gives the progress API a moment, not
+    its full wait: rank 1 waits in the barrier for rank 0, inside its pod's grace period (ci6:
+    a deleted pod's rank was killed at 30 s, waiting so)."""
+    server.release.clear()  # every post hangs until the client's timeout
+    envs = [env | server.env() for env in trainjob_envs(2, "1")]
+    args = common_args(tmp_path, max_steps=400, log_every=1, **{"task_args.sleep_s": 0.05})
+    procs = [
+        subprocess.Popen(
+            trainer_cmd(*args), cwd=REPO, env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        for env in envs
+    ]  # fmt: skip
+    try:
+        for line in procs[0].stdout:  # rank 0's events, until it has trained a few steps
+            if line.startswith('{"event": "train"') and json.loads(line)["step"] >= 5:
+                break
+        assert server.entered.wait(30), "rank 0 never posted"
+        signalled = time.monotonic()
+        procs[1].send_signal(signal.SIGTERM)  # what the kubelet does to the deleted pod
+        results = [p.communicate(timeout=120) for p in procs]
+        took = time.monotonic() - signalled
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [143, 143], [err[-2000:] for _, err in results]
+    assert took < 20, took  # the grace period is 30 s; the full wait alone would be 30 s
+    said = [line for line in results[0][1].splitlines() if "progress:" in line]
+    assert any("was not posted within 2 s" in line for line in said), said
