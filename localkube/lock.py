@@ -96,7 +96,10 @@ def write_views(root: Path = REPO) -> list[Path]:
 
 
 def check_lock() -> None:
-    """Raise LockError when uv.lock no longer matches pyproject.toml (offline, no resolution)."""
+    """Raise LockError when uv.lock no longer matches pyproject.toml. Offline: when nothing
+    changed, uv checks the lock against the requirements without resolving; when they changed,
+    it resolves from its cache, and on a fresh machine (whose cache holds only what was
+    installed) it fails saying the network is disabled. Either way: `make lock`."""
     _uv("lock", "--check", "--offline")
 
 
