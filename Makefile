@@ -58,7 +58,10 @@ demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 # 1. the node's Debian packages (a no-op when installed);
 # 2. at once, in the background: the one-time builds, the Go tools and the images (on a warm
 #    machine they build nothing; logged to $(BUILD_LOG)), and the tests that need neither, on 2
-#    workers (logged to $(OFFLINE_LOG), printed when they end);
+#    workers (logged to $(OFFLINE_LOG), printed when they end). Those run at nice 10: they fill
+#    the CPUs that the builds and the cluster tests leave, and never hold up either (a cold
+#    run's Go builds took 1082 s beside them at equal priority; a pod's grace period or a
+#    test's timeout is the cluster tests', not theirs);
 # 3. ruff, once the builds are done;
 # 4. beside the offline tests, alone, one at a time: the few that restart the API server or stop
 #    the node (marker `disruptive`), and the examples as written, whose pods ask the node's every
@@ -84,7 +87,7 @@ test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, 
 	echo "make test: the Go tools and the images build in the background ($(BUILD_LOG)), and" \
 		"the offline tests run beside them and the cluster tests ($(OFFLINE_LOG))"; \
 	$(MAKE) --no-print-directory -j2 tools test-images > $(BUILD_LOG) 2>&1 & builds=$$!; \
-	( $(PYTEST) $(DURATIONS) -n 2 -m "not cluster and not built"; code=$$?; \
+	( nice -n 10 $(PYTEST) $(DURATIONS) -n 2 -m "not cluster and not built"; code=$$?; \
 		echo "offline tests done at $$(( $$(date +%s) - start ))s"; exit $$code ) \
 		> $(OFFLINE_LOG) 2>&1 & offline=$$!; \
 	wait $$builds || { tail -n 40 $(BUILD_LOG); rc=1; }; t2=$$SECONDS; \
