@@ -81,9 +81,13 @@ def test_a_job_too_big_for_any_node_is_explained_by_follow(real_node, namespace,
         real_node, "submit", str(spec), "--force", "--follow", "--timeout", TIMEOUT_S, timeout=120
     )
     assert r.returncode == 1, r.stdout + r.stderr
-    (said,) = _said(r.stderr, "Unschedulable")
-    assert said.startswith("logs: pod too-big-master-0 is not running: Unschedulable: 0/")
-    assert "Insufficient cpu" in said
+    # Once per change of the scheduler's message, not once per second: ci7 (cold) saw it
+    # twice, as the scheduler's words for the other nodes changed during the 25 s.
+    said = _said(r.stderr, "Unschedulable")
+    assert 1 <= len(said) <= 3 and len(set(said)) == len(said), r.stderr
+    for line in said:
+        assert line.startswith("logs: pod too-big-master-0 is not running: Unschedulable: 0/")
+        assert "Insufficient cpu" in line, r.stderr
     first = r.stderr.split("\nerror: ")[1].splitlines()[0]
     assert first.startswith(f"submit: job {namespace}/too-big has not ended after 25 s")
     assert "Insufficient cpu" in first
