@@ -18,6 +18,11 @@ What a pod that does not run shows, and where (Kubernetes 1.33):
   waits for the master's DNS name, which exists once the master runs);
 - a pod the job's controller could not create: none at all, and a Warning event of the job (or
   a TrainJob's JobSet or Job) says why (``FailedCreate``, ``TrainJobResourcesCreationFailed``);
+- a pod the training operator has made and sees waiting, before our own watch of the pods has
+  brought it: a Warning event of the PyTorchJob, ``Error pod <pod> condition message: <the
+  pod's latest false condition's message>``, with that condition's reason (the operator's
+  ``recordAbnormalPods``). It is said as the pod's own reason would be, so the pod arriving a
+  moment later is no change;
 - the job itself is suspended: its ``Suspended`` condition (a queue such as Kueue admits it by
   resuming it); with Kueue's queue label, it is ``Queued`` (``controller.jobs.queue`` says
   where it stands in that queue and what it waits for).
@@ -69,6 +74,11 @@ STARTING_REASONS = frozenset({"ContainerCreating", "PodInitializing"})
 QUEUED_KEY = ("queued",)
 
 _RPC_PREFIX = re.compile(r"^rpc error: code = \w+ desc = ")
+#: The training operator's event about a pod of the job whose latest condition is false
+#: (``Error pod %s condition message: %s``, reason: the condition's).
+_POD_CONDITION = re.compile(r"Error pod (\S+) condition message: (.*)$", re.DOTALL)
+#: The reasons of a false ``PodScheduled`` condition, which pod_waiting reads from the pod.
+_SCHEDULING_REASONS = frozenset({"Unschedulable", "SchedulingGated"})
 
 
 @dataclass(frozen=True)
@@ -282,9 +292,22 @@ def job_waiting(
         (e for e in kind.build_failures(name, events) if event_time(e)[:19] >= created),
         key=event_time,
     )
+    # What the operator says of pods it has made (its watch can be ahead of ours): the last
+    # word on each. These events say a pod exists; they are not why one was not created.
+    made: dict[str, tuple[str, str]] = {}
+    creating = []
+    for e in failures:
+        said = _POD_CONDITION.search(e.get("message") or "")
+        if said is None:
+            creating.append(e)
+        else:
+            made[said.group(1)] = (e.get("reason") or "", _one_line(said.group(2)))
     for replica in missing:
         stem = kind.pod_name_of(name, replica)
-        about = [e for e in failures if stem in (e.get("message") or "")] or failures
+        if stem in made:
+            out.append(_made_pod(stem, *made[stem]))
+            continue
+        about = [e for e in creating if stem in (e.get("message") or "")] or creating
         if about:
             last = about[-1]
             reason, message = last.get("reason") or "Warning", _one_line(last.get("message"))
@@ -303,6 +326,19 @@ def job_waiting(
                 )
             )
     return out
+
+
+def _made_pod(pod: str, reason: str, message: str) -> Waiting:
+    """A pod the operator has made, known only from its event: unschedulable (or gated) as
+    :func:`pod_waiting` says it from the pod itself, same subject and key; any other condition
+    (its containers not ready yet: it has been scheduled) is the pod on its way, a step."""
+    if reason in _SCHEDULING_REASONS:
+        return Waiting(
+            pod, reason, message, reason != "SchedulingGated", (reason, message), pod=pod
+        )
+    return Waiting(
+        pod, "ContainerCreating", "the kubelet is starting it", False, ("creating",), pod=pod
+    )
 
 
 def job_events(job_name: str, events: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -300,3 +300,41 @@ def test_a_timeout_says_first_what_keeps_the_job_from_running():
     )
     assert rest == ["  and pod j-worker-0 is not running: Pending: waiting for the scheduler"]
     assert err.exit_code == 1
+
+
+def test_a_pod_the_operator_has_seen_before_our_watch_is_said_once_as_the_pod_says_it():
+    """ci (stop 27): the PyTorchJob's ``Error pod X condition message`` event came before the
+    follower's pod watch brought the pod, and the reason was said as a replica without a pod,
+    then again as the pod's. The operator's event names the pod: it is that pod's reason."""
+    message = "0/3 nodes are available: 1 Insufficient cpu, 2 node(s) had untolerated taint."
+    told = event(
+        "j",
+        "Unschedulable",
+        f"Error pod j-master-0 condition message: {message}",
+        kind="PyTorchJob",
+    )
+    notes = WaitNotes(PYTORCHJOB_KIND, "j")
+    notes.see_job(job())
+    notes.see_event("ADDED", told)
+    (w,) = notes.current()
+    assert not w.missing and w.problem and w.subject == "j-master-0"
+    assert notes.due(0.0)[0] == [f"pod j-master-0 is not running: Unschedulable: {message}"]
+    cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    notes.see_pod("ADDED", pod(node=None, conditions=[{**cond, "message": message}]))
+    assert notes.due(1.0) == ([], None)
+    # Another condition (scheduled, containers not ready): the pod on its way, not a problem,
+    # and not a reason for another replica that has no pod.
+    ready = event(
+        "j",
+        "ContainersNotReady",
+        "Error pod j-master-0 condition message: containers with unready status: [pytorch]",
+        kind="PyTorchJob",
+        at="2026-01-01T00:00:11Z",
+    )
+    master, worker = job_waiting(PYTORCHJOB_KIND, job({"Master": 1, "Worker": 1}), [], [ready])
+    assert (master.subject, master.reason, master.problem) == (
+        "j-master-0",
+        "ContainerCreating",
+        False,
+    )
+    assert worker.missing and worker.reason == "NotCreated" and not worker.problem
