@@ -57,7 +57,12 @@ class DDPConfig(_Section):
         False, description="Promise the graph and unused parameters never change between steps."
     )
     broadcast_buffers: bool = Field(
-        True, description="Broadcast rank 0's buffers (e.g. BatchNorm stats) every forward."
+        True,
+        description=(
+            "Keep every rank's buffers equal to rank 0's: broadcast every forward, as DDP does."
+            " A model whose only buffers are BatchNorm statistics (which no training forward"
+            " reads) has them broadcast before each evaluation instead."
+        ),
     )
 
 

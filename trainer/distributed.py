@@ -200,6 +200,21 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def broadcast_tensors(tensors: list[torch.Tensor]) -> None:
+    """Overwrite ``tensors`` with rank 0's, in place: one broadcast per dtype and device (a
+    no-op for a single rank)."""
+    if not _multi_rank():
+        return
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    for same in groups.values():
+        flat = torch.cat([t.reshape(-1) for t in same])
+        dist.broadcast(flat, src=0)
+        for t, part in zip(same, flat.split([t.numel() for t in same]), strict=True):
+            t.copy_(part.view_as(t))
+
+
 def broadcast_object(obj: Any) -> Any:
     """Rank 0's ``obj`` on every rank."""
     if not (dist.is_available() and dist.is_initialized()):

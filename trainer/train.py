@@ -49,6 +49,25 @@ COMPLETED, PREEMPTED, NONFINITE = "completed", "preempted", "nonfinite"
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def _batchnorm_statistics_only(model: nn.Module) -> bool:
+    """True when ``model`` has buffers and all of them are BatchNorm running statistics.
+
+    A BatchNorm layer in training mode normalises with the batch's own statistics and only
+    writes its running ones; in eval mode it reads them but does not change them. So no
+    training forward reads a statistic that differs between ranks, and rank 0's, which
+    checkpoints hold, move exactly as with DDP's broadcast before every forward: that
+    broadcast is a collective a step (about a quarter of a small CNN's step on CPU, gloo) that
+    only evaluation needs. Any other buffer may be read by a forward, so it keeps DDP's."""
+    norms = {
+        id(b)
+        for m in model.modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm)
+        for b in m.buffers(recurse=False)
+    }
+    buffers = list(model.buffers())
+    return bool(buffers) and all(id(b) in norms for b in buffers)
+
+
 def _buffer_sync_kwargs(broadcast_buffers: bool) -> dict[str, bool]:
     """DDP's per-forward buffer broadcast switch (newer torch calls it ``forward_sync_buffers``)."""
     if broadcast_buffers:
@@ -119,6 +138,11 @@ class Trainer:
         # all-reduce per bucket, and under compile Dynamo's DDPOptimizer would split the graph
         # at every bucket boundary (torch._dynamo.config.optimize_ddp), limiting fusion.
         self.ddp = env.distributed and env.world_size > 1
+        # BatchNorm statistics (a model's only buffers): rank 0's, broadcast before each
+        # evaluation rather than before every forward (see _batchnorm_statistics_only).
+        self.sync_norms_at_eval = (
+            self.ddp and cfg.ddp.broadcast_buffers and _batchnorm_statistics_only(model)
+        )
         if self.ddp:
             self.model = DDP(
                 self.fwd_model,
@@ -127,7 +151,7 @@ class Trainer:
                 find_unused_parameters=cfg.ddp.find_unused_parameters,
                 gradient_as_bucket_view=cfg.ddp.gradient_as_bucket_view,
                 static_graph=cfg.ddp.static_graph,
-                **_buffer_sync_kwargs(cfg.ddp.broadcast_buffers),
+                **_buffer_sync_kwargs(cfg.ddp.broadcast_buffers and not self.sync_norms_at_eval),
             )
         # The step's [loss, stop] flags travel with the gradients (one all-reduce round a step).
         self.step_flags: dist_.StepFlags | None = None
@@ -280,6 +304,10 @@ class Trainer:
         return {k: v / flat[-1] for k, v in zip(keys, flat[:-1], strict=True)}
 
     def run_eval(self) -> None:
+        if self.sync_norms_at_eval:
+            # Every rank evaluates rank 0's model, the one its checkpoint holds.
+            models = [self.raw_model] + ([self.ema.module] if self.ema is not None else [])
+            dist_.broadcast_tensors([b for m in models for b in m.buffers()])
         metrics = self.evaluate(self.fwd_model)
         if self.ema is not None:
             metrics |= {f"ema_{k}": v for k, v in self.evaluate(self.ema.module).items()}

@@ -114,3 +114,101 @@ def test_one_allreduce_round_per_optimizer_step(tmp_path: Path) -> None:
         # and none besides DDP's own (the loss and stop flag ride in its bucket).
         assert counts["calls"] == max_steps
         assert counts["all_reduces"] == max_steps
+
+
+class _VisionWithACounter:
+    """The vision task whose model also holds a buffer that is not a BatchNorm statistic."""
+
+    def __new__(cls, **kwargs):
+        from trainer.tasks.vision import VisionTask
+
+        task = VisionTask(**kwargs)
+        build = task.build_model
+
+        def build_model():
+            model = build()
+            model.register_buffer("seen", torch.zeros(()))
+            return model
+
+        task.build_model = build_model
+        return task
+
+
+def _buffers_worker(rank: int, port: int, out_dir: str, task: str) -> None:
+    os.environ |= {
+        "RANK": str(rank),
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": str(rank),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    from trainer import distributed
+    from trainer.config import build_config
+    from trainer.metrics import Reporter
+    from trainer.tasks import load_task
+    from trainer.train import Trainer
+
+    cfg = build_config(
+        {
+            "task": task,
+            "task_args": {"image_size": 8, "width": 8, "train_size": 256, "eval_size": 64},
+            "max_steps": 4,
+            "batch_size": 8,
+            "eval_batches": 1,
+            "ema_decay": 0.5,
+            "checkpoint": {"dir": f"{out_dir}/ckpt", "every_steps": 0},
+        }
+    )
+    env = distributed.setup("cpu", "gloo", 60)
+    try:
+        trainer = Trainer(
+            cfg, env, load_task(cfg.task, cfg.task_args), Reporter(False, 0, "never", None)
+        )
+        seen: dict[str, list[list[float]]] = {"before_eval": [], "at_eval": []}
+
+        def stats(model) -> list[float]:
+            return [float(b.double().sum()) for b in model.buffers()]
+
+        real_run_eval, real_evaluate = trainer.run_eval, trainer.evaluate
+
+        def run_eval():
+            seen["before_eval"].append(stats(trainer.raw_model))
+            real_run_eval()
+
+        def evaluate(model):
+            seen["at_eval"].append(stats(model))
+            return real_evaluate(model)
+
+        trainer.run_eval, trainer.evaluate = run_eval, evaluate
+        assert trainer.fit() == "completed"
+        out = {"per_forward": trainer.model.will_sync_module_buffers(), **seen}
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
+    finally:
+        distributed.teardown()
+
+
+@pytest.mark.slow
+def test_batchnorm_statistics_are_rank_0s_at_eval_without_a_broadcast_every_forward(
+    tmp_path: Path,
+) -> None:
+    """DDP's broadcast of the buffers before every forward is a collective a step (about a
+    quarter of the bench's step on CPU); a BatchNorm-only model has rank 0's statistics
+    broadcast before each evaluation instead, so every rank evaluates the checkpointed model."""
+    mp.spawn(_buffers_worker, args=(free_port(), str(tmp_path), "vision"), nprocs=2)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert not r0["per_forward"] and not r1["per_forward"]
+    # Each rank's statistics moved with its own batches: they differ before the evaluation ...
+    assert r0["before_eval"] != r1["before_eval"]
+    # ... and at it, both ranks' model and EMA hold rank 0's.
+    (final,) = r0["before_eval"]
+    assert r0["at_eval"] == r1["at_eval"] == [final, final]
+
+
+@pytest.mark.slow
+def test_a_buffer_that_is_not_a_batchnorm_statistic_is_broadcast_every_forward(
+    tmp_path: Path,
+) -> None:
+    task = "tests.trainer.test_ddp_equivalence:_VisionWithACounter"
+    mp.spawn(_buffers_worker, args=(free_port(), str(tmp_path), task), nprocs=2)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["per_forward"] and r1["per_forward"]
