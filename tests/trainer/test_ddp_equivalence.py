@@ -11,11 +11,37 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.trainer.conftest import TEST_TASK, common_args, free_port, run, torchrun_cmd, trainer_cmd
+from trainer import distributed as trainer_dist
+from trainer.config import build_config
+from trainer.metrics import Reporter
+from trainer.tasks import load_task
+from trainer.train import Trainer
 
 
 def _final_params(ckpt_dir: Path) -> dict[str, torch.Tensor]:
     (path,) = sorted(ckpt_dir.glob("step_*.pt"))[-1:]
     return torch.load(path, weights_only=True)["model"]
+
+
+def _one_of_two_ranks(rank: int, port: int, settings: dict) -> Trainer:
+    """Rank ``rank`` of a 2-rank gloo group in this process, and its Trainer for ``settings``
+    (the caller tears the group down)."""
+    os.environ |= {
+        "RANK": str(rank),
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": str(rank),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    cfg = build_config(settings)
+    env = trainer_dist.setup("cpu", "gloo", 60)
+    try:
+        return Trainer(
+            cfg, env, load_task(cfg.task, cfg.task_args), Reporter(False, 0, "never", None)
+        )
+    except BaseException:
+        trainer_dist.teardown()
+        raise
 
 
 @pytest.mark.slow
@@ -43,33 +69,16 @@ def test_n_ranks_of_b_equal_one_process_of_n_times_b(
 
 
 def _hook_worker(rank: int, port: int, out_dir: str, grad_accum: int, max_steps: int) -> None:
-    os.environ |= {
-        "RANK": str(rank),
-        "WORLD_SIZE": "2",
-        "LOCAL_RANK": str(rank),
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
+    settings = {
+        "task": TEST_TASK,
+        "max_steps": max_steps,
+        "batch_size": 4,
+        "grad_accum": grad_accum,
+        "checkpoint": {"dir": f"{out_dir}/ckpt", "every_steps": 0},
+        "log_every": 1,
     }
-    from trainer import distributed
-    from trainer.config import build_config
-    from trainer.metrics import Reporter
-    from trainer.tasks import load_task
-    from trainer.train import Trainer
-
-    cfg = build_config(
-        {
-            "task": TEST_TASK,
-            "max_steps": max_steps,
-            "batch_size": 4,
-            "grad_accum": grad_accum,
-            "checkpoint": {"dir": f"{out_dir}/ckpt", "every_steps": 0},
-            "log_every": 1,
-        }
-    )
-    env = distributed.setup("cpu", "gloo", 60)
+    trainer = _one_of_two_ranks(rank, port, settings)
     try:
-        task = load_task(cfg.task, cfg.task_args)
-        trainer = Trainer(cfg, env, task, Reporter(False, 0, "never", None))
         # Every all-reduce DDP does goes through the trainer's hook (StepFlags), which also
         # carries the step's [loss, stop]: there is no other per-step collective to count.
         calls = []
@@ -99,7 +108,7 @@ def _hook_worker(rank: int, port: int, out_dir: str, grad_accum: int, max_steps:
         counts["micro_batches"] = trainer.batches.position()[1]
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(counts))
     finally:
-        distributed.teardown()
+        trainer_dist.teardown()
 
 
 @pytest.mark.slow
@@ -135,35 +144,17 @@ class _VisionWithACounter:
 
 
 def _buffers_worker(rank: int, port: int, out_dir: str, task: str) -> None:
-    os.environ |= {
-        "RANK": str(rank),
-        "WORLD_SIZE": "2",
-        "LOCAL_RANK": str(rank),
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
+    settings = {
+        "task": task,
+        "task_args": {"image_size": 8, "width": 8, "train_size": 256, "eval_size": 64},
+        "max_steps": 4,
+        "batch_size": 8,
+        "eval_batches": 1,
+        "ema_decay": 0.5,
+        "checkpoint": {"dir": f"{out_dir}/ckpt", "every_steps": 0},
     }
-    from trainer import distributed
-    from trainer.config import build_config
-    from trainer.metrics import Reporter
-    from trainer.tasks import load_task
-    from trainer.train import Trainer
-
-    cfg = build_config(
-        {
-            "task": task,
-            "task_args": {"image_size": 8, "width": 8, "train_size": 256, "eval_size": 64},
-            "max_steps": 4,
-            "batch_size": 8,
-            "eval_batches": 1,
-            "ema_decay": 0.5,
-            "checkpoint": {"dir": f"{out_dir}/ckpt", "every_steps": 0},
-        }
-    )
-    env = distributed.setup("cpu", "gloo", 60)
+    trainer = _one_of_two_ranks(rank, port, settings)
     try:
-        trainer = Trainer(
-            cfg, env, load_task(cfg.task, cfg.task_args), Reporter(False, 0, "never", None)
-        )
         seen: dict[str, list[list[float]]] = {"before_eval": [], "at_eval": []}
 
         def stats(model) -> list[float]:
@@ -184,7 +175,7 @@ def _buffers_worker(rank: int, port: int, out_dir: str, task: str) -> None:
         out = {"per_forward": trainer.model.will_sync_module_buffers(), **seen}
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
     finally:
-        distributed.teardown()
+        trainer_dist.teardown()
 
 
 @pytest.mark.slow
