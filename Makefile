@@ -74,7 +74,7 @@ demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 # Every phase runs even when one before failed, so one run shows every failure.
 # Without root or apt the node's packages cannot be installed: the suite still runs, and the tests
 # that need the real node fail with one line that says why.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 3
 # Each phase ends with its slowest tests, so a CI log says where the time went.
 DURATIONS ?= --durations=25 --durations-min=10
 BUILD_LOG := build/make-test-builds.log
