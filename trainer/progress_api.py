@@ -30,21 +30,28 @@ wakes a daemon thread, which posts. Errors are logged once:
   made the whole run's progress go missing before (a TrainJob completed with no
   ``trainerStatus``, or left at 3%, under CI's load), so the 100% of the end is still posted.
 
+Every socket operation of a post has :data:`REQUEST_TIMEOUT_S`; a name lookup (glibc's, through
+the pod's search domains) has none, so the server's address is looked up for the first post and
+kept until a connection to it fails (ci12: a TrainJob left at 12%, its last post still under way
+30 s after the run ended). The line said at the end names what a post still under way was doing.
+
 Standard library only: the image needs nothing more.
 """
 
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import logging
 import math
 import os
+import socket
 import ssl
 import threading
 import time
 import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -135,6 +142,12 @@ class ProgressPoster:
         self.retried = 0  # posts that failed in a way that may pass, and were tried again
         self.last_posted: dict[str, Any] | None = None  # the newest state a 2xx answered
         self._sending: dict[str, Any] | None = None  # the state of the post under way
+        # What the post under way is doing, for the close line: a socket operation has
+        # ``timeout_s``, but a name lookup (glibc's, through the pod's search domains) has none.
+        self._phase = ""
+        # The server's addresses, looked up for the first post and kept until a connection to
+        # them fails: a post every 5 s need not ask the cluster's DNS every time.
+        self._addresses: list[tuple[Any, ...]] | None = None
         self._backoff = 0.0  # the wait after such failures in a row (0: not failing)
         self._evals: dict[str, Any] = {}
         self._last_train: Mapping[str, Any] = {}
@@ -191,7 +204,7 @@ class ProgressPoster:
                 "(%s); the TrainJob's status may show an older one",
                 (final or {}).get("progressPercentage", "?"),
                 wait,
-                "a post was still under way"
+                f"a post was still under way: {self._phase}"
                 if self._sending
                 else "waiting to try again"
                 if self._backoff
@@ -261,15 +274,36 @@ class ProgressPoster:
         }
         with open(self.token_file) as f:  # rotated by the kubelet: read it every time
             token = f.read().strip()
-        request = urllib.request.Request(
-            self.url,
-            data=json.dumps({"trainerStatus": status}).encode(),
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-            method="POST",
-        )
+        data = json.dumps({"trainerStatus": status}).encode()
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         context = ssl.create_default_context(cafile=self.ca_file)
-        with urllib.request.urlopen(request, timeout=self.timeout_s, context=context) as resp:
-            resp.read()
+        url = urllib.parse.urlsplit(self.url)
+        host, port = url.hostname or "", url.port or 443
+        if self._addresses is None:
+            self._phase = f"looking up {host}"
+            self._addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        self._phase = f"connecting to {host}:{port}"
+        try:
+            sock = _connect(self._addresses, self.timeout_s)
+        except OSError:
+            self._addresses = None  # look it up again next time
+            raise
+        self._phase = f"the TLS handshake with {host}:{port}"
+        conn = http.client.HTTPSConnection(host, port, timeout=self.timeout_s, context=context)
+        try:
+            conn.sock = context.wrap_socket(sock, server_hostname=host)
+            self._phase = "waiting for the server's answer"
+            path = url.path + (f"?{url.query}" if url.query else "")
+            conn.request("POST", path, body=data, headers=headers)
+            resp = conn.getresponse()
+            body = resp.read()
+        finally:
+            sock.close()
+            conn.close()
+        if not 200 <= resp.status < 300:
+            raise urllib.error.HTTPError(
+                self.url, resp.status, resp.reason, resp.headers, io.BytesIO(body)
+            )
         self.posted += 1
 
     def _fail(self, why: str) -> None:
@@ -284,6 +318,22 @@ class ProgressPoster:
             self.url,
             why,
         )
+
+
+def _connect(addresses: list[tuple[Any, ...]], timeout_s: float) -> socket.socket:
+    """A TCP connection to the first of ``addresses`` (``getaddrinfo``'s) that answers, each
+    given ``timeout_s``: what ``socket.create_connection`` does, without the lookup."""
+    error: OSError | None = None
+    for family, kind, proto, _, address in addresses:
+        sock = socket.socket(family, kind, proto)
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(address)
+            return sock
+        except OSError as e:
+            sock.close()
+            error = e
+    raise error or OSError("no address to connect to")
 
 
 def may_pass(e: BaseException) -> bool:

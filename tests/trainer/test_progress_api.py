@@ -216,7 +216,38 @@ def test_a_last_post_still_under_way_when_the_run_ends_is_said(server, caplog):
     server.release.set()
     (record,) = caplog.records
     assert "last state (100%) was not posted within 0 s" in record.getMessage()
-    assert "a post was still under way" in record.getMessage()
+    assert "a post was still under way: waiting for the server's answer" in record.getMessage()
+
+
+def test_the_name_is_looked_up_once_and_again_only_after_a_connection_fails(server, monkeypatch):
+    """ci12: a TrainJob left at 12%, its last post still under way 30 s after the run ended.
+    Every socket operation of a post has the request timeout; a name lookup (glibc's, through
+    the pod's search domains) has none. The address found for the first post is kept."""
+    real = socket.getaddrinfo
+    with socket.socket() as s:  # a port nothing listens on: the address has gone stale
+        s.bind(("127.0.0.1", 0))
+        stale = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", s.getsockname()[1]))]
+    lookups: list[str] = []
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        lookups.append(host)
+        return stale if len(lookups) == 2 else real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    poster = ProgressPoster(server.url, server.ca, str(server.token), interval_s=0.05)
+    for step in range(1, 5):
+        poster.event("train", {"step": step, "max_steps": 10})
+        deadline = time.monotonic() + 10
+        while poster.posted < step and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert poster.posted == 4 and lookups == ["localhost"]
+    poster._addresses = None  # as after a failed connection: the next post looks it up again
+    poster.event("train", {"step": 5, "max_steps": 10})  # the lookup finds the stale address
+    poster.event("done", {"step": 10, "max_steps": 10, "reason": "completed"})
+    poster.close(timeout_s=10)
+    assert poster.failed is None and poster.retried == 1
+    assert lookups == ["localhost"] * 3  # refused at the stale one: looked up once more
+    assert server.posts[-1][2]["trainerStatus"]["progressPercentage"] == 100
 
 
 @pytest.mark.parametrize(
