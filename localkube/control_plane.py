@@ -195,7 +195,8 @@ class ControlPlane:
         if self.state_dir.exists():
             shutil.rmtree(self.state_dir)
         self.state_dir.mkdir(parents=True)
-        ports = {name: procs.free_port() for name in port_names()}
+        names = port_names()
+        ports = dict(zip(names, procs.free_ports(len(names)), strict=True))
         state: dict = {
             "server": f"https://127.0.0.1:{ports['apiserver']}",
             "ports": ports,

@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -24,11 +25,46 @@ class LocalkubeError(RuntimeError):
     """The local cluster could not be built, started, reached or stopped."""
 
 
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (the kernel's pick)."""
+#: Where :func:`free_ports` looks, below the kernel's ephemeral range (``ip_local_port_range``).
+PORTS_FROM = 20000
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind(("", port))  # every address: a component may listen on any of them
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports free now, outside the kernel's ephemeral range.
+
+    The components bind them up to a minute later. A port from the ephemeral range (the
+    kernel's pick for ``bind(0)``) can meanwhile become the local end of any outgoing
+    connection on the machine, and the component then fails to start (ci13: kueue, "bind:
+    address already in use", and every cluster test with it). Nothing takes a port below that
+    range without asking for it by number."""
+    low, _ = _ephemeral_range()
+    pool = list(range(PORTS_FROM, low))
+    random.shuffle(pool)
+    picked = [p for p in pool[: 50 * n] if _bindable(p)][:n]
+    if len(picked) < n:
+        raise LocalkubeError(
+            f"localkube: no {n} free TCP ports between {PORTS_FROM} and {low} (below the "
+            "kernel's ephemeral range, net.ipv4.ip_local_port_range). Free some, or lower "
+            "that range's start."
+        )
+    return picked
 
 
 def proc_start_time(pid: int) -> str | None:
