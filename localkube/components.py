@@ -502,5 +502,6 @@ def components() -> list[Component]:
 
 
 def port_names() -> list[str]:
-    """Every port a component listens on (each gets a free port at ``up``)."""
+    """Every port a component listens on (each gets a free port at ``up``, below the kernel's
+    ephemeral range: ``procs.free_ports``)."""
     return [p for c in components() for p in c.ports]
