@@ -25,8 +25,10 @@ class LocalkubeError(RuntimeError):
     """The local cluster could not be built, started, reached or stopped."""
 
 
-#: Where :func:`free_ports` looks, below the kernel's ephemeral range (``ip_local_port_range``).
-PORTS_FROM = 20000
+#: Where :func:`free_ports` looks: below the kernel's ephemeral range (``ip_local_port_range``),
+#: the NodePort range (30000-32767) and the ports torch and Kubeflow use by default (23456,
+#: 29400, 29500), which a test or a user's torchrun on this machine may ask for by number.
+PORTS_FROM, PORTS_TO = 20000, 23400
 
 
 def _ephemeral_range() -> tuple[int, int]:
@@ -54,15 +56,16 @@ def free_ports(n: int) -> list[int]:
     connection on the machine, and the component then fails to start (ci13: kueue, "bind:
     address already in use", and every cluster test with it). Nothing takes a port below that
     range without asking for it by number."""
-    low, _ = _ephemeral_range()
+    low = min(_ephemeral_range()[0], PORTS_TO)
     pool = list(range(PORTS_FROM, low))
     random.shuffle(pool)
     picked = [p for p in pool[: 50 * n] if _bindable(p)][:n]
     if len(picked) < n:
         raise LocalkubeError(
-            f"localkube: no {n} free TCP ports between {PORTS_FROM} and {low} (below the "
-            "kernel's ephemeral range, net.ipv4.ip_local_port_range). Free some, or lower "
-            "that range's start."
+            f"localkube: no {n} free TCP ports from {PORTS_FROM} to {low} for the cluster's "
+            "components. Free some of them; if the kernel's ephemeral range "
+            f"(net.ipv4.ip_local_port_range) starts below {PORTS_TO}, start it at {PORTS_TO} "
+            "or above."
         )
     return picked
 
