@@ -31,9 +31,10 @@ wakes a daemon thread, which posts. Errors are logged once:
   ``trainerStatus``, or left at 3%, under CI's load), so the 100% of the end is still posted.
 
 Every socket operation of a post has :data:`REQUEST_TIMEOUT_S`; a name lookup (glibc's, through
-the pod's search domains) has none, so the server's address is looked up for the first post and
-kept until a connection to it fails (ci12: a TrainJob left at 12%, its last post still under way
-30 s after the run ended). The line said at the end names what a post still under way was doing.
+the pod's search domains) has none of its own (ci14: a pod's lookup of the status server's name
+outlasted the run and the 30 s after it). So the lookup runs in a thread of its own and is given
+up after the same timeout, and the address is kept until a connection to it fails. The line said
+at the end names what a post still under way was doing.
 
 Standard library only: the image needs nothing more.
 """
@@ -281,7 +282,7 @@ class ProgressPoster:
         host, port = url.hostname or "", url.port or 443
         if self._addresses is None:
             self._phase = f"looking up {host}"
-            self._addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            self._addresses = _lookup(host, port, self.timeout_s)
         self._phase = f"connecting to {host}:{port}"
         try:
             sock = _connect(self._addresses, self.timeout_s)
@@ -318,6 +319,29 @@ class ProgressPoster:
             self.url,
             why,
         )
+
+
+def _lookup(host: str, port: int, timeout_s: float) -> list[tuple[Any, ...]]:
+    """``getaddrinfo``, given ``timeout_s`` like every other step of a post (ci14: a lookup
+    of the status server's name in a pod outlasted the whole run). The lookup has no timeout
+    of its own, so it runs in a thread of its own, left behind if it does not answer; a
+    TimeoutError is a failure that may pass, and the next try looks up afresh."""
+    answer: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            answer["addresses"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as e:
+            answer["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True, name="progress-api-lookup")
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(f"looking up {host} took over {timeout_s:.0f} s")
+    if "error" in answer:
+        raise answer["error"]
+    return answer["addresses"]
 
 
 def _connect(addresses: list[tuple[Any, ...]], timeout_s: float) -> socket.socket:

@@ -340,3 +340,28 @@ def test_a_preempted_trainjob_run_does_not_wait_for_a_slow_status_server(server,
     assert took < 20, took  # the grace period is 30 s; the full wait alone would be 30 s
     said = [line for line in results[0][1].splitlines() if "progress:" in line]
     assert any("was not posted within 2 s" in line for line in said), said
+
+
+def test_a_lookup_that_does_not_answer_is_given_up_and_tried_afresh(server, monkeypatch):
+    """ci14: the pod's lookup of the status server's name outlasted the run and its 30 s at the
+    end. A lookup now has the request timeout like every other step, and the next try starts
+    a new one."""
+    real = socket.getaddrinfo
+    release = threading.Event()
+    calls: list[str] = []
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        calls.append(host)
+        if len(calls) == 1:
+            release.wait(30)  # the first never answers while the run lasts
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    poster = ProgressPoster(
+        server.url, server.ca, str(server.token), interval_s=0.05, timeout_s=0.3
+    )
+    poster.event("done", {"step": 10, "max_steps": 10, "reason": "completed"})
+    poster.close(timeout_s=10)
+    release.set()
+    assert poster.failed is None and poster.retried == 1 and len(calls) == 2
+    assert server.posts[-1][2]["trainerStatus"]["progressPercentage"] == 100
