@@ -137,6 +137,9 @@ class ProgressPoster:
         timeout_s: float = REQUEST_TIMEOUT_S,
     ):
         self.url, self.ca_file, self.token_file = url, ca_file, token_file
+        parts = urllib.parse.urlsplit(url)
+        self._host, self._port = parts.hostname or "", parts.port or 443
+        self._path = parts.path + (f"?{parts.query}" if parts.query else "")
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self.posted = 0  # requests answered 2xx
         self.failed: str | None = None  # the error that stopped posting
@@ -278,8 +281,7 @@ class ProgressPoster:
         data = json.dumps({"trainerStatus": status}).encode()
         headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         context = ssl.create_default_context(cafile=self.ca_file)
-        url = urllib.parse.urlsplit(self.url)
-        host, port = url.hostname or "", url.port or 443
+        host, port = self._host, self._port
         if self._addresses is None:
             self._phase = f"looking up {host}"
             self._addresses = _lookup(host, port, self.timeout_s)
@@ -294,8 +296,7 @@ class ProgressPoster:
         try:
             conn.sock = context.wrap_socket(sock, server_hostname=host)
             self._phase = "waiting for the server's answer"
-            path = url.path + (f"?{url.query}" if url.query else "")
-            conn.request("POST", path, body=data, headers=headers)
+            conn.request("POST", self._path, body=data, headers=headers)
             resp = conn.getresponse()
             body = resp.read()
         finally:
