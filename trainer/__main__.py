@@ -137,8 +137,17 @@ def train(cfg: TrainConfig) -> int:
             flush=True,
         )
     reporter = Reporter(env.is_main, cfg.max_steps, cfg.progress, cfg.tensorboard_dir)
+    previous = signal.getsignal(signal.SIGTERM)
     try:
-        reason = Trainer(cfg, env, task, reporter).fit()
+        trainer = Trainer(cfg, env, task, reporter)
+        # From fit on until the group is gone, SIGTERM only asks the trainer to stop (fit
+        # restores this handler, its own). A rank whose pod is deleted a moment after another
+        # rank's stopped the run is past fit already, in the barrier below, waiting for a rank
+        # still writing its checkpoint or its last progress; the default action would kill it
+        # there, and that rank would lose its peer in the barrier and report peer_lost after
+        # preempted (stop 28's CI, a TrainJob preempted by Kueue).
+        signal.signal(signal.SIGTERM, trainer.on_sigterm)
+        reason = trainer.fit()
         # Leave together: a rank that destroys its group while a peer is still talking to it
         # can make the peer abort (exit 134) after a run that had finished well.
         distributed.barrier()
@@ -168,6 +177,7 @@ def train(cfg: TrainConfig) -> int:
         raise
     finally:
         distributed.teardown()
+        signal.signal(signal.SIGTERM, previous)
     return {COMPLETED: EXIT_OK, PREEMPTED: EXIT_PREEMPTED}.get(reason, EXIT_FAILED)
 
 

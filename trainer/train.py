@@ -321,13 +321,15 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.env.device.type, dtype=self.autocast_dtype)
 
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        # Only a flag: the current step finishes, then every rank agrees to stop together.
+    def on_sigterm(self, signum: int, frame: Any) -> None:
+        """SIGTERM's handler: only a flag. The current step finishes, then every rank agrees
+        to stop together. After :meth:`fit` returned it changes nothing (``train`` keeps it
+        until the group is gone)."""
         self.stop_requested = True
 
     def fit(self) -> str:
         """Train to ``max_steps``; return COMPLETED, PREEMPTED or NONFINITE."""
-        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        previous = signal.signal(signal.SIGTERM, self.on_sigterm)
         reason = None
         try:
             reason = self._loop()

@@ -342,6 +342,52 @@ def test_a_preempted_trainjob_run_does_not_wait_for_a_slow_status_server(server,
     assert any("was not posted within 2 s" in line for line in said), said
 
 
+def test_a_rank_signalled_after_the_run_stopped_waits_for_the_others_in_the_barrier(
+    server, tmp_path
+):
+    """Stop 28's CI: Kueue preempted a TrainJob, and the kubelet signalled rank 0's pod a moment
+    before rank 1's. The run stopped at once on both ranks; rank 1 was past ``fit``, waiting in
+    the last barrier for rank 0 (writing its checkpoint, then giving the progress API its
+    moment), when its own SIGTERM came. SIGTERM's default action killed it there, and rank 0
+    lost its peer in the barrier: ``done`` said preempted, then peer_lost. Rank 1 now keeps the
+    trainer's handler until it has left the group, and both leave as preempted, once."""
+    server.release.clear()  # rank 0 gives its last post its 2 s: the window rank 1 waits in
+    envs = [env | server.env() for env in trainjob_envs(2, "1")]
+    args = common_args(tmp_path, max_steps=400, log_every=1, **{"task_args.sleep_s": 0.05})
+    procs = [
+        subprocess.Popen(
+            trainer_cmd(*args), cwd=REPO, env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        for env in envs
+    ]  # fmt: skip
+    events: list[dict[str, Any]] = []
+    try:
+        for line in procs[0].stdout:
+            if line.startswith('{"event": "train"') and json.loads(line)["step"] >= 5:
+                break
+        assert server.entered.wait(30), "rank 0 never posted"
+        procs[0].send_signal(signal.SIGTERM)  # rank 0's pod first
+        for line in procs[0].stdout:
+            if line.startswith("{"):
+                events.append(json.loads(line))
+            if events and events[-1]["event"] == "done":
+                break
+        # Rank 0 has said done: both ranks have left the loop, and rank 0 waits out its last
+        # post (2 s) before the barrier rank 1 is in. Rank 1's pod is signalled now.
+        time.sleep(0.5)
+        procs[1].send_signal(signal.SIGTERM)
+        results = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    events += [json.loads(line) for line in results[0][0].splitlines() if line.startswith("{")]
+    errs = [err[-2000:] for _, err in results]
+    assert [p.returncode for p in procs] == [143, 143], errs
+    assert [e["reason"] for e in events if e["event"] == "done"] == ["preempted"], errs
+    assert not any("lost a peer" in err for err in errs), errs
+
+
 def test_a_lookup_that_does_not_answer_is_given_up_and_tried_afresh(server, monkeypatch):
     """ci14: the pod's lookup of the status server's name outlasted the run and its 30 s at the
     end. A lookup now has the request timeout like every other step, and the next try starts
