@@ -84,13 +84,13 @@ test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, 
 	@$(if $(NODE_DEPS),$(MAKE) --no-print-directory node-deps || echo "make test: the node's \
 		packages are missing; the tests that need the real node will say why" >&2,true)
 	@mkdir -p $(dir $(BUILD_LOG)); t0=$$SECONDS; rc=0; start=$$(date +%s); \
-	echo "make test: the Go tools and the images build in the background ($(BUILD_LOG)), and" \
-		"the offline tests run beside them and the cluster tests ($(OFFLINE_LOG))"; \
-	$(MAKE) --no-print-directory -j2 tools test-images > $(BUILD_LOG) 2>&1 & builds=$$!; \
+	echo "make test: the Go tools and the images build first ($(BUILD_LOG)), then the offline" \
+		"tests run in the background ($(OFFLINE_LOG)) beside the cluster tests"; \
+	$(MAKE) --no-print-directory -j2 tools test-images > $(BUILD_LOG) 2>&1 \
+		|| { tail -n 40 $(BUILD_LOG); rc=1; }; t2=$$SECONDS; \
 	( nice -n 10 $(PYTEST) $(DURATIONS) -n 2 -m "not cluster and not built"; code=$$?; \
 		echo "offline tests done at $$(( $$(date +%s) - start ))s"; exit $$code ) \
 		> $(OFFLINE_LOG) 2>&1 & offline=$$!; \
-	wait $$builds || { tail -n 40 $(BUILD_LOG); rc=1; }; t2=$$SECONDS; \
 	grep -E "^\[(cluster|images)\] (built|wheelhouse)" $(BUILD_LOG) || true; \
 	$(PY) -m ruff check . || rc=1; \
 	$(PYTEST) $(DURATIONS) -m "disruptive or whole_node" || rc=1; t3=$$SECONDS; \
