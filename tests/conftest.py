@@ -15,6 +15,7 @@ that are about the node itself. Where the node cannot run (no root, missing pack
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -79,11 +80,22 @@ BUILT_FIXTURES = frozenset(
 )
 
 
+#: The slowest cluster tests' seconds in CI (``tests/slowest.json``: each one's largest figure in
+#: the slowest-25 lists of two CI runs). They run first, longest first, and ``make test`` hands
+#: the cluster phase's tests to its workers one at a time (``--maxschedchunk=1``), so that a
+#: 2-3 minute test does not start late and end alone while the other workers sit idle (the
+#: phase's tail was 55-97% idle). Only the order depends on them: a stale figure costs time,
+#: never a result. Tests that share a module-scoped fixture stay where they are.
+SLOWEST: dict[str, float] = json.loads((Path(__file__).parent / "slowest.json").read_text())
+
+
 def pytest_collection_modifyitems(items):
-    """Mark each test ``cluster`` and ``built`` by the fixtures it uses, directly or not."""
+    """Mark each test ``cluster`` and ``built`` by the fixtures it uses, directly or not, and
+    put the slowest first (:data:`SLOWEST`; a stable sort keeps every other test's order)."""
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if used & CLUSTER_FIXTURES:
             item.add_marker(pytest.mark.cluster)
         if used & BUILT_FIXTURES:
             item.add_marker(pytest.mark.built)
+    items.sort(key=lambda item: -SLOWEST.get(item.nodeid, 0.0))
