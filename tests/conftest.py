@@ -80,22 +80,25 @@ BUILT_FIXTURES = frozenset(
 )
 
 
-#: The slowest cluster tests' seconds in CI (``tests/slowest.json``: each one's largest figure in
-#: the slowest-25 lists of two CI runs). They run first, longest first, and ``make test`` hands
-#: the cluster phase's tests to its workers one at a time (``--maxschedchunk=1``), so that a
-#: 2-3 minute test does not start late and end alone while the other workers sit idle (the
-#: phase's tail was 55-97% idle). Only the order depends on them: a stale figure costs time,
-#: never a result. Tests that share a module-scoped fixture stay where they are.
-SLOWEST: dict[str, float] = json.loads((Path(__file__).parent / "slowest.json").read_text())
+#: The cluster phase's run order (``tests/slowest.json``): its slowest tests first, with their
+#: seconds in CI. ``make test`` hands the cluster phase's tests to its workers one at a time
+#: (``--maxschedchunk=1``), so a 2-3 minute test no longer starts late and ends alone while
+#: the other workers sit idle (the phase's tail was 55-97% idle); the file says how the first
+#: six are paired. Only the order depends on it: a stale entry costs time, never a result.
+#: Tests that share a module-scoped fixture stay where they are.
+SLOWEST: dict[str, float] = dict(
+    json.loads((Path(__file__).parent / "slowest.json").read_text())["order"]
+)
+_RUN_FIRST = {nodeid: i for i, nodeid in enumerate(SLOWEST)}
 
 
 def pytest_collection_modifyitems(items):
     """Mark each test ``cluster`` and ``built`` by the fixtures it uses, directly or not, and
-    put the slowest first (:data:`SLOWEST`; a stable sort keeps every other test's order)."""
+    put the slowest first, in :data:`SLOWEST`'s order (a stable sort keeps every other test's)."""
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if used & CLUSTER_FIXTURES:
             item.add_marker(pytest.mark.cluster)
         if used & BUILT_FIXTURES:
             item.add_marker(pytest.mark.built)
-    items.sort(key=lambda item: -SLOWEST.get(item.nodeid, 0.0))
+    items.sort(key=lambda item: _RUN_FIRST.get(item.nodeid, len(_RUN_FIRST)))
