@@ -309,12 +309,11 @@ def test_a_trainjob_run_posts_from_rank_0_only_at_upstreams_rate_and_100_at_the_
     assert any(0 < p[2]["trainerStatus"]["progressPercentage"] < 100 for p in server.posts)
 
 
-def test_a_preempted_trainjob_run_does_not_wait_for_a_slow_status_server(server, tmp_path):
-    """The pod of rank 1 is deleted (SIGTERM) while the status server holds every post: both
-    ranks checkpoint and exit 143 within seconds. Rank 0 gives the progress API a moment, not
-    its full wait: rank 1 waits in the barrier for rank 0, inside its pod's grace period (ci6:
-    a deleted pod's rank was killed at 30 s, waiting so)."""
-    server.release.clear()  # every post hangs until the client's timeout
+def _two_paced_ranks_past_step_5(server, tmp_path) -> list[subprocess.Popen]:
+    """A 2-pod TrainJob run (400 paced steps) with the status server holding every post (a
+    post hangs until the client's timeout; rank 0's last one gets its 2 s), once rank 0 has
+    trained 5 steps. The caller kills what is left."""
+    server.release.clear()
     envs = [env | server.env() for env in trainjob_envs(2, "1")]
     args = common_args(tmp_path, max_steps=400, log_every=1, **{"task_args.sleep_s": 0.05})
     procs = [
@@ -328,6 +327,20 @@ def test_a_preempted_trainjob_run_does_not_wait_for_a_slow_status_server(server,
         for line in procs[0].stdout:  # rank 0's events, until it has trained a few steps
             if line.startswith('{"event": "train"') and json.loads(line)["step"] >= 5:
                 break
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
+    return procs
+
+
+def test_a_preempted_trainjob_run_does_not_wait_for_a_slow_status_server(server, tmp_path):
+    """The pod of rank 1 is deleted (SIGTERM) while the status server holds every post: both
+    ranks checkpoint and exit 143 within seconds. Rank 0 gives the progress API a moment, not
+    its full wait: rank 1 waits in the barrier for rank 0, inside its pod's grace period (ci6:
+    a deleted pod's rank was killed at 30 s, waiting so)."""
+    procs = _two_paced_ranks_past_step_5(server, tmp_path)
+    try:
         assert server.entered.wait(30), "rank 0 never posted"
         signalled = time.monotonic()
         procs[1].send_signal(signal.SIGTERM)  # what the kubelet does to the deleted pod
@@ -351,21 +364,9 @@ def test_a_rank_signalled_after_the_run_stopped_waits_for_the_others_in_the_barr
     moment), when its own SIGTERM came. SIGTERM's default action killed it there, and rank 0
     lost its peer in the barrier: ``done`` said preempted, then peer_lost. Rank 1 now keeps the
     trainer's handler until it has left the group, and both leave as preempted, once."""
-    server.release.clear()  # rank 0 gives its last post its 2 s: the window rank 1 waits in
-    envs = [env | server.env() for env in trainjob_envs(2, "1")]
-    args = common_args(tmp_path, max_steps=400, log_every=1, **{"task_args.sleep_s": 0.05})
-    procs = [
-        subprocess.Popen(
-            trainer_cmd(*args), cwd=REPO, env=env, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )
-        for env in envs
-    ]  # fmt: skip
+    procs = _two_paced_ranks_past_step_5(server, tmp_path)
     events: list[dict[str, Any]] = []
     try:
-        for line in procs[0].stdout:
-            if line.startswith('{"event": "train"') and json.loads(line)["step"] >= 5:
-                break
         assert server.entered.wait(30), "rank 0 never posted"
         procs[0].send_signal(signal.SIGTERM)  # rank 0's pod first
         for line in procs[0].stdout:
