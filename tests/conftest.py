@@ -80,12 +80,12 @@ BUILT_FIXTURES = frozenset(
 )
 
 
-#: The cluster phase's run order (``tests/slowest.json``): its slowest tests first, with their
-#: seconds in CI. ``make test`` hands the cluster phase's tests to its workers one at a time
-#: (``--maxschedchunk=1``), so a 2-3 minute test no longer starts late and ends alone while
-#: the other workers sit idle (the phase's tail was 55-97% idle); the file says how the first
-#: six are paired. Only the order depends on it: a stale entry costs time, never a result.
-#: Tests that share a module-scoped fixture stay where they are.
+#: The cluster phase's run order (``tests/slowest.json``): its slowest tests first, longest
+#: first, with their seconds in CI. ``make test`` hands the cluster phase's tests to its
+#: workers one at a time, in this order (``--dist loadgroup --no-loadscope-reorder``: a test,
+#: or an ``xdist_group`` of tests that must share a worker, at a time), so a 2-3 minute test no
+#: longer starts late and ends alone while the other workers sit idle (the phase's tail was
+#: 55-97% idle). Only the order depends on it: a stale figure costs time, never a result.
 SLOWEST: dict[str, float] = dict(
     json.loads((Path(__file__).parent / "slowest.json").read_text())["order"]
 )
@@ -94,11 +94,13 @@ _RUN_FIRST = {nodeid: i for i, nodeid in enumerate(SLOWEST)}
 
 def pytest_collection_modifyitems(items):
     """Mark each test ``cluster`` and ``built`` by the fixtures it uses, directly or not, and
-    put the slowest first, in :data:`SLOWEST`'s order (a stable sort keeps every other test's)."""
+    put the slowest first, in :data:`SLOWEST`'s order (a stable sort keeps every other test's
+    order)."""
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if used & CLUSTER_FIXTURES:
             item.add_marker(pytest.mark.cluster)
         if used & BUILT_FIXTURES:
             item.add_marker(pytest.mark.built)
-    items.sort(key=lambda item: _RUN_FIRST.get(item.nodeid, len(_RUN_FIRST)))
+    # Under --dist loadgroup an xdist worker may have named a grouped test NODEID@GROUP first.
+    items.sort(key=lambda item: _RUN_FIRST.get(item.nodeid.split("@")[0], len(_RUN_FIRST)))

@@ -1,5 +1,5 @@
 """The order ``make test`` runs the cluster phase in: the tests ``tests/slowest.json`` names
-first, in its order (``tests/conftest.py``), each naming a test that exists."""
+first, longest first (``tests/conftest.py``), each naming a test that exists."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.conftest import SLOWEST
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_the_slowest_tests_are_collected_first_in_the_files_order():
+def test_the_slowest_tests_are_collected_first_longest_first():
     files = sorted({nodeid.split("::")[0] for nodeid in SLOWEST})
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files],
@@ -28,7 +28,6 @@ def test_the_slowest_tests_are_collected_first_in_the_files_order():
     assert not missing, f"tests/slowest.json names tests that do not exist: {missing}"
     first = collected[: len(SLOWEST)]
     assert first == list(SLOWEST), first
-    # After the six paired ones, longest first.
-    seconds = list(SLOWEST.values())[6:]
+    seconds = list(SLOWEST.values())
     assert seconds == sorted(seconds, reverse=True), seconds
     assert len(collected) > len(SLOWEST)  # the files' other tests follow
