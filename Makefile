@@ -91,7 +91,7 @@ test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, 
 	( nice -n 10 $(PYTEST) $(DURATIONS) -n 2 -m "not cluster and not built"; code=$$?; \
 		echo "offline tests done at $$(( $$(date +%s) - start ))s"; exit $$code ) \
 		> $(OFFLINE_LOG) 2>&1 & offline=$$!; \
-	grep -E "^\[(cluster|images)\] (built|wheelhouse)" $(BUILD_LOG) || true; \
+	grep -E "^\[(cluster|images)\] (built|wheelhouse|preloaded|not preloaded)" $(BUILD_LOG) || true; \
 	$(PY) -m ruff check . || rc=1; \
 	$(PYTEST) $(DURATIONS) -m "disruptive or whole_node" || rc=1; t3=$$SECONDS; \
 	$(PYTEST) $(DURATIONS) -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder \
@@ -103,8 +103,11 @@ test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, 
 		"$$((t1-t0))s); total $$((t1-t0))s"; \
 	exit $$rc
 
-test-images: venv  ## make images for make test: where they cannot be built, the image tests say why
-	@$(MAKE) --no-print-directory images || echo "make test: images not built; see the image tests" >&2
+test-images: venv  ## make images for make test, then preload them into the node's containerd
+	@if $(MAKE) --no-print-directory images; then \
+		$(PY) -m localkube preload || echo "make test: the node's images were not preloaded;" \
+			"the cluster's up imports them" >&2; \
+	else echo "make test: images not built; see the image tests" >&2; fi
 
 test-fast: venv  ## everything that needs no cluster and no built image
 	$(PYTEST) -n 2 -m "not cluster and not built"

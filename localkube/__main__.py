@@ -1,7 +1,9 @@
-"""CLI: ``python -m localkube {build,up,down,status,load,kind-up,kind-down}``.
+"""CLI: ``python -m localkube {build,up,down,status,load,preload,kind-up,kind-down}``.
 
 ``load REF [--as NAME]`` is ``kind load docker-image`` for the real node: podman's image REF
-into the node's containerd (only the layers it lacks), also named NAME when given.
+into the node's containerd (only the layers it lacks), also named NAME when given. ``preload``
+puts the node's images into its containerd's root before any cluster starts (``make test``,
+beside the Go build: ``node.preload_images``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run one sub-command; return the process exit code."""
     parser = argparse.ArgumentParser(prog="python -m localkube")
     parser.add_argument(
-        "command", choices=("build", "up", "down", "status", "load", "kind-up", "kind-down")
+        "command",
+        choices=("build", "up", "down", "status", "load", "preload", "kind-up", "kind-down"),
     )
     parser.add_argument("ref", nargs="?", help="load: an image in podman's store")
     parser.add_argument("--as", dest="name", help="load: also name it NAME on the node")
@@ -55,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             print(cp.export_line())
         elif args.command == "down":
             cp.down()
+        elif args.command == "preload":
+            print(f"[images] {node.preload_images(cp.repo)}")
         elif args.command == "load":
             if not cp.is_live():
                 raise LocalkubeError("localkube load: no cluster runs here. Run `make cluster-up`.")

@@ -918,20 +918,23 @@ def _pipe_into_ctr(producer: list[str], ctr: _Ctr, env: dict[str, str] | None = 
 
 
 @contextlib.contextmanager
-def scratch_containerd(workdir: Path, timeout_s: float = 30) -> Iterator[str]:
+def scratch_containerd(
+    workdir: Path, timeout_s: float = 30, root: Path | None = None
+) -> Iterator[str]:
     """A throwaway containerd with its root, state and socket under ``workdir`` (no CRI), for
     tests and benchmarks; yields its address, then stops it and removes ``workdir``'s contents.
 
-    Never the real node's (its root is /var/lib/ddpjob/containerd). Use a namespace of your own
-    with ``ctr run``: runc keeps its state in /run/containerd/runc/<namespace> for every
-    containerd on the machine.
+    Never the real node's (its root is /var/lib/ddpjob/containerd), except for
+    ``node.preload_images``, which gives ``root``: that one is used and kept. Use a namespace
+    of your own with ``ctr run``: runc keeps its state in /run/containerd/runc/<namespace> for
+    every containerd on the machine.
     """
     _require("containerd", "Install it: `make node-deps` (root, apt).")
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "config.toml"
     config.write_text(
         "version = 2\n"
-        f'root = "{workdir}/root"\n'
+        f'root = "{root or workdir / "root"}"\n'
         f'state = "{workdir}/state"\n'
         'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
         f'[grpc]\n  address = "{workdir}/containerd.sock"\n'
@@ -966,7 +969,7 @@ def scratch_containerd(workdir: Path, timeout_s: float = 30) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        for name in ("root", "state", "opt"):
+        for name in ("state", "opt") if root else ("root", "state", "opt"):
             shutil.rmtree(workdir / name, ignore_errors=True)
 
 
