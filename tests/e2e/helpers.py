@@ -171,6 +171,25 @@ def get_json(cluster, *args: str) -> Any:
     return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
 
 
+def where_things_stand(cluster, namespace: str) -> str:
+    """The namespace's pods with each container's state, and its jobs' conditions: what a test
+    that timed out waiting on a job adds to its failure, so the next look starts from there."""
+    pods = get_json(cluster, "pods", "-n", namespace)["items"]
+    lines = [
+        f"pod {p['metadata']['name']}: {p['status'].get('phase')}, containers "
+        f"{json.dumps([c.get('state') for c in p['status'].get('containerStatuses', [])])}"
+        for p in pods
+    ]
+    for kind in ("pytorchjobs", "trainjobs"):
+        for job in get_json(cluster, kind, "-n", namespace)["items"]:
+            conditions = [
+                (c["type"], c["status"], c.get("reason"))
+                for c in job.get("status", {}).get("conditions", [])
+            ]
+            lines.append(f"{kind[:-1]} {job['metadata']['name']}: {conditions}")
+    return "\n".join(lines)
+
+
 def latest_step(cluster, name: str, namespace: str, pod: str | None = None) -> int:
     """The last step rank 0 reported (its `train` events), 0 while its pod does not exist or its
     container has not started. Any other API failure raises: a check like ``< max_steps`` must

@@ -30,7 +30,16 @@ import yaml
 
 from localkube import images, node
 from localkube.handle import temporary_namespace, wait_until
-from tests.e2e.helpers import QUICKSTART, Background, ddpjob, events, get_json, paced, write_spec
+from tests.e2e.helpers import (
+    QUICKSTART,
+    Background,
+    ddpjob,
+    events,
+    get_json,
+    paced,
+    where_things_stand,
+    write_spec,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -311,7 +320,13 @@ def test_a_secret_env_reaches_the_trainer_and_is_printed_nowhere(real_node, rns,
             "sec-master-0",
             f'[ "$API_TOKEN" = "{value}" ] && echo same || echo differs',
         )
-        code, out, err = run.result(timeout=400)
+        try:
+            code, out, err = run.result(timeout=400)
+        except AssertionError as e:
+            # ci17 (cold): rank 0 said completed at 400/400, then `submit --wait --follow` heard
+            # nothing more for 400 s, the machine idle. Whether the container had ended is what
+            # tells a trainer that did not exit from a job status that did not come.
+            raise AssertionError(f"{e}\n{where_things_stand(real_node, rns)}") from None
     finally:
         run.stop()
     assert same.strip() == "same"
