@@ -94,7 +94,7 @@ test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, 
 	grep -E "^\[(cluster|images)\] (built|wheelhouse|preloaded|not preloaded)" $(BUILD_LOG) || true; \
 	$(PY) -m ruff check . || rc=1; \
 	$(PYTEST) $(DURATIONS) -m "disruptive or whole_node" || rc=1; t3=$$SECONDS; \
-	$(PYTEST) $(DURATIONS) -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder \
+	$(PYTEST) $(DURATIONS) -n $(TEST_WORKERS) \
 		-m "(cluster or built) and not (disruptive or whole_node)" || rc=1; t4=$$SECONDS; \
 	wait $$offline || rc=1; t1=$$SECONDS; \
 	echo "make test: the offline tests ($(OFFLINE_LOG)):"; cat $(OFFLINE_LOG); \

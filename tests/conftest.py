@@ -15,7 +15,6 @@ that are about the node itself. Where the node cannot run (no root, missing pack
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -80,27 +79,11 @@ BUILT_FIXTURES = frozenset(
 )
 
 
-#: The cluster phase's run order (``tests/slowest.json``): its slowest tests first, longest
-#: first, with their seconds in CI. ``make test`` hands the cluster phase's tests to its
-#: workers one at a time, in this order (``--dist loadgroup --no-loadscope-reorder``: a test,
-#: or an ``xdist_group`` of tests that must share a worker, at a time), so a 2-3 minute test no
-#: longer starts late and ends alone while the other workers sit idle (the phase's tail was
-#: 55-97% idle). Only the order depends on it: a stale figure costs time, never a result.
-SLOWEST: dict[str, float] = dict(
-    json.loads((Path(__file__).parent / "slowest.json").read_text())["order"]
-)
-_RUN_FIRST = {nodeid: i for i, nodeid in enumerate(SLOWEST)}
-
-
 def pytest_collection_modifyitems(items):
-    """Mark each test ``cluster`` and ``built`` by the fixtures it uses, directly or not, and
-    put the slowest first, in :data:`SLOWEST`'s order (a stable sort keeps every other test's
-    order)."""
+    """Mark each test ``cluster`` and ``built`` by the fixtures it uses, directly or not."""
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if used & CLUSTER_FIXTURES:
             item.add_marker(pytest.mark.cluster)
         if used & BUILT_FIXTURES:
             item.add_marker(pytest.mark.built)
-    # Under --dist loadgroup an xdist worker may have named a grouped test NODEID@GROUP first.
-    items.sort(key=lambda item: _RUN_FIRST.get(item.nodeid.split("@")[0], len(_RUN_FIRST)))

@@ -238,10 +238,6 @@ def _rank0_selector(api: str, name: str) -> str:
     return f"{kubeflow.LABEL_JOB_NAME}={name},{kubeflow.LABEL_REPLICA_TYPE}=master"
 
 
-# The two run one after the other on one worker (`make test`: --dist loadgroup): each one's jobs
-# hold one of the real node's two CPUs, and side by side, beside a third test's pods, they asked
-# for more than the node has.
-@pytest.mark.xdist_group("kueue-preemption")
 @pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
 def test_a_low_priority_job_preempted_by_a_high_one_checkpoints_resumes_and_loses_no_step(
     cluster, own_queue, tmp_path, api

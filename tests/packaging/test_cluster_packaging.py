@@ -31,10 +31,7 @@ from localkube.handle import wait_until
 
 from .conftest import CHART, CI_VALUES, EXAMPLES, K8S, ROOT, tools
 
-#: Its tests share module-scoped fixtures (a namespace, k8s/ applied and its service account's
-#: kubeconfig): `make test`'s cluster phase (`--dist loadgroup`) keeps them on one worker, where
-#: the fixture is made once.
-pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("test_cluster_packaging")]
+pytestmark = pytest.mark.cluster
 
 K8S_NAMESPACE = "ddpjob"  # k8s/namespace.yaml
 SERVICE_ACCOUNT = "ddpjob-controller"  # k8s/rbac.yaml

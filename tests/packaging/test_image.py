@@ -37,12 +37,6 @@ import yaml
 from localkube import images
 from tests.timeouts import outside_test_timeout
 
-#: Its tests share module-scoped fixtures (the image `make image` built, removed at the module's
-#: end): `make test`'s cluster phase (`--dist loadgroup`) keeps them on one worker, where the
-#: fixture is made once and removed once (split over two, one worker's teardown removed the image
-#: the other was testing).
-pytestmark = pytest.mark.xdist_group("test_image")
-
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 

@@ -18,10 +18,6 @@ from controller.spec import validate_spec
 
 from .conftest import EXAMPLES, K8S, ROOT, tools
 
-#: Its tests share module-scoped fixtures (the kustomized objects): `make test`'s cluster phase
-#: (`--dist loadgroup`) keeps them on one worker, where the fixture is made once.
-pytestmark = pytest.mark.xdist_group("test_k8s")
-
 NAMESPACE = "ddpjob"
 
 
