@@ -511,23 +511,37 @@ def _ours(mount: str, before: dict) -> bool:
     roots = (str(KUBELET_ROOT), str(RUN_DIR), str(CONTAINERD_ROOT), str(VOLUMES_DIR))
     if any(mount == r or mount.startswith(r + "/") for r in roots):
         return True
-    # containerd names its pod network namespaces cni-<uuid> (podman's are netns-<uuid>).
-    return mount.startswith("/run/netns/cni-") or (
-        mount == "/run/netns" and not before.get("paths", {}).get("/run/netns", False)
-    )
+    # containerd names its pod network namespaces cni-<uuid> (podman's are netns-<uuid>), and
+    # binds /run/netns onto itself when it is not a mount yet: one made since the record is
+    # the node's (even where the folder existed before), and a pod's namespace can lie hidden
+    # under it (_unmount_ours).
+    return mount.startswith("/run/netns/cni-") or mount == "/run/netns"
 
 
 def _unmount_ours(before: dict, say: Say) -> None:
+    """Unmount what the node mounted, children first, in passes: a mount can lie hidden under
+    a later one at its parent (ci17-ci18: a pod's netns at /run/netns/cni-<uuid>, then
+    containerd's bind of /run/netns onto itself over it), and unmounting its path fails (EINVAL)
+    until the one above it is gone. A pass that unmounts nothing ends it."""
     mine = [m for m in mountpoints() if _ours(m, before)]
-    for mount in reversed(mine):  # children first
-        if mount == "/run/netns" and any(
-            not n.startswith("cni-") for n in os.listdir("/run/netns")
-        ):
-            continue  # someone else's namespaces live there now (podman): leave it mounted
-        if not _umount(mount):
-            say(f"node: could not unmount {mount} (errno {ctypes.get_errno()})")
+    failed: dict[str, int] = {}
+    while True:
+        failed, done = {}, 0
+        for mount in reversed([m for m in mountpoints() if _ours(m, before)]):
+            if mount == "/run/netns" and any(
+                not n.startswith("cni-") for n in os.listdir("/run/netns")
+            ):
+                continue  # someone else's namespaces live there now (podman): leave it mounted
+            if _umount(mount):
+                done += 1
+            else:
+                failed[mount] = ctypes.get_errno()
+        if not done or not failed:
+            break
+    for mount, errno in failed.items():
+        say(f"node: could not unmount {mount} (errno {errno})")
     if mine:
-        say(f"node: unmounted {len(mine)} leftover mounts")
+        say(f"node: unmounted {len(mine) - len(failed)} of {len(mine)} leftover mounts")
 
 
 def _remove_cgroups(say: Say) -> None:
@@ -632,8 +646,11 @@ def _remove_files(before: dict, say: Say) -> None:
                 continue
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
-            else:
+                continue
+            try:
                 path.unlink(missing_ok=True)
+            except OSError as e:  # still a mount point (EBUSY): said, and left for the next reset
+                say(f"node: could not remove {path} ({e.strerror})")
         if not existed.get(folder, True) and not os.listdir(folder):
             os.rmdir(folder)
     if os.path.isdir("/var/lib/cni") and not existed.get("/var/lib/cni", True):

@@ -1,0 +1,72 @@
+"""``down``/``up`` put back what a node left mounted, even a pod's network namespace hidden under a
+later bind of /run/netns onto itself (ci17 left one; ci18's every ``up`` then failed on it).
+For real, as root, in a private mount namespace (``unshare``): the host's mounts are untouched."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCRIPT = r"""
+import os, subprocess, sys
+from localkube import host
+name = sys.argv[1]
+path = f"/run/netns/{name}"
+# Start from a /run/netns that is no mount here (the host's binds stay as they are outside).
+while "/run/netns" in host.mountpoints():
+    subprocess.run(["umount", "-l", "/run/netns"], check=True)
+before = {"mounts": host.mountpoints()}
+open(path, "w").close()
+# As ci18 found it. containerd binds /run/netns onto itself, a peer of its parent (shared); a
+# pod's netns mounted there propagates a copy onto the parent at the same path, hidden under
+# the bind; the copy outlives the visible one (here: the bind made private before it goes).
+subprocess.run(["mount", "--make-rshared", "/"], check=True)  # in this namespace only
+subprocess.run(["mount", "--bind", "/run/netns", "/run/netns"], check=True)
+subprocess.run(["mount", "--bind", "/proc/self/ns/net", path], check=True)
+subprocess.run(["mount", "--make-private", "/run/netns"], check=True)
+subprocess.run(["umount", path], check=True)
+listed = [m for m in host.mountpoints() if m.startswith("/run/netns")]
+assert listed == ["/run/netns", path], listed  # what ci18's `up` met
+said = []
+host._unmount_ours(before, said.append)
+left = [m for m in host.mountpoints() if m.startswith("/run/netns")]
+os.unlink(path)  # EBUSY while it is still a mount point
+print(left, said)
+"""
+
+
+def test_a_netns_hidden_under_a_bind_of_run_netns_is_unmounted_and_removed():
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare (util-linux), as the real node does")
+    os.makedirs("/run/netns", exist_ok=True)
+    name = f"cni-ddpjob-test-{uuid.uuid4()}"
+    try:
+        proc = subprocess.run(
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                sys.executable,
+                "-c",
+                SCRIPT,
+                name,
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        Path("/run/netns", name).unlink(missing_ok=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[] ['node: unmounted 2 of 2 leftover mounts']", proc.stdout
