@@ -31,9 +31,11 @@ for _ in range(5):
 assert not [m for m in host.mountpoints() if m.startswith("/run/netns")], host.mountpoints()
 before = {"mounts": host.mountpoints()}
 open(path, "w").close()
-# As ci18 found it. containerd binds /run/netns onto itself, a peer of its parent (shared); a
-# pod's netns mounted there propagates a copy onto the parent at the same path, hidden under
-# the bind; the copy outlives the visible one (here: the bind made private before it goes).
+# The state ci18 met: a netns mounted on the parent at /run/netns/<name>, hidden under a bind
+# of /run/netns onto itself (containerd's), and listed after it. How ci17 left it is not known
+# (this machine's / is not shared); one way to build it: with / shared here, the bind is its
+# peer, so a mount on the bind propagates a copy onto / beneath it, and the copy outlives the
+# visible one once the bind is made private.
 subprocess.run(["mount", "--make-rshared", "/"], check=True)  # in this namespace only
 subprocess.run(["mount", "--bind", "/run/netns", "/run/netns"], check=True)
 subprocess.run(["mount", "--bind", "/proc/self/ns/net", path], check=True)
@@ -52,6 +54,7 @@ print(left, said)
 def test_a_netns_hidden_under_a_bind_of_run_netns_is_unmounted_and_removed():
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.skip("needs root and unshare (util-linux), as the real node does")
+    made = not os.path.isdir("/run/netns")
     os.makedirs("/run/netns", exist_ok=True)
     name = f"cni-ddpjob-test-{uuid.uuid4()}"
     try:
@@ -74,5 +77,7 @@ def test_a_netns_hidden_under_a_bind_of_run_netns_is_unmounted_and_removed():
         )
     finally:
         Path("/run/netns", name).unlink(missing_ok=True)
+        if made and not os.listdir("/run/netns"):
+            os.rmdir("/run/netns")  # the machine as it was
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[] ['node: unmounted 2 of 2 leftover mounts']", proc.stdout
