@@ -524,9 +524,9 @@ def _unmount_ours(before: dict, say: Say) -> None:
     containerd's bind of /run/netns onto itself over it), and unmounting its path fails (EINVAL)
     until the one above it is gone. A pass that unmounts nothing ends it."""
     mine = [m for m in mountpoints() if _ours(m, before)]
-    failed: dict[str, int] = {}
     while True:
-        failed, done = {}, 0
+        failed: dict[str, int] = {}
+        done = 0
         for mount in reversed([m for m in mountpoints() if _ours(m, before)]):
             if mount == "/run/netns" and any(
                 not n.startswith("cni-") for n in os.listdir("/run/netns")
