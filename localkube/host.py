@@ -58,6 +58,10 @@ BRIDGE = "ddpjob0"
 CNI_NETWORK = "ddpjob"
 POD_SUBNET = "10.244.0.0/24"
 GATEWAY = "10.244.0.1"
+#: The bridge's own MAC address, set so that the kernel keeps it (NET_ADDR_SET): an address
+#: nobody set is the lowest of the bridge's ports', and changes as pods come and go
+#: (:func:`create_bridge`). Locally administered, unicast.
+BRIDGE_MAC = "02:dd:00:f4:00:01"
 
 #: Kernel settings the node changes: the kubelet's tunables (setupKernelTunables) and the CNI
 #: bridge plugin's forwarding switch (isGateway).
@@ -333,6 +337,14 @@ def create_bridge() -> None:
     addrs = run("ip", "-o", "-4", "addr", "show", "dev", BRIDGE).stdout
     if f"{GATEWAY}/{prefix}" not in addrs:
         run("ip", "addr", "add", f"{GATEWAY}/{prefix}", "dev", BRIDGE)
+    # The gateway's MAC must not change under the pods. Unset, a bridge's address is the lowest
+    # of its ports' (br_stp_recalculate_bridge_id), and every pod's veth is a port with a random
+    # one: when the pod whose veth lent it goes, every other pod's ARP entry for the gateway
+    # names an address no port has, and the pod reaches neither CoreDNS nor the status server
+    # on the gateway until that entry goes stale, tens of seconds (stop 29's CI: a TrainJob's
+    # rank 0 could not post its last progress after its peer's pod went). The bridge plugin
+    # does not set it on a bridge it finds. Pod-to-pod traffic was never affected.
+    run("ip", "link", "set", BRIDGE, "address", BRIDGE_MAC)
     run("ip", "link", "set", BRIDGE, "up")
 
 

@@ -132,6 +132,10 @@ def test_real_node_is_ready_beside_the_kwok_nodes(real_node):
     assert info["containerRuntimeVersion"].startswith("containerd://1.6")
     addresses = {a["type"]: a["address"] for a in real["status"]["addresses"]}
     assert addresses["InternalIP"] == host.GATEWAY
+    # The gateway's MAC is set, not the lowest of the pods' veths (test_bridge_mac.py says why).
+    link = Path("/sys/class/net", host.BRIDGE)
+    assert (link / "address").read_text().strip() == host.BRIDGE_MAC
+    assert (link / "addr_assign_type").read_text().strip() == "3"  # NET_ADDR_SET
     assert not real["spec"].get("taints"), real["spec"]
     assert "nvidia.com/gpu" not in real["status"]["capacity"]
     for name in ("kwok-node-0", "kwok-node-1"):
