@@ -129,17 +129,20 @@ def test_without_the_controllers_variables_nothing_is_posted():
 
 def test_the_newest_state_is_posted_with_a_fresh_token_at_most_once_per_interval(server):
     poster = ProgressPoster(server.url, server.ca, str(server.token), interval_s=0.5)
+    start = time.monotonic()
     for step in range(1, 51):
         poster.event("train", {"step": step, "max_steps": 50, "loss": 1.0 / step})
         if step == 25:
             server.token.write_text("token-2\n")  # the kubelet rotated it
         time.sleep(0.03)
     poster.event("done", {"step": 50, "max_steps": 50, "reason": "completed"})
+    events_s = time.monotonic() - start  # 1.5 s of sleeps, more under load (ci22: 6 posts)
     poster.close()
     assert poster.failed is None
     times = [t for t, _, _ in server.posts]
     assert all(b - a >= 0.4 for a, b in itertools.pairwise(times)), times
-    assert 2 <= len(server.posts) <= 1.5 / 0.5 + 2  # about 1.5 s of events: not one per step
+    # One post per interval while the events came, and the last: not one per step.
+    assert 2 <= len(server.posts) <= events_s / 0.5 + 2, (len(server.posts), events_s)
     tokens = [h["Authorization"] for _, h, _ in server.posts]
     assert tokens[0] == "Bearer token-1" and tokens[-1] == "Bearer token-2"
     last = server.posts[-1][2]["trainerStatus"]
