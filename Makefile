@@ -80,7 +80,16 @@ DURATIONS ?= --durations=25 --durations-min=10
 BUILD_LOG := build/make-test-builds.log
 OFFLINE_LOG := build/make-test-offline.log
 PYTEST := $(PY) -m pytest
+# What a cold run took of the disk here: 19 GB (ci23: 35.3 GB free at its start, 16.6 GB at the
+# least), the venv, caches and images included; a warm one takes less. Below it, make test says so
+# first: ci22 ran out, and its failures said only "No space left on device", in image builds and
+# in torch.compile's cache.
+TEST_DISK_GB ?= 20
 test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, end-to-end
+	@free=$$(df --output=avail -BG . /var/lib | tail -n +2 | tr -dc '0-9\n' | sort -n | head -n 1); \
+	if [ -n "$$free" ] && [ "$$free" -lt $(TEST_DISK_GB) ]; then echo "make test: $${free} GB free" \
+		"for the images, the node's containerd and the build caches; a cold run needs about" \
+		"$(TEST_DISK_GB) GB, and short of it tests fail with 'No space left on device'" >&2; fi
 	@$(if $(NODE_DEPS),$(MAKE) --no-print-directory node-deps || echo "make test: the node's \
 		packages are missing; the tests that need the real node will say why" >&2,true)
 	@mkdir -p $(dir $(BUILD_LOG)); t0=$$SECONDS; rc=0; start=$$(date +%s); \
