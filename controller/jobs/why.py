@@ -379,7 +379,9 @@ class WaitNotes:
         self.pods: dict[str, dict[str, Any]] = {}  # uid -> the pod as last seen
         self.events: dict[str, dict[str, Any]] = {}  # uid -> the event as last seen
         self._since: dict[str, float] = {}  # subject -> when it was first seen waiting
-        self._said: dict[str, tuple[str, ...]] = {}  # subject -> the key said last
+        # subject -> the keys said while it waits: a reason is said once, even when the pod's
+        # status flips away from it and back (the kubelet's events, then its status).
+        self._said: dict[str, set[tuple[str, ...]]] = {}
 
     def see_job(self, job: dict[str, Any] | None) -> None:
         self.job = job
@@ -417,11 +419,11 @@ class WaitNotes:
         subjects = {w.subject for w in waiting}
         for w in waiting:
             since = self._since.setdefault(w.subject, now)
-            if self._said.get(w.subject) == w.key or w.key[:1] == QUEUED_KEY:
+            if w.key in self._said.get(w.subject, ()) or w.key[:1] == QUEUED_KEY:
                 continue
             if w.problem or now - since >= self.step_after_s:
                 lines.append(w.line())
-                self._said[w.subject] = w.key
+                self._said.setdefault(w.subject, set()).add(w.key)
             else:
                 at = since + self.step_after_s
                 next_at = at if next_at is None else min(next_at, at)

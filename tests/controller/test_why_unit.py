@@ -265,6 +265,32 @@ def test_notes_say_a_problem_at_once_and_once_per_change():
     assert notes.due(62.0)[0] == []
 
 
+def test_a_reason_is_said_once_while_its_pod_waits_though_the_pod_flips_away_and_back():
+    """ci26: `wait` said the missing Secret's CreateContainerConfigError twice. A pod whose
+    status shows the container creating again, with the kubelet's Warning event beside it, is
+    another reason for a moment (the event's); the pod's own reason coming back is not news."""
+    notes = WaitNotes(PYTORCHJOB_KIND, "j")
+    notes.see_job(job())
+    config = {"reason": "CreateContainerConfigError", "message": 'secret "s" not found'}
+    notes.see_pod("ADDED", pod(waiting=config))
+    assert notes.due(0.0)[0] == [
+        'pod j-master-0 is not running: CreateContainerConfigError: secret "s" not found'
+    ]
+    notes.see_event("ADDED", event("j-master-0", "Failed", 'Error: secret "s" not found', uid="u1"))
+    notes.see_pod("MODIFIED", pod())  # creating, as the kubelet's status said for a moment
+    assert notes.due(1.0)[0] == [
+        'pod j-master-0 is not running: Failed: Error: secret "s" not found'
+    ]
+    for t in range(2, 10):
+        notes.see_pod("MODIFIED", pod(waiting=config) if t % 2 else pod())
+        assert notes.due(float(t)) == ([], None)
+    # It runs: said once; a reason after that is news again.
+    notes.see_pod("MODIFIED", pod(running=True))
+    assert notes.due(10.0)[0] == ["pod j-master-0 runs now"]
+    notes.see_pod("MODIFIED", pod(waiting=config))
+    assert len(notes.due(11.0)[0]) == 1
+
+
 def test_notes_say_a_step_only_once_it_lasts_and_other_jobs_events_are_not_read():
     notes = WaitNotes(PYTORCHJOB_KIND, "j")
     notes.see_job(job())
