@@ -196,7 +196,6 @@ class Cluster:
         path.mkdir(parents=True, exist_ok=True)
         volume = volumes.persistent_volume(namespace, claim, size, node.NODE_NAME)
         name = volume["metadata"]["name"]
-        described = [("pv", name, ())]
 
         def create_and_wait(doc: dict[str, Any], kind: str, obj: str, phase: str, *where: str):
             self.kubectl("create", "-f", "-", input_text=json.dumps(doc))
@@ -212,9 +211,10 @@ class Cluster:
                     30,
                     0.2,
                 )
-            except AssertionError as e:  # what the PV controller said of each object
-                said = "".join(
-                    self.kubectl("describe", k, o, *w, check=False).stdout for k, o, w in described
+            except AssertionError as e:  # what the PV controller said of both objects
+                said = (
+                    self.kubectl("describe", "pvc", claim, "-n", namespace, check=False).stdout
+                    + self.kubectl("describe", "pv", name, check=False).stdout
                 )
                 raise AssertionError(f"{e}\n{said[-3000:]}") from None
 
@@ -225,7 +225,6 @@ class Cluster:
         # and stop 29's CI: a claim still Pending after 30 s under full load. "Available" is
         # the phase that sync sets once the volume is in the controller's cache.
         create_and_wait(volume, "pv", name, "Available")
-        described.insert(0, ("pvc", claim, ("-n", namespace)))
         claim_doc = volumes.persistent_volume_claim(namespace, claim, size)
         create_and_wait(claim_doc, "pvc", claim, "Bound", "-n", namespace)
         return path
