@@ -1,33 +1,77 @@
 """The cluster's ports come from below the kernel's ephemeral range (ci13: a port picked from it
-became some outgoing connection's local end before kueue bound it, and kueue could not start)."""
+became some outgoing connection's local end before kueue bound it, and kueue could not start).
+
+Each test runs in a network namespace of its own (``unshare --net``), whose ports nothing else
+uses. On the machine's own, the cluster that the e2e tests run beside the offline ones picks its
+ports from the same range: ci32 failed when it held one of the seven this test wants free, and
+the test's own binds could take a port a component was about to listen on."""
 
 from __future__ import annotations
 
-import socket
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
-import pytest
+REPO = Path(__file__).resolve().parents[2]
 
-from localkube import procs
+
+def _in_own_netns(script: str) -> dict:
+    """Run ``script`` (Python, ``procs`` imported) in a new network namespace; its last line of
+    stdout is JSON. Root makes one directly; anyone else through a user namespace."""
+    prefix = ["unshare", "--net"] if os.geteuid() == 0 else ["unshare", "-r", "--net"]
+    code = "from localkube import procs\nimport json, socket\n" + script
+    proc = subprocess.run(
+        [*prefix, sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.splitlines()[-1])
 
 
 def test_ports_are_free_distinct_and_below_the_ephemeral_range():
-    low = min(procs._ephemeral_range()[0], procs.PORTS_TO)
-    ports = procs.free_ports(40)
-    assert len(set(ports)) == 40
-    assert all(procs.PORTS_FROM <= p < low for p in ports), ports
-    for p in ports:
-        with socket.socket() as s:
-            s.bind(("", p))  # free: each can be listened on
+    out = _in_own_netns(
+        "held = socket.socket()\n"
+        "held.bind(('', procs.PORTS_FROM + 1))\n"  # one in use: never picked
+        "ports = procs.free_ports(40)\n"
+        "low = min(procs._ephemeral_range()[0], procs.PORTS_TO)\n"
+        "bound = []\n"
+        "for p in ports:\n"
+        "    with socket.socket() as s:\n"
+        "        s.bind(('', p))\n"  # free: each can be listened on
+        "        bound.append(p)\n"
+        "print(json.dumps({'ports': ports, 'low': low, 'from': procs.PORTS_FROM, 'bound': bound}))"
+    )
+    ports, low = out["ports"], out["low"]
+    assert len(set(ports)) == 40 and out["bound"] == ports
+    assert all(out["from"] <= p < low for p in ports), ports
+    assert out["from"] + 1 not in ports
 
 
-def test_a_port_in_use_is_not_picked(monkeypatch):
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", procs.PORTS_FROM))
-        held.listen()
-        monkeypatch.setattr(procs, "_ephemeral_range", lambda: (procs.PORTS_FROM + 8, 60999))
-        assert sorted(procs.free_ports(7)) == list(
-            range(procs.PORTS_FROM + 1, procs.PORTS_FROM + 8)
-        )
-        # Not enough left: one line that says where it looked and what to change.
-        with pytest.raises(procs.LocalkubeError, match="no 8 free TCP ports from 20000 to 20008"):
-            procs.free_ports(8)
+def test_a_port_in_use_is_not_picked():
+    out = _in_own_netns(
+        "held = socket.socket()\n"
+        "held.bind(('', procs.PORTS_FROM))\n"
+        "held.listen()\n"
+        "procs._ephemeral_range = lambda: (procs.PORTS_FROM + 8, 60999)\n"
+        "picked = [sorted(procs.free_ports(7)) for _ in range(20)]\n"
+        "try:\n"
+        "    procs.free_ports(8)\n"
+        "    said = None\n"
+        "except procs.LocalkubeError as e:\n"
+        "    said = str(e)\n"
+        "print(json.dumps({'picked': picked, 'from': procs.PORTS_FROM, 'said': said}))"
+    )
+    start = out["from"]
+    # Eight ports, the first in use: every pick is the other seven (shuffled 20 times).
+    assert all(p == list(range(start + 1, start + 8)) for p in out["picked"]), out["picked"]
+    # Not enough left: one line that says where it looked and what to change.
+    assert out["said"] is not None and out["said"].startswith(
+        "localkube: no 8 free TCP ports from 20000 to 20008 for the cluster's components."
+    ), out["said"]
+    assert "net.ipv4.ip_local_port_range" in out["said"]
