@@ -348,8 +348,8 @@ def test_a_trainjob_recovers(cluster, namespace, tmp_path, real_node, how):
     # Paced: at least 13 s of training left when the fault comes at step 30.
     fields = paced(cluster, namespace, 0.1)
     # The join watchdog's limit (trainer.distributed.JOIN_TIMEOUT_S, 180 s) is waited out
-    # whenever a worker restarted in place meets the master's old store (below): 6 of 27 CI
-    # runs, each 230-290 s, and ci37's 254 s put a warm CI run at 20.5 min. The 138 and the
+    # whenever a worker restarted in place meets the master's old store (below): 5 of 27 CI
+    # runs, each 229-292 s, and ci37's 254 s put a warm CI run at 20.5 min. The 138 and the
     # restart after it are what this test proves, not the limit's length.
     fields["env"] |= {"DDPJOB_JOIN_TIMEOUT_S": "60"}
     spec = _trainjob_spec(
