@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.localkube.namespaces import run_unshared
 
 # In a network namespace of its own: the node's bridge as ``up`` makes it and a "pod" (a network
 # namespace behind a veth); a second pod, whose veth has a lower MAC, joins; the first pod
@@ -79,19 +76,11 @@ print(json.dumps({"seen": seen, "reached": reached, "assign_type": assigned}))
 def test_the_gateway_keeps_its_mac_while_pods_come_and_go():
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.skip("needs root and unshare (util-linux), as the real node does")
-    proc = subprocess.run(
-        # A mount namespace too: its own /sys and /run, and `ip netns add`'s mounts.
-        ["unshare", "--net", "--mount", "--propagation", "private", sys.executable, "-c", SCRIPT],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    # A mount namespace too: its own /sys and /run, and `ip netns add`'s mounts.
+    stdout = run_unshared(["--net", "--mount", "--propagation", "private"], SCRIPT)
     import json
 
-    out = json.loads(proc.stdout)
+    out = json.loads(stdout)
     from localkube import host
 
     # Set, not taken from a port (NET_ADDR_SET is 3), and the same address throughout.

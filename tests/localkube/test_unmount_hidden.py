@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.localkube.namespaces import run_unshared
 
 SCRIPT = r"""
 import os, subprocess, sys
@@ -58,26 +56,9 @@ def test_a_netns_hidden_under_a_bind_of_run_netns_is_unmounted_and_removed():
     os.makedirs("/run/netns", exist_ok=True)
     name = f"cni-ddpjob-test-{uuid.uuid4()}"
     try:
-        proc = subprocess.run(
-            [
-                "unshare",
-                "--mount",
-                "--propagation",
-                "private",
-                sys.executable,
-                "-c",
-                SCRIPT,
-                name,
-            ],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        stdout = run_unshared(["--mount", "--propagation", "private"], SCRIPT, name)
     finally:
         Path("/run/netns", name).unlink(missing_ok=True)
         if made and not os.listdir("/run/netns"):
             os.rmdir("/run/netns")  # the machine as it was
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == "[] ['node: unmounted 2 of 2 leftover mounts']", proc.stdout
+    assert stdout.strip() == "[] ['node: unmounted 2 of 2 leftover mounts']", stdout
