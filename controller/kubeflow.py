@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainer import contract
+
 
 @dataclass(frozen=True)
 class JobAPI:
@@ -49,10 +51,6 @@ CONTAINER = "pytorch"
 PORT_NAME = "pytorchjob-port"
 PORT = 23456
 
-#: Under ``restartPolicy: ExitCode`` these exit codes are retried; every other is permanent
-#: (pkg/controller.v1/common: 130 SIGINT, 137 SIGKILL, 138 SIGUSR1, 143 SIGTERM).
-RETRYABLE_EXIT_CODES = (130, 137, 138, 143)
-
 #: The upstream manifests label the operator's pod with this (manifests/base/deployment.yaml).
 OPERATOR_POD_SELECTOR = "control-plane=kubeflow-training-operator"
 
@@ -89,18 +87,12 @@ LABEL_JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 #: The only env the torch plugin injects; it starts no torchrun and sets no MASTER_ADDR, RANK or
 #: WORLD_SIZE. The webhook refuses these names in ``spec.trainer.env``.
-ENV_NNODES = "PET_NNODES"  # trainer.numNodes
-ENV_NPROC_PER_NODE = "PET_NPROC_PER_NODE"  # numProcPerNode, else "auto" with GPUs, else CPUs
-ENV_NODE_RANK = "PET_NODE_RANK"  # fieldRef to the job-completion-index annotation
-ENV_MASTER_ADDR = "PET_MASTER_ADDR"  # <trainjob>-node-0-0.<trainjob>
-ENV_MASTER_PORT = "PET_MASTER_PORT"
-TRAINJOB_RESERVED_ENV = (
-    ENV_NNODES,
-    ENV_NPROC_PER_NODE,
-    ENV_NODE_RANK,
-    ENV_MASTER_ADDR,
-    ENV_MASTER_PORT,
-)
+ENV_NNODES = contract.PET_NNODES  # trainer.numNodes
+ENV_NPROC_PER_NODE = contract.PET_NPROC_PER_NODE  # numProcPerNode, else "auto" with GPUs, else CPUs
+ENV_NODE_RANK = contract.PET_NODE_RANK  # fieldRef to the job-completion-index annotation
+ENV_MASTER_ADDR = contract.PET_MASTER_ADDR  # <trainjob>-node-0-0.<trainjob>
+ENV_MASTER_PORT = contract.PET_MASTER_PORT
+TRAINJOB_RESERVED_ENV = contract.TRAINJOB_VARS
 #: PET_MASTER_PORT's value and the container port the plugin adds (constants.ContainerTrainerPort).
 TRAINJOB_MASTER_PORT = 29500
 

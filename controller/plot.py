@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from controller.errors import ClusterError, UserError
-from controller.progress import parse_event
+from trainer.contract import TRAIN, parse_event
 
 
 def train_series(lines: Iterable[str]) -> dict[str, list[float]]:
@@ -19,7 +19,7 @@ def train_series(lines: Iterable[str]) -> dict[str, list[float]]:
     by_step: dict[int, dict[str, Any]] = {}
     for line in lines:
         ev = parse_event(line)
-        if ev and ev.get("event") == "train" and isinstance(ev.get("step"), int):
+        if ev and ev.get("event") == TRAIN and isinstance(ev.get("step"), int):
             by_step[ev["step"]] = ev
     steps = sorted(by_step)
     return {

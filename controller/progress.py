@@ -25,17 +25,16 @@ from collections import deque
 from collections.abc import Callable
 from typing import IO, Any
 
-
-def parse_event(line: str) -> dict[str, Any] | None:
-    """The event in ``line`` if it is one JSON object with an ``event`` key, else None."""
-    text = line.strip()
-    if not (text.startswith("{") and text.endswith("}")):
-        return None
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return None
-    return obj if isinstance(obj, dict) and isinstance(obj.get("event"), str) else None
+from trainer.contract import (
+    CHECKPOINT,
+    COMPLETED,
+    DONE,
+    EVAL,
+    RESUME,
+    START,
+    TRAIN,
+    parse_event,
+)
 
 
 def format_duration(seconds: float | None) -> str:
@@ -163,14 +162,14 @@ class Progress:
             self.max_steps = event["max_steps"]
         if isinstance(event.get("step"), int):
             self.step = event["step"]
-        if name == "train":
+        if name == TRAIN:
             if isinstance(event.get("loss"), (int, float)):
                 self.loss = float(event["loss"])
             if isinstance(event.get("samples_per_s"), (int, float)):
                 self.samples_per_s = float(event["samples_per_s"])
             if self.step is not None and self.max_steps:
                 self.eta_s = self.eta.update(self.step, self.max_steps, event.get("step_time_s"))
-        elif name == "done":
+        elif name == DONE:
             self.done = event
             self.eta_s = 0.0 if event.get("reason") == "completed" else None
 
@@ -186,7 +185,7 @@ class Progress:
 
     def _show(self, event: dict[str, Any]) -> None:
         name = event["event"]
-        if name == "train" or (name == "done" and event.get("reason") == "completed"):
+        if name == TRAIN or (name == DONE and event.get("reason") == COMPLETED):
             self._refresh()
             return
         text = describe(event)
@@ -229,27 +228,27 @@ class Progress:
 def describe(event: dict[str, Any]) -> str | None:
     """A short human line for an event (None for events the bar already shows)."""
     name, step = event.get("event"), event.get("step")
-    if name == "start":
+    if name == START:
         where = f" from step {step}" if step else ""
         return (
             f"started: world size {event.get('world_size', '?')} on "
             f"{event.get('device', '?')}{where}"
         )
-    if name == "eval":
+    if name == EVAL:
         metrics = event.get("metrics") or {}
         shown = ", ".join(f"{k} {_num(v)}" for k, v in metrics.items())
         return f"eval @ step {step}: {shown}" if shown else f"eval @ step {step}"
-    if name == "checkpoint":
+    if name == CHECKPOINT:
         return f"checkpoint @ step {step}: {event.get('path')}"
-    if name == "resume":
+    if name == RESUME:
         if event.get("path"):
             return f"resumed from {event['path']} at step {step}"
         return None
-    if name == "done":
+    if name == DONE:
         reason = event.get("reason", "?")
         error = f": {event['error']}" if event.get("error") else ""
         return f"stopped ({reason}) at step {step}/{event.get('max_steps')}{error}"
-    if name == "train":
+    if name == TRAIN:
         return None
     return json.dumps(event)
 

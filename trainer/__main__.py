@@ -32,9 +32,21 @@ from pathlib import Path
 from typing import NoReturn
 
 from trainer.config import ConfigError, TrainConfig, load_config
-from trainer.launch import EXIT_FILE_ENV, record_exit
-
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_PEER_LOST, EXIT_PREEMPTED = 0, 1, 2, 138, 143
+from trainer.contract import (
+    COMPLETED,
+    DONE,
+    ERROR,
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    EXIT_FILE_ENV,
+    EXIT_OK,
+    EXIT_PEER_LOST,
+    EXIT_PREEMPTED,
+    LOCAL_RANK,
+    PEER_LOST,
+    PREEMPTED,
+)
+from trainer.launch import record_exit
 
 
 def exit_preempted() -> NoReturn:
@@ -117,7 +129,7 @@ def train(cfg: TrainConfig) -> int:
     from trainer import distributed
     from trainer.metrics import Reporter
     from trainer.tasks import load_task
-    from trainer.train import COMPLETED, PREEMPTED, Trainer
+    from trainer.train import Trainer
 
     task = load_task(cfg.task, cfg.task_args)  # a bad task is a config error: before joining
     env = distributed.setup(cfg.device, cfg.backend, cfg.timeout_s)
@@ -156,12 +168,12 @@ def train(cfg: TrainConfig) -> int:
     except Exception as e:
         lost = distributed.is_peer_lost(e)
         reporter.event(
-            "done",
+            DONE,
             step=None,
             max_steps=cfg.max_steps,
             loss=None,
             elapsed_s=None,
-            reason="peer_lost" if lost else "error",
+            reason=PEER_LOST if lost else ERROR,
             error=f"{type(e).__name__}: {e}",
         )
         if lost:
@@ -222,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         # Every process of a node finds the same mistake: one of them says it.
-        if os.environ.get("LOCAL_RANK", "0") == "0":
+        if os.environ.get(LOCAL_RANK, "0") == "0":
             for line in e.problems:
                 print(line, file=sys.stderr)
         return record_exit(EXIT_CONFIG)

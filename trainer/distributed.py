@@ -17,6 +17,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainer.contract import (
+    EXIT_PEER_LOST,
+    JOIN_TIMEOUT_ENV,
+    LOCAL_RANK,
+    MASTER_ADDR,
+    MASTER_PORT,
+    RANK,
+    TORCHELASTIC_RUN_ID,
+    WORLD_SIZE,
+)
 from trainer.launch import record_exit
 
 log = logging.getLogger(__name__)
@@ -54,11 +64,11 @@ def setup(device: str = "auto", backend: str = "auto", timeout_s: int = 600) -> 
     path (DDP, collectives) runs on a one-replica cluster job as on eight.
     """
     use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
-    launched = "WORLD_SIZE" in os.environ
-    world_size = _env_int("WORLD_SIZE", 1)
-    rank = _env_int("RANK", 0)
+    launched = WORLD_SIZE in os.environ
+    world_size = _env_int(WORLD_SIZE, 1)
+    rank = _env_int(RANK, 0)
     # Kubeflow with one process per pod sets no LOCAL_RANK: the only process is local rank 0.
-    local_rank = _env_int("LOCAL_RANK", 0)
+    local_rank = _env_int(LOCAL_RANK, 0)
 
     if use_cuda:
         dev = torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
@@ -68,8 +78,8 @@ def setup(device: str = "auto", backend: str = "auto", timeout_s: int = 600) -> 
         dev = torch.device("cpu")
 
     if launched:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29500")
+        os.environ.setdefault(MASTER_ADDR, "127.0.0.1")
+        os.environ.setdefault(MASTER_PORT, "29500")
         chosen = backend if backend != "auto" else ("nccl" if use_cuda else "gloo")
         # Before the group exists, or teardown() cannot free it: see _import_before_init.
         _import_before_init()
@@ -91,7 +101,7 @@ JOIN_TIMEOUT_S = 180
 
 def _join_watchdog(rank: int) -> threading.Event:
     """Under torchrun's agent, end the process (exit 138, retryable) if the group has not formed
-    within ``DDPJOB_JOIN_TIMEOUT_S`` (default :data:`JOIN_TIMEOUT_S`); set the returned event
+    within ``$DDPJOB_JOIN_TIMEOUT_S`` (default :data:`JOIN_TIMEOUT_S`); set the returned event
     once it has.
 
     Every agent has met before any worker starts, so every worker follows within seconds. One
@@ -105,9 +115,9 @@ def _join_watchdog(rank: int) -> threading.Event:
     master's new one. (A PyTorchJob pod without torchrun has no agent: its worker's wait for
     its peers is the rendezvous itself, which an image pull may make long.)"""
     done = threading.Event()
-    if "TORCHELASTIC_RUN_ID" not in os.environ:
+    if TORCHELASTIC_RUN_ID not in os.environ:
         return done
-    limit = float(os.environ.get("DDPJOB_JOIN_TIMEOUT_S") or JOIN_TIMEOUT_S)
+    limit = float(os.environ.get(JOIN_TIMEOUT_ENV) or JOIN_TIMEOUT_S)
 
     def watch() -> None:
         if not done.wait(limit):
@@ -119,7 +129,8 @@ def _join_watchdog(rank: int) -> threading.Event:
                 file=sys.stderr,
                 flush=True,
             )
-            os._exit(record_exit(138))  # the re-launching parent exits with the worker's code
+            # The re-launching parent exits with the worker's code.
+            os._exit(record_exit(EXIT_PEER_LOST))
 
     threading.Thread(target=watch, name="ddpjob-join-watchdog", daemon=True).start()
     return done

@@ -23,13 +23,28 @@ import contextlib
 import os
 import sys
 
+from trainer.contract import (
+    EXIT_FILE_ENV,
+    LOCAL_RANK,
+    MASTER_ADDR,
+    MASTER_PORT,
+    PET_MASTER_ADDR,
+    PET_MASTER_PORT,
+    PET_NNODES,
+    PET_NODE_RANK,
+    PET_NPROC_PER_NODE,
+    PET_RDZV_ENDPOINT,
+    RANK,
+    WORLD_SIZE,
+)
+
 # Values of nprocPerNode that torchrun resolves itself (e.g. "gpu" = one process per GPU).
 _SYMBOLIC_NPROC = ("auto", "gpu", "cpu", "xpu")
 
 
 def nproc_per_node_from_env() -> str:
     """The operator's ``PET_NPROC_PER_NODE`` ("1" when absent): a count or a torchrun keyword."""
-    return os.environ.get("PET_NPROC_PER_NODE", "").strip() or "1"
+    return os.environ.get(PET_NPROC_PER_NODE, "").strip() or "1"
 
 
 def needs_torchrun() -> bool:
@@ -37,7 +52,7 @@ def needs_torchrun() -> bool:
 
     torchrun sets LOCAL_RANK on each worker, so its children never re-launch again.
     """
-    if "LOCAL_RANK" in os.environ:
+    if LOCAL_RANK in os.environ:
         return False
     if elastic() or trainjob():
         # Only torchrun speaks the c10d rendezvous (elastic), and only torchrun turns a TrainJob's
@@ -49,13 +64,13 @@ def needs_torchrun() -> bool:
 
 def elastic() -> bool:
     """An elastic PyTorchJob: the operator sets ``PET_RDZV_ENDPOINT`` and no master replica."""
-    return bool(os.environ.get("PET_RDZV_ENDPOINT"))
+    return bool(os.environ.get(PET_RDZV_ENDPOINT))
 
 
 def trainjob() -> bool:
     """A Kubeflow Trainer v2 TrainJob pod: ``PET_MASTER_ADDR`` and no ``WORLD_SIZE`` (the
     PyTorchJob operator sets ``MASTER_ADDR`` and ``WORLD_SIZE`` instead)."""
-    return bool(os.environ.get("PET_MASTER_ADDR")) and "WORLD_SIZE" not in os.environ
+    return bool(os.environ.get(PET_MASTER_ADDR)) and WORLD_SIZE not in os.environ
 
 
 def _env_first(*names: str, default: str) -> str:
@@ -81,28 +96,26 @@ def torchrun_argv(trainer_args: list[str]) -> list[str]:
         "-m",
         "torch.distributed.run",
         "--nnodes",
-        _env_first("PET_NNODES", default="1"),
+        _env_first(PET_NNODES, default="1"),
         "--node-rank",
-        _env_first("PET_NODE_RANK", "RANK", default="0"),
+        _env_first(PET_NODE_RANK, RANK, default="0"),
         "--nproc-per-node",
         nproc_per_node_from_env(),
         "--master-addr",
-        _env_first("MASTER_ADDR", "PET_MASTER_ADDR", default="127.0.0.1"),
+        _env_first(MASTER_ADDR, PET_MASTER_ADDR, default="127.0.0.1"),
         "--master-port",
-        _env_first("MASTER_PORT", "PET_MASTER_PORT", default="29500"),
+        _env_first(MASTER_PORT, PET_MASTER_PORT, default="29500"),
         "-m",
         "trainer",
         *trainer_args,
     ]
 
 
-# Set by the torchrun re-launch: each worker appends its exit code, because torchrun itself
-# reports any worker failure as 1 and the operator must still see 138/143 as retryable.
-EXIT_FILE_ENV = "DDPJOB_EXIT_FILE"
-
-
 def record_exit(code: int) -> int:
-    """Tell a re-launching parent (if any) how this worker ended; returns ``code``."""
+    """Tell a re-launching parent (if any) how this worker ended; returns ``code``.
+
+    torchrun reports any worker failure as 1, and the operator must still see 138/143 as
+    retryable, so each worker appends its code to the file ``EXIT_FILE_ENV`` names."""
     path = os.environ.get(EXIT_FILE_ENV)
     if path and code != 0:  # success needs no word
         with contextlib.suppress(OSError), open(path, "a") as f:

@@ -1,29 +1,19 @@
 """What rank 0 tells the world: JSON-lines events on stdout, a tqdm bar, NVML, TensorBoard, and
 inside a TrainJob that offers it, Kubeflow Trainer's progress API (``progress_api.py``).
 
-The events are the trainer's stdout contract with the controller (docs/architecture.md): one JSON
+The events are the trainer's stdout contract with the controller (``trainer.contract``): one JSON
 object per line with an ``"event"`` key, flushed immediately. Keys are added, never renamed.
 Only rank 0 emits; on other ranks every method is a no-op, so the loop needs no ``if rank``.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
 from typing import Any
 
-
-def _clean(value: Any) -> Any:
-    """JSON has no NaN/inf: report a non-finite number as null (the `done` event says why)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    return value
+from trainer.contract import EVAL, TRAIN, format_event
 
 
 class GpuMonitor:
@@ -105,9 +95,9 @@ class Reporter:
         """Print one ``{"event": name, ...}`` line and flush (a pod's stdout is a pipe)."""
         if not self.enabled:
             return
-        if name == "train" and self.gpus and self.gpus.handles:
+        if name == TRAIN and self.gpus and self.gpus.handles:
             fields["gpus"] = self.gpus.read()
-        line = json.dumps(_clean({"event": name, **fields}), separators=(", ", ": "))
+        line = format_event(name, **fields)
         if self.bar is not None:
             self.bar.write(line, file=self.stream)
         else:
@@ -137,7 +127,7 @@ class Reporter:
         if self.tb is None or "step" not in fields:
             return
         step = fields["step"]
-        scalars = fields.get("metrics", fields) if name == "eval" else fields
+        scalars = fields.get("metrics", fields) if name == EVAL else fields
         for key, value in scalars.items():
             if isinstance(value, int | float) and key not in ("step", "max_steps", "epoch"):
                 group = "perf" if key.endswith(("_per_s", "_s")) or key == "data_wait" else name

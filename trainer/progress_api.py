@@ -57,6 +57,8 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
+from trainer.contract import COMPLETED, DONE, EVAL, TRAIN
+
 log = logging.getLogger(__name__)
 
 ENV_URL = "KUBEFLOW_TRAINER_SERVER_URL"
@@ -92,19 +94,19 @@ def trainer_status(
     """The ``trainerStatus`` a ``train`` or ``done`` event (the trainer's stdout contract)
     makes, with the latest eval metrics; a metric the event lacks (``done`` has no throughput)
     is taken from ``before``, the last ``train`` event. None for other events."""
-    if event not in ("train", "done"):
+    if event not in (TRAIN, DONE):
         return None
     step, max_steps = fields.get("step"), fields.get("max_steps")
-    if event == "done" and fields.get("reason") != "completed" and step is None:
+    if event == DONE and fields.get("reason") != COMPLETED and step is None:
         return None  # it failed before a step was known: keep what was posted last
     status: dict[str, Any] = {}
-    if event == "done" and fields.get("reason") == "completed":
+    if event == DONE and fields.get("reason") == COMPLETED:
         status["progressPercentage"] = 100
         status["estimatedRemainingSeconds"] = 0
     elif isinstance(step, int) and isinstance(max_steps, int) and max_steps > 0:
         status["progressPercentage"] = max(0, min(100, math.floor(100 * step / max_steps)))
         step_time = fields.get("step_time_s")
-        if event == "train" and isinstance(step_time, int | float) and math.isfinite(step_time):
+        if event == TRAIN and isinstance(step_time, int | float) and math.isfinite(step_time):
             status["estimatedRemainingSeconds"] = max(0, round((max_steps - step) * step_time))
     metrics: dict[str, Any] = {}
     for key in ("step", "loss", "lr", "samples_per_s", "tokens_per_s"):
@@ -175,13 +177,13 @@ class ProgressPoster:
         """A trainer event (``train``, ``eval``, ``done``, ...): keep the state it makes for
         the next post. Never blocks on the network and never raises."""
         try:
-            if name == "eval" and isinstance(fields.get("metrics"), Mapping):
+            if name == EVAL and isinstance(fields.get("metrics"), Mapping):
                 self._evals.update(fields["metrics"])
                 return
             status = trainer_status(name, fields, self._evals, self._last_train)
             if status is None:
                 return
-            if name == "train":
+            if name == TRAIN:
                 self._last_train = dict(fields)
             with self._cond:
                 if self.failed is None and not self._closing:

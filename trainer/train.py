@@ -35,6 +35,17 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainer import distributed as dist_
 from trainer.checkpoint import CheckpointManager
 from trainer.config import ConfigError, TrainConfig
+from trainer.contract import (
+    CHECKPOINT,
+    COMPLETED,
+    DONE,
+    EVAL,
+    NONFINITE,
+    PREEMPTED,
+    RESUME,
+    START,
+    TRAIN,
+)
 from trainer.loader import MicroBatches, batch_len, build_loader, to_device
 from trainer.metrics import Reporter, Throughput
 from trainer.optim import Ema, build_optimizer, build_scheduler
@@ -43,8 +54,6 @@ from trainer.tasks import Task, tokens_per_sample
 
 log = logging.getLogger(__name__)
 
-# Why fit() returned; __main__ maps these to exit codes 0, 143 and 1.
-COMPLETED, PREEMPTED, NONFINITE = "completed", "preempted", "nonfinite"
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -198,10 +207,10 @@ class Trainer:
         state, path, skipped = self.ckpt.load(cfg.resume)
         if state is not None:
             epoch, batch_in_epoch = self._restore(state, path)
-            self.report.event("resume", step=self.step, path=str(path), skipped=skipped)
+            self.report.event(RESUME, step=self.step, path=str(path), skipped=skipped)
             self.report.say(f"resumed from {path} at step {self.step}")
         elif skipped:
-            self.report.event("resume", step=0, path=None, skipped=skipped)
+            self.report.event(RESUME, step=0, path=None, skipped=skipped)
             self.report.say("no readable checkpoint; starting from scratch")
         # CPU batches are already where they belong.
         on_device = dev if dev.type != "cpu" else None
@@ -273,7 +282,7 @@ class Trainer:
     def save(self) -> Path:
         """Checkpoint now (collective) and report it."""
         path = self.ckpt.save(self.state_dict(), self.step)
-        self.report.event("checkpoint", step=self.step, path=str(path))
+        self.report.event(CHECKPOINT, step=self.step, path=str(path))
         return path
 
     # ------------------------------------------------------------------------------------------
@@ -311,7 +320,7 @@ class Trainer:
         metrics = self.evaluate(self.fwd_model)
         if self.ema is not None:
             metrics |= {f"ema_{k}": v for k, v in self.evaluate(self.ema.module).items()}
-        self.report.event("eval", step=self.step, metrics=metrics)
+        self.report.event(EVAL, step=self.step, metrics=metrics)
 
     # ------------------------------------------------------------------------------------------
     # Training
@@ -346,7 +355,7 @@ class Trainer:
         cfg, env, report = self.cfg, self.env, self.report
         dev = env.device
         report.event(
-            "start",
+            START,
             world_size=env.world_size,
             device=str(dev),
             step=self.step,
@@ -472,7 +481,7 @@ class Trainer:
                     fields["tokens_per_s"] = w["samples_per_s"] * self.tokens_per_sample
                 if self.scaler.is_enabled():
                     fields["loss_scale"] = self.scaler.get_scale()
-                report.event("train", **fields)
+                report.event(TRAIN, **fields)
                 window.reset()
             if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.max_steps:
                 self.run_eval()
@@ -489,7 +498,7 @@ class Trainer:
             self.save()
         elapsed = time.perf_counter() - started
         report.event(
-            "done",
+            DONE,
             step=self.step,
             max_steps=cfg.max_steps,
             loss=self.last_loss,

@@ -15,26 +15,7 @@ from typing import Any
 
 from controller.jobs.apis import KINDS, PYTORCHJOB_KIND, TRAINJOB_KIND, JobKind
 from controller.kubeflow import LABEL_JOBSET_NAME
-from controller.progress import parse_event
-
-#: The trainer's exit code when another rank died first (128 + SIGUSR1).
-EXIT_PEER_LOST = 138
-
-# Exit codes with a conventional meaning (128 + signal number).
-EXIT_MEANINGS = {
-    1: "the program raised or exited 1",
-    2: "bad command-line or config",
-    126: "command not executable",
-    127: "command not found",
-    130: "SIGINT",
-    134: "SIGABRT (abort)",
-    137: "SIGKILL (killed: OOM, kill -9 or grace period over)",
-    EXIT_PEER_LOST: (
-        "lost a peer rank (the trainer's retryable code, 128 + SIGUSR1: another rank died first)"
-    ),
-    139: "SIGSEGV (segmentation fault)",
-    143: "SIGTERM (preempted or deleted; retried)",
-}
+from trainer.contract import DONE, EXIT_KILLED, EXIT_MEANINGS, EXIT_PEER_LOST, TRAIN, parse_event
 
 #: The container runtime's reason for a container the kernel's OOM killer hit (the memory
 #: cgroup went over the container's limit). It comes with any exit code: the kernel kills one
@@ -157,7 +138,7 @@ def oom_meaning(exit_code: int | None, limit: str | None) -> str:
     """
     over = f"its memory limit ({limit})" if limit else "its memory limit"
     fix = "raise resources.memory, or use less (batch_size, num_workers, nproc_per_node)"
-    if exit_code == 137:
+    if exit_code == EXIT_KILLED:
         return (
             f"the container went over {over} and the kernel killed its main process (SIGKILL); "
             f"{fix}"
@@ -384,7 +365,7 @@ def latest_progress(lines: list[str]) -> dict[str, Any] | None:
     latest = None
     for line in lines:
         ev = parse_event(line)
-        if ev and ev.get("event") in ("train", "done"):
+        if ev and ev.get("event") in (TRAIN, DONE):
             latest = ev
     if latest is None:
         return None
@@ -395,7 +376,7 @@ def latest_progress(lines: list[str]) -> dict[str, Any] | None:
         rate = latest["samples_per_s"] / latest["global_batch_size"]
     if rate is None and latest.get("step_time_s"):
         rate = 1.0 / latest["step_time_s"]
-    if latest.get("event") == "done":
+    if latest.get("event") == DONE:
         out["eta_s"] = 0.0
     elif rate and step is not None and max_steps:
         out["eta_s"] = max(0.0, (max_steps - step) / rate)

@@ -27,7 +27,6 @@ up to ``HELD_LINES``, and printed first.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
@@ -46,6 +45,7 @@ from controller.kube.client import Cluster
 from controller.kube.logstream import LogStreamBroken
 from controller.kube.watch import RESYNC
 from controller.kubeflow import LABEL_REPLICA_TYPE
+from trainer.contract import START, is_event, parse_event
 
 # After the job ended, wait this long for the followed container to be reported terminated.
 END_GRACE_S = 15.0
@@ -59,8 +59,6 @@ HELD_LINES = 1000
 # line was held back (or by the end of the job), rank 0 cannot be told: every worker is printed.
 # ddpjob's trainer prints it once the rendezvous is complete, seconds after torchrun's banner.
 FALLBACK_S = 30.0
-# How global rank 0 announces itself (trainer/train.py, the `start` event; keys only added).
-START_PREFIX = '{"event": "start"'
 # What the kubelet sends as the log's whole body when the container's record is already gone
 # (kuberuntime_container.go GetContainerLogs): not a line the container printed. Seen when a
 # pod is deleted as its container ends (Kueue preempting a job: the operator suspends it and
@@ -374,7 +372,7 @@ class RankFollower:
         with its pod's name. Called with the emit lock held."""
         if run is self.lead:
             return new
-        starts = [i for i, text in enumerate(new) if text.startswith(START_PREFIX)]
+        starts = [i for i, text in enumerate(new) if is_event(text, START)]
         if not starts:
             if self.lead is None and self.fallback:
                 return [run.prefix + line for line in new]
@@ -649,10 +647,8 @@ def matches(selector: str, labels: dict[str, str]) -> bool:
 
 def _start_hostname(line: str) -> str:
     """The ``hostname`` a start event names (trainers before it was added name none)."""
-    try:
-        return str(json.loads(line).get("hostname") or "")
-    except (ValueError, AttributeError):
-        return ""
+    event = parse_event(line) or {}
+    return str(event.get("hostname") or "")
 
 
 def _started(pod: dict[str, Any]) -> bool:

@@ -16,11 +16,11 @@ from typing import Any
 from controller.errors import ClusterError
 from controller.jobs.apis import PYTORCHJOB_KIND, JobKind
 from controller.jobs.explain import is_elastic, node_rank
-from controller.jobs.follow import START_PREFIX, split_timestamp
+from controller.jobs.follow import split_timestamp
 from controller.kube.client import Cluster
 from controller.kube.logstream import LogStreamBroken
 from controller.kubeflow import CONTAINER, LABEL_JOB_NAME, LABEL_REPLICA_TYPE
-from controller.progress import parse_event
+from trainer.contract import START, is_event, parse_event
 
 
 def rank0_pod(
@@ -83,7 +83,7 @@ def _last_start(cluster: Cluster, namespace: str, pod: str) -> tuple[str, int] |
         for batch in stream.batches():
             for line in batch:
                 ts, body = split_timestamp(line)
-                if body.startswith(START_PREFIX):
+                if is_event(body, START):
                     last = ts
     except LogStreamBroken:
         pass

@@ -28,7 +28,7 @@ from controller.jobs.queue import read_queue
 from controller.jobs.rank0 import rank0_pod
 from controller.jobs.why import job_events, job_waiting
 from controller.kube.client import Cluster
-from controller.kubeflow import RETRYABLE_EXIT_CODES
+from trainer.contract import RETRYABLE_EXIT_CODES
 
 #: Log lines shown for a failed replica.
 DEFAULT_TAIL_LINES = 20

@@ -72,6 +72,7 @@ from controller.local.processes import Node, _Runner, _sayer, _signals_to, opera
 from controller.progress import Progress
 from controller.render.pod import container_args, container_command, pod_labels
 from controller.spec import JobSpec, parse_quantity
+from trainer import contract
 
 #: Where CDI specs live (podman passes GPUs as CDI devices named by them).
 CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
@@ -126,9 +127,9 @@ def launcher_env(spec: JobSpec, node: int) -> dict[str, str]:
     env = operator_env(spec, node, PORT)
     first = boxes(spec, "")[0].pod
     if spec.elastic:
-        env["PET_RDZV_ENDPOINT"] = f"{first}:{PORT}"
+        env[contract.PET_RDZV_ENDPOINT] = f"{first}:{PORT}"
     else:
-        env["MASTER_ADDR"] = first
+        env[contract.MASTER_ADDR] = first
     return env
 
 

@@ -51,13 +51,9 @@ from controller.progress import Progress
 from controller.render.args import trainer_args
 from controller.render.trainjob import UNBUFFERED
 from controller.spec import JobSpec
+from trainer import contract
 
 TAIL_LINES = 20
-# Launcher variables a caller's shell may carry (e.g. run inside torchrun); they would confuse
-# the trainer's launcher detection, so the children never inherit them.
-_SCRUB_PREFIXES = ("PET_", "TORCHELASTIC_")
-_SCRUB = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-          "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE")  # fmt: skip
 
 
 @dataclass
@@ -100,22 +96,22 @@ def operator_env(spec: JobSpec, node: int, master_port: int) -> dict[str, str]:
     if spec.elastic:
         return {
             "PYTHONUNBUFFERED": "0",
-            "PET_RDZV_BACKEND": "c10d",
-            "PET_RDZV_ENDPOINT": f"127.0.0.1:{master_port}",  # <name>-worker-0 on a cluster
-            "PET_NNODES": f"{spec.elastic.min_nodes}:{spec.elastic.max_nodes}",
-            "PET_MAX_RESTARTS": str(spec.elastic.max_restarts),
-            "PET_NPROC_PER_NODE": str(spec.nproc_per_node),
+            contract.PET_RDZV_BACKEND: "c10d",
+            contract.PET_RDZV_ENDPOINT: f"127.0.0.1:{master_port}",  # <name>-worker-0 on a cluster
+            contract.PET_NNODES: f"{spec.elastic.min_nodes}:{spec.elastic.max_nodes}",
+            contract.PET_MAX_RESTARTS: str(spec.elastic.max_restarts),
+            contract.PET_NPROC_PER_NODE: str(spec.nproc_per_node),
         }
     return {
         # The operator sets "0"; any non-empty value turns buffering off in Python.
         "PYTHONUNBUFFERED": "0",
-        "MASTER_PORT": str(master_port),
-        "MASTER_ADDR": "127.0.0.1",  # <name>-master-0 on a cluster
-        "WORLD_SIZE": str(spec.world_size),
-        "RANK": str(node),
-        "PET_NNODES": str(spec.nodes),
-        "PET_NODE_RANK": str(node),
-        "PET_NPROC_PER_NODE": str(spec.nproc_per_node),
+        contract.MASTER_PORT: str(master_port),
+        contract.MASTER_ADDR: "127.0.0.1",  # <name>-master-0 on a cluster
+        contract.WORLD_SIZE: str(spec.world_size),
+        contract.RANK: str(node),
+        contract.PET_NNODES: str(spec.nodes),
+        contract.PET_NODE_RANK: str(node),
+        contract.PET_NPROC_PER_NODE: str(spec.nproc_per_node),
     }
 
 
@@ -209,11 +205,9 @@ class _Runner:
     # -- start -------------------------------------------------------------------------------
 
     def start(self) -> None:
-        base = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in _SCRUB and not k.startswith(_SCRUB_PREFIXES)
-        }
+        # Launcher variables a caller's shell may carry (e.g. run inside torchrun) would
+        # confuse the trainer's launcher detection: the children never inherit them.
+        base = contract.without_launcher(dict(os.environ))
         base["PATH"] = node_path()
         for index in range(self.spec.nodes):
             env = {**base, **operator_env(self.spec, index, self.port), **self.extra_env}

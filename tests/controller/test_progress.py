@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from controller.progress import Eta, Progress, describe, format_duration, parse_event
+from controller.progress import Eta, Progress, describe, format_duration
+from trainer.contract import parse_event
 
 
 def ev(name, **fields):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -11,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from trainer.contract import parse_event, without_launcher
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_TASK = "tests.trainer.tasks:build"
@@ -22,17 +23,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-_LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-_LAUNCHER_PREFIXES = ("PET_", "TORCHELASTIC_")
-
-
 def base_env(**extra: str) -> dict[str, str]:
     """The parent's env minus any launcher variables, plus ``extra``."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in _LAUNCHER_VARS and not k.startswith(_LAUNCHER_PREFIXES)
-    }
+    env = without_launcher(dict(os.environ))
     env |= {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
     return env
 
@@ -96,7 +89,7 @@ def trainjob_envs(nnodes: int, nproc_per_node: str) -> list[dict[str, str]]:
         for node in range(nnodes)
     ]
     for env in envs:  # exactly the five, nothing else a launcher would set
-        launcher = {k for k in env if k in _LAUNCHER_VARS or k.startswith(_LAUNCHER_PREFIXES)}
+        launcher = set(env) - set(without_launcher(env))
         assert launcher == TRAINJOB_VARS, launcher
     return envs
 
@@ -116,7 +109,7 @@ class Result:
 
 
 def parse_events(stdout: str) -> list[dict]:
-    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return [e for line in stdout.splitlines() if (e := parse_event(line)) is not None]
 
 
 def run(

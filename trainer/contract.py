@@ -1,0 +1,184 @@
+"""The trainer's contract with its launchers and with the controller, in one torch-free place.
+
+Both halves read these names from here: the trainer writes them (``trainer.__main__``,
+``trainer.launch``, ``trainer.metrics``), the controller reads them (``controller.jobs``,
+``controller.kubeflow``, ``controller.local``). Keys of an event are added, never renamed.
+
+- **Exit codes** of ``python -m trainer`` and what each means to the person reading a failed job.
+- **Events**: one JSON object per line on stdout with an ``"event"`` key. Rank 0 writes the job's
+  events; any rank may write events about itself (``RANK_EVENTS``), with its ``rank``.
+  :func:`format_event` writes a line and :func:`parse_event` reads one: the controller parses
+  JSON, never a text prefix, so the order of keys and the spacing are free.
+- **Launcher variables**: what torchrun, the Kubeflow PyTorchJob operator and Kubeflow Trainer v2
+  set in a process's environment (docs/architecture.md, "The launcher contracts").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+# ---------------------------------------------------------------------------------------------
+# Exit codes
+
+EXIT_OK = 0
+#: NaN/inf loss past ``max_nonfinite_skips``, or an exception.
+EXIT_FAILED = 1
+#: A bad configuration: nothing trained.
+EXIT_CONFIG = 2
+EXIT_SIGINT = 130
+#: SIGKILL: the kernel's OOM killer, ``kill -9``, or a grace period that ran out.
+EXIT_KILLED = 137
+#: 128 + SIGUSR1: another rank was lost (or the group never formed); this process is fine.
+EXIT_PEER_LOST = 138
+#: SIGTERM: preempted or deleted; the last checkpoint is complete before the exit.
+EXIT_PREEMPTED = 143
+
+#: What each exit code means, said when a container ended with it (128 + signal number for the
+#: signals).
+EXIT_MEANINGS = {
+    EXIT_FAILED: "the program raised or exited 1",
+    EXIT_CONFIG: "bad command-line or config",
+    126: "command not executable",
+    127: "command not found",
+    EXIT_SIGINT: "SIGINT",
+    134: "SIGABRT (abort)",
+    EXIT_KILLED: "SIGKILL (killed: OOM, kill -9 or grace period over)",
+    EXIT_PEER_LOST: (
+        "lost a peer rank (the trainer's retryable code, 128 + SIGUSR1: another rank died first)"
+    ),
+    139: "SIGSEGV (segmentation fault)",
+    EXIT_PREEMPTED: "SIGTERM (preempted or deleted; retried)",
+}
+
+#: The codes after which a retry can help: the PyTorchJob operator's ``restartPolicy: ExitCode``
+#: retries exactly these (pkg/controller.v1/common) and fails the job on every other.
+RETRYABLE_EXIT_CODES = (EXIT_SIGINT, EXIT_KILLED, EXIT_PEER_LOST, EXIT_PREEMPTED)
+
+# ---------------------------------------------------------------------------------------------
+# Events
+
+#: Rank 0: the run started (``world_size``, ``step``, ``config``, ``hostname``).
+START = "start"
+#: Rank 0: state was loaded (``step``, ``path``, ``skipped``).
+RESUME = "resume"
+#: Rank 0, every ``log_every`` steps: ``step``, ``loss``, ``step_time_s``, ...
+TRAIN = "train"
+#: Rank 0: evaluation metrics (``step``, ``metrics``).
+EVAL = "eval"
+#: Rank 0: a checkpoint is complete and readable (``step``, ``path``).
+CHECKPOINT = "checkpoint"
+#: Rank 0: the run ended (``step``, ``reason``: one of ``DONE_REASONS``).
+DONE = "done"
+#: Any rank: its own step made no progress for a while (``rank``, ``stack``).
+STUCK = "stuck"
+#: Rank 0: a rank is persistently slower than the others (``rank``, ``step_time_s``).
+STRAGGLER = "straggler"
+
+JOB_EVENTS = (START, RESUME, TRAIN, EVAL, CHECKPOINT, DONE, STRAGGLER)
+RANK_EVENTS = (STUCK,)
+
+#: Why a run ended (the ``done`` event's ``reason``).
+COMPLETED, PREEMPTED, NONFINITE, PEER_LOST, ERROR = (
+    "completed",
+    "preempted",
+    "nonfinite",
+    "peer_lost",
+    "error",
+)
+DONE_REASONS = (COMPLETED, PREEMPTED, NONFINITE, PEER_LOST, ERROR)
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN/inf: a non-finite number is written as null (the ``done`` event says why)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def format_event(name: str, **fields: Any) -> str:
+    """One event as the line the trainer prints (no newline)."""
+    return json.dumps(_clean({"event": name, **fields}), separators=(", ", ": "))
+
+
+def parse_event(line: str) -> dict[str, Any] | None:
+    """The event in ``line`` if it is one JSON object with a string ``event`` key, else None.
+
+    Any key order and any spacing: what matters is the object, not how it was printed."""
+    text = line.strip()
+    if not (text.startswith("{") and text.endswith("}")):
+        return None
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) and isinstance(obj.get("event"), str) else None
+
+
+def is_event(line: str, name: str) -> bool:
+    """True when ``line`` is the event ``name``."""
+    event = parse_event(line)
+    return event is not None and event["event"] == name
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher variables
+
+#: torchrun (and accelerate launch, which runs it) set these per process; the PyTorchJob
+#: operator sets MASTER_ADDR/PORT, WORLD_SIZE and RANK (the *node* rank) per pod.
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+WORLD_SIZE = "WORLD_SIZE"
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+#: torchrun's agent, set on the workers it starts.
+TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+#: torchrun's own settings, read from ``PET_<OPTION>``: the PyTorchJob operator sets the first
+#: three beside the master's; Kubeflow Trainer v2 sets only these five.
+PET_NNODES = "PET_NNODES"
+PET_NODE_RANK = "PET_NODE_RANK"
+PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
+PET_MASTER_ADDR = "PET_MASTER_ADDR"
+PET_MASTER_PORT = "PET_MASTER_PORT"
+#: An elastic PyTorchJob (Workers only): the c10d rendezvous instead of a master.
+PET_RDZV_BACKEND = "PET_RDZV_BACKEND"
+PET_RDZV_ENDPOINT = "PET_RDZV_ENDPOINT"
+PET_MAX_RESTARTS = "PET_MAX_RESTARTS"
+
+#: Trainer v2's torch plugin injects exactly these and nothing else.
+TRAINJOB_VARS = (PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT)
+#: Every variable a launcher may set; a process started outside one must not inherit them.
+LAUNCHER_VARS = (
+    MASTER_ADDR,
+    MASTER_PORT,
+    WORLD_SIZE,
+    RANK,
+    LOCAL_RANK,
+    LOCAL_WORLD_SIZE,
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+)
+LAUNCHER_PREFIXES = ("PET_", "TORCHELASTIC_")
+
+#: The trainer's own knobs in its environment.
+#: Set by the torchrun re-launch: each worker appends its exit code here.
+EXIT_FILE_ENV = "DDPJOB_EXIT_FILE"
+#: Under torchrun, how long (seconds) the group may take to form once the agents have met.
+JOIN_TIMEOUT_ENV = "DDPJOB_JOIN_TIMEOUT_S"
+
+
+def without_launcher(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` minus every launcher variable (for a process that is to start a job)."""
+    return {
+        k: v
+        for k, v in environ.items()
+        if k not in LAUNCHER_VARS and not k.startswith(LAUNCHER_PREFIXES)
+    }
