@@ -71,9 +71,14 @@ EVAL = "eval"
 CHECKPOINT = "checkpoint"
 #: Rank 0: the run ended (``step``, ``reason``: one of ``DONE_REASONS``).
 DONE = "done"
-#: Any rank: its own step made no progress for a while (``rank``, ``stack``).
+#: A rank whose step made no progress for ``stuck_s`` seconds. Every rank prints its own, about
+#: itself (``rank``, ``step``, ``stuck_s``, ``in_collective``: the collective it waits in or
+#: null, ``frame``: ``{"file", "line", "function"}`` of its innermost frame of interest,
+#: ``stack``: every thread's frames, innermost first). Rank 0 also prints the job's verdict with
+#: ``culprit``: the rank that is not in the collective the others wait in, with its ``frame``.
 STUCK = "stuck"
-#: Rank 0: a rank is persistently slower than the others (``rank``, ``step_time_s``).
+#: Rank 0: a rank persistently slower than the median (``rank``, ``pod``, ``node``,
+#: ``step_time_s``, ``median_s``, ``factor``, ``windows``).
 STRAGGLER = "straggler"
 
 JOB_EVENTS = (START, RESUME, TRAIN, EVAL, CHECKPOINT, DONE, STRAGGLER)
