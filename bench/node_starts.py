@@ -1,6 +1,6 @@
 """Start the real 2-rank trainer as PyTorchJobs on the local cluster's real node, many times.
 
-Where the SIGABRT at the trainer's exit was seen (issue 22): in the image, on the kubelet node,
+Where the SIGABRT at the trainer's exit was seen: in the image, on the kubelet node,
 while the suite's own jobs loaded the machine. bench/stress_starts.py reproduces the start
 outside the cluster (torchrun, the pods' environment, podman); this one goes through every layer a
 user's job does: `submit` renders the quickstart as a Master + Worker PyTorchJob, the training

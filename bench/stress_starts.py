@@ -8,10 +8,11 @@
     CONTAINERS_CONF=localkube/containers.conf python bench/stress_starts.py --python python \
         --pythonpath '' --prefix "$PREFIX ghcr.io/ddpjob/trainer:0.1.0" --starts 300
 
-Why: a rank sometimes died of SIGABRT ("terminate called without an active exception") under
-the full suite's load, never when started alone (docs/testing.md, "Known flakes"). This starts
-the job in the shapes CI starts it, many times, ``--parallel`` jobs at once, beside
-``--burners`` busy-looping processes that hold the load where CI's is (2 cores, load 10+).
+Why: a rank can die of SIGABRT ("terminate called without an active exception") at exit under
+the full suite's load, never when started alone (docs/benchmarks.md, "Starting the trainer many
+times"). This starts the job in the shapes the suite starts it, many times, ``--parallel`` jobs
+at once, beside ``--burners`` busy-looping processes that hold the load where the suite's is (2
+cores, load 10+).
 
 A *job* is two ranks of the built-in ``vision`` task (tiny, a few steps, an eval and
 checkpoints), launched one of three ways, as the tests and the operators do:

@@ -113,8 +113,8 @@ def test_every_view_of_the_lock_is_current(tmp_path):
 def test_a_changed_requirement_makes_the_lock_stale(tmp_path):
     """The check bites: a copy of the project with one more dependency fails it, saying the lock
     needs updating. uv re-resolves to say so, and on a machine whose uv cache holds only what
-    `uv sync` installed (a fresh one: ci7, cold) an offline resolution cannot finish and fails
-    for that instead; so this one asks the registry. What it serves does not matter: any `six`
+    `uv sync` installed (a fresh machine) an offline resolution cannot finish and fails for that
+    instead; so this one asks the registry. What it serves does not matter: any `six`
     makes the lock stale."""
     for name in ("pyproject.toml", "uv.lock", "README.md"):
         (tmp_path / name).write_bytes((REPO / name).read_bytes())

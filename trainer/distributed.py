@@ -170,7 +170,7 @@ def _import_before_init() -> None:
     barrier holds the all-reduce works queued before it) must take the GIL. CPython 3.11 ends
     such a thread with ``pthread_exit``; its forced unwind meets a ``noexcept`` destructor and
     the process dies with "terminate called without an active exception" (SIGABRT). Imported
-    first, the defaults hold None and the group dies in ``teardown``. docs/testing.md has the
+    first, the defaults hold None and the group dies in ``teardown``. docs/benchmarks.md has the
     backtrace and the figures; ``tests/trainer/test_teardown.py`` holds it.
     """
     import torch.distributed.nn.functional  # noqa: F401

@@ -5,13 +5,13 @@ A Linux bridge whose address nobody set takes the lowest MAC among its ports
 pod whose veth lent the bridge its address goes, the gateway's address changes under every
 other pod, whose ARP cache still holds the old one: frames to it are flooded, never delivered to
 the host, until the entry goes stale (tens of seconds). For that long a pod reaches no CoreDNS
-and no status server on the gateway, while pod-to-pod traffic is fine. Stop 29's CI: a
-TrainJob's rank 0, whose peer's pod had just gone, could not post its last progress (connect,
-then the lookup of the server's name, failed for 30 s). ``host.create_bridge`` sets the address,
+and no status server on the gateway, while pod-to-pod traffic is fine: a TrainJob's rank 0 whose
+peer's pod has just gone cannot post its last progress. ``host.create_bridge`` sets the address,
 and the kernel keeps an address that was set.
 
-For real, as root, in a network namespace of the test's own (``unshare``): the bridge, the
-veths, ping and ARP are the kernel's; the machine's own network is untouched."""
+For real, in a network namespace of the test's own (``unshare``; not as root, in a user
+namespace of its own too): the bridge, the veths, ping and ARP are the kernel's; the machine's
+own network is untouched."""
 
 from __future__ import annotations
 
@@ -74,10 +74,14 @@ print(json.dumps({"seen": seen, "reached": reached, "assign_type": assigned}))
 
 
 def test_the_gateway_keeps_its_mac_while_pods_come_and_go():
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        pytest.skip("needs root and unshare (util-linux), as the real node does")
-    # A mount namespace too: its own /sys and /run, and `ip netns add`'s mounts.
-    stdout = run_unshared(["--net", "--mount", "--propagation", "private"], SCRIPT)
+    if not shutil.which("unshare"):
+        pytest.fail(
+            "test_bridge_mac: needs unshare (got none on PATH). Install util-linux", pytrace=False
+        )
+    # A mount namespace too: its own /sys and /run, and `ip netns add`'s mounts. Not root: a user
+    # namespace as well, in which the network and mounts are the test's to change.
+    user = [] if os.geteuid() == 0 else ["--map-root-user"]
+    stdout = run_unshared([*user, "--net", "--mount", "--propagation", "private"], SCRIPT)
     import json
 
     out = json.loads(stdout)

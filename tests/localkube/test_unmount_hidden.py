@@ -1,5 +1,5 @@
 """``down``/``up`` put back what a node left mounted, even a pod's network namespace hidden under a
-later bind of /run/netns onto itself (ci17 left one; ci18's every ``up`` then failed on it).
+later bind of /run/netns onto itself (left there, it makes every later ``up`` fail with EBUSY).
 For real, as root, in a private mount namespace (``unshare``): the host's mounts are untouched."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from localkube import host
 name = sys.argv[1]
 path = f"/run/netns/{name}"
 # Start from a /run/netns with nothing mounted in it here: the host's binds and a running
-# cluster's pod namespaces stay as they are outside this namespace (ci20 ran this beside the
-# cluster phase, whose pods' namespaces were listed too). Some lie hidden under the bind, so
+# cluster's pod namespaces stay as they are outside this namespace (this test runs beside the
+# cluster tests, whose pods' namespaces would be listed too). Some lie hidden under the bind, so
 # this takes passes.
 for _ in range(5):
     ours = [m for m in host.mountpoints() if m == "/run/netns" or m.startswith("/run/netns/")]
@@ -29,18 +29,17 @@ for _ in range(5):
 assert not [m for m in host.mountpoints() if m.startswith("/run/netns")], host.mountpoints()
 before = {"mounts": host.mountpoints()}
 open(path, "w").close()
-# The state ci18 met: a netns mounted on the parent at /run/netns/<name>, hidden under a bind
-# of /run/netns onto itself (containerd's), and listed after it. How ci17 left it is not known
-# (this machine's / is not shared); one way to build it: with / shared here, the bind is its
-# peer, so a mount on the bind propagates a copy onto / beneath it, and the copy outlives the
-# visible one once the bind is made private.
+# The state to clean up: a netns mounted on the parent at /run/netns/<name>, hidden under a
+# bind of /run/netns onto itself (containerd's), and listed after it. One way to build it: with
+# / shared here, the bind is its peer, so a mount on the bind propagates a copy onto / beneath
+# it, and the copy outlives the visible one once the bind is made private.
 subprocess.run(["mount", "--make-rshared", "/"], check=True)  # in this namespace only
 subprocess.run(["mount", "--bind", "/run/netns", "/run/netns"], check=True)
 subprocess.run(["mount", "--bind", "/proc/self/ns/net", path], check=True)
 subprocess.run(["mount", "--make-private", "/run/netns"], check=True)
 subprocess.run(["umount", path], check=True)
 listed = [m for m in host.mountpoints() if m.startswith("/run/netns")]
-assert listed == ["/run/netns", path], listed  # what ci18's `up` met
+assert listed == ["/run/netns", path], listed  # the hidden one listed after the bind
 said = []
 host._unmount_ours(before, said.append)
 left = [m for m in host.mountpoints() if m.startswith("/run/netns")]
@@ -51,7 +50,12 @@ print(left, said)
 
 def test_a_netns_hidden_under_a_bind_of_run_netns_is_unmounted_and_removed():
     if os.geteuid() != 0 or not shutil.which("unshare"):
-        pytest.skip("needs root and unshare (util-linux), as the real node does")
+        pytest.fail(
+            "test_unmount_hidden: needs root and unshare (util-linux), as the node's reset does "
+            f"(got uid {os.geteuid()}, unshare {shutil.which('unshare') or 'missing'}). "
+            "Run the tests as root, with util-linux installed",
+            pytrace=False,
+        )
     made = not os.path.isdir("/run/netns")
     os.makedirs("/run/netns", exist_ok=True)
     name = f"cni-ddpjob-test-{uuid.uuid4()}"

@@ -672,7 +672,7 @@ def test_import_into_containerd_sends_only_missing_layers(
             assert result.bytes_sent < (3_000_000 if i == 0 else 10_000), result
             # It runs: the container copies /msg out through a bind mount. Not its stdout: ctr
             # closes its end of the output FIFOs as soon as the task has exited (cio's Cancel,
-            # before Wait), and under load that lost a fast process's output (ci20: '').
+            # before Wait), and under load that loses a fast process's output.
             out = tmp_path / f"out-{text}"
             out.mkdir(mode=0o777)
             out.chmod(0o777)  # the image's user is 65534

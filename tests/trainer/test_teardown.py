@@ -3,8 +3,8 @@
 Why it matters: a gloo worker thread still running while the interpreter shuts down can be
 the one to drop the last reference to a tensor Python owns; it must then take the GIL, CPython
 ends it with ``pthread_exit``, and the process dies of SIGABRT ("terminate called without an
-active exception"), seen under CI's load about once in 150 starts (docs/testing.md, "Known
-flakes"; bench/stress_starts.py). The threads outlived teardown because DDP's constructor
+active exception"), seen under CI's load about once in 150 starts (docs/benchmarks.md;
+bench/stress_starts.py). The threads outlived teardown because DDP's constructor
 imports a torch module whose default arguments capture the default group
 (``trainer.distributed._import_before_init``). Counting the threads is deterministic where the
 abort is a race: without the fix this fails every time, on torch 2.8 and 2.15.
