@@ -10,7 +10,7 @@ SPEC ?= examples/quickstart.yaml
 # What the local cluster's real node and the image build need from Debian (root, apt). runc, not
 # crun: crun refuses this kernel's hybrid cgroups. See docs/local-cluster.md. busybox-static and
 # mksh (its static shell) make the operator's init container image, gcc and libc6-dev the static
-# pause binary (localkube/images.py).
+# pause binary (localkube/builds/images.py).
 NODE_PACKAGES := containerd runc containernetworking-plugins iptables conntrack socat \
 	podman buildah skopeo mmdebstrap busybox-static mksh uidmap gcc libc6-dev
 
@@ -18,7 +18,7 @@ NODE_PACKAGES := containerd runc containernetworking-plugins iptables conntrack 
 NODE_DEPS := $(if $(filter off,$(DDPJOB_NODE)),,node-deps)
 
 # `make image`/`make push` build with docker where a daemon answers (`docker info`), else with
-# podman (localkube/images.py: the upstream base when it can be had, else the local stand-in).
+# podman (tools/image.py: the upstream base when it can be had, else the local stand-in).
 # Probed once, and only when one of them is asked for; CONTAINER_ENGINE=docker|podman overrides.
 ifneq ($(filter image push,$(MAKECMDGOALS)),)
 ifeq ($(origin CONTAINER_ENGINE),undefined)
@@ -40,7 +40,7 @@ venv: $(STAMP)  ## create .venv and install ddpjob with every extra (torch inclu
 
 # Exactly uv.lock, nothing resolved on the day: pip bootstraps uv at its locked version and hash
 # (requirements/uv.txt), then `uv sync --frozen` installs every extra as locked, ddpjob editable.
-# uv never fetches a Python of its own here. `make lock` changes the pins (localkube/lock.py).
+# uv never fetches a Python of its own here. `make lock` changes the pins (tools/lock.py).
 $(STAMP): pyproject.toml uv.lock requirements/uv.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --require-hashes --no-deps -r requirements/uv.txt
@@ -49,7 +49,7 @@ $(STAMP): pyproject.toml uv.lock requirements/uv.txt
 	touch $(STAMP)
 
 lock: venv  ## re-resolve the pins into uv.lock and write its views (requirements/); UPGRADE=1 moves every pin
-	$(PY) -m localkube.lock$(if $(UPGRADE), --upgrade)
+	$(PY) -m tools.lock$(if $(UPGRADE), --upgrade)
 
 demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 	$(PY) -m controller run $(SPEC) --local
@@ -59,18 +59,17 @@ demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 # 2. at once, in the background: the one-time builds, the Go tools and the images (on a warm
 #    machine they build nothing; logged to $(BUILD_LOG)), and the tests that need neither, on 2
 #    workers (logged to $(OFFLINE_LOG), printed when they end). Those run at nice 10: they fill
-#    the CPUs that the builds and the cluster tests leave, and never hold up either (a cold
-#    run's Go builds took 1082 s beside them at equal priority; a pod's grace period or a
-#    test's timeout is the cluster tests', not theirs);
+#    the CPUs that the builds and the cluster tests leave, and never hold up either (a pod's
+#    grace period or a test's timeout is the cluster tests', not theirs);
 # 3. ruff, once the builds are done;
 # 4. beside the offline tests, alone, one at a time: the few that restart the API server or stop
 #    the node (marker `disruptive`), and the examples as written, whose pods ask the node's every
 #    CPU (`whole_node`: beside the other cluster tests they held the node while the others' pods
-#    waited past their tests' timeouts). Mostly waiting, they left the CPUs 65% idle when they
-#    ran last (ci5); the offline tests fill that, and nothing of the offline tests uses the node;
+#    waited past their tests' timeouts). Mostly waiting, they leave the CPUs mostly idle; the
+#    offline tests fill that, and nothing of the offline tests uses the node;
 # 5. beside the offline tests still running: the tests on the local cluster and on what was
 #    built, on $(TEST_WORKERS) workers (each test has its own namespace; most of their time is
-#    pods starting and waiting, which left the CPUs 60% idle when they ran alone, ci4).
+#    pods starting and waiting, which leaves the CPUs mostly idle when they run alone).
 # Every phase runs even when one before failed, so one run shows every failure.
 # Without root or apt the node's packages cannot be installed: the suite still runs, and the tests
 # that need the real node fail with one line that says why.
@@ -80,10 +79,9 @@ DURATIONS ?= --durations=25 --durations-min=10
 BUILD_LOG := build/make-test-builds.log
 OFFLINE_LOG := build/make-test-offline.log
 PYTEST := $(PY) -m pytest
-# What a cold run took of the disk here: 19 GB (ci23: 35.3 GB free at its start, 16.6 GB at the
-# least), the venv, caches and images included; a warm one takes less. Below it, make test says so
-# first: ci22 ran out, and its failures said only "No space left on device", in image builds and
-# in torch.compile's cache.
+# What a cold run takes of the disk: about 19 GB, the venv, caches and images included; a warm
+# one takes less. Below it, make test says so first: short of disk, the failures say only "No
+# space left on device", in image builds and in torch.compile's cache.
 TEST_DISK_GB ?= 20
 test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, end-to-end
 	@free=$$(df --output=avail -BG . /var/lib | tail -n +2 | tr -dc '0-9\n' | sort -n | head -n 1); \
@@ -181,8 +179,8 @@ gpu-dry-run: venv  ## bench/gpu/check.py's harness on CPU: the real trainer runs
 	$(PY) bench/gpu/check.py --cpu-dry-run --only fp32,bf16,fp16,resume --steps 8
 
 # With docker, exactly the build Docker users always had; with podman the same Dockerfile through
-# localkube.images (containers.conf, the host's CA and pip.conf for pip, SOURCE_DIGEST for
-# buildah's cache), which builds the stand-in base first when it has to.
+# tools.image (containers.conf, the host's CA and pip.conf for pip, no layer cache), which builds
+# the stand-in base first when it has to.
 image: $(if $(filter podman,$(CONTAINER_ENGINE)),$(STAMP))  ## build the CUDA trainer image: make image IMAGE=... TAG=...
 ifeq ($(CONTAINER_ENGINE),docker)
 	DOCKER_BUILDKIT=1 docker build $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE) )\
@@ -191,17 +189,17 @@ ifeq ($(CONTAINER_ENGINE),docker)
 		--build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ) \
 		-t $(IMAGE):$(TAG) .
 else
-	$(PY) -m localkube.images trainer --ref $(IMAGE):$(TAG) --version $(TAG)$(if $(BASE_IMAGE), --base $(BASE_IMAGE))
+	$(PY) -m tools.image trainer --ref $(IMAGE):$(TAG) --version $(TAG)$(if $(BASE_IMAGE), --base $(BASE_IMAGE))
 endif
 
 base-image: venv  ## build the local stand-in for the trainer image's base (cached by its inputs)
-	$(PY) -m localkube.images base
+	$(PY) -m tools.image base
 
 images: venv  ## build the local images into podman's store (base, pause, init, trainer); cached
-	$(PY) -m localkube.images base
-	$(PY) -m localkube.images pause
-	$(PY) -m localkube.images init
-	$(PY) -m localkube.images cluster-trainer
+	$(PY) -m tools.image base
+	$(PY) -m localkube.builds.images pause
+	$(PY) -m localkube.builds.images init
+	$(PY) -m localkube.builds.images trainer
 
 push: image  ## build, then push $(IMAGE):$(TAG) (log in to the registry first)
 	$(CONTAINER_ENGINE) push $(IMAGE):$(TAG)

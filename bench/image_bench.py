@@ -27,8 +27,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from localkube import images  # noqa: E402
-from localkube.procs import cache_dir  # noqa: E402
+from localkube.node import image_import  # noqa: E402
+from tools import podman  # noqa: E402
+from tools.base import base_image  # noqa: E402
+from tools.cache import cache_dir  # noqa: E402
 
 NAMESPACE = "ddpjob-bench"
 
@@ -67,7 +69,7 @@ def naive_import(ref: str, address: str) -> float:
     save = subprocess.Popen(
         ["podman", "save", "--format", "docker-archive", ref],
         stdout=subprocess.PIPE,
-        env=images.podman_env(),
+        env=podman.podman_env(),
     )
     subprocess.run(
         ["ctr", "--address", address, "-n", NAMESPACE, "images", "import", "-"],
@@ -85,14 +87,14 @@ def history(ref: str) -> list[tuple[str, str]]:
         ["podman", "history", "--format", "{{.Size}}\t{{.CreatedBy}}", ref],
         capture_output=True,
         text=True,
-        env=images.podman_env(),
+        env=podman.podman_env(),
         check=True,
     ).stdout
     return [tuple(line.split("\t", 1)) for line in out.splitlines()]
 
 
 def main() -> int:
-    base, base_s = timed(images.base_image)
+    base, base_s = timed(base_image)
     ref = f"localhost/ddpjob-bench:{uuid.uuid4().hex[:8]}"
     change = REPO / "trainer" / "_bench_change.py"
     work = cache_dir() / "bench" / f"containerd-{os.getpid()}"
@@ -100,13 +102,13 @@ def main() -> int:
     first_id = None  # the build before the code change, left untagged by the second
     try:
         figures["make_image_first_s"] = round(make_image(ref), 1)
-        first_id = images.inspect(ref)["Id"]
-        with images.scratch_containerd(work) as address:
-            cold = images.import_into_containerd(ref, address, NAMESPACE)
-            same = images.import_into_containerd(ref, address, NAMESPACE)
+        first_id = podman.inspect(ref)["Id"]
+        with image_import.scratch_containerd(work) as address:
+            cold = image_import.import_into_containerd(ref, address, NAMESPACE)
+            same = image_import.import_into_containerd(ref, address, NAMESPACE)
             change.write_text(f"# bench: a code change ({uuid.uuid4()})\n")
             figures["make_image_after_code_change_s"] = round(make_image(ref), 1)
-            warm = images.import_into_containerd(ref, address, NAMESPACE)
+            warm = image_import.import_into_containerd(ref, address, NAMESPACE)
             naive_s = naive_import(ref, address)
             figures["containerd_root"] = gib(du_bytes(work / "root"))
         figures |= {
@@ -125,7 +127,7 @@ def main() -> int:
         for image in (ref, first_id):
             if image:
                 subprocess.run(
-                    ["podman", "rmi", image], env=images.podman_env(), capture_output=True
+                    ["podman", "rmi", image], env=podman.podman_env(), capture_output=True
                 )
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(figures, indent=2))

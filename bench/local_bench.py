@@ -2,15 +2,14 @@
 
     .venv/bin/python bench/local_bench.py [--rounds 3] [--image REF] [--steps 100]
 
-Each round runs ``run examples/quickstart.yaml --local`` and then the same with ``--container``
-(the image ``localkube.images.trainer_image()`` builds from this checkout, unless --image), both
-with ``trainer.log_every=1``, so rank 0's first ``train`` event comes after one step. Measured
-from the command's start: the first ``train`` event on its stdout (start-up: engine, interpreter,
-imports, the process group, one step), the ``done`` event (training over) and the exit (total
-wall time; after done: the ranks leave, containers and network are removed). Rounds alternate
-the modes so background load hits both alike. Prints every round, the medians and container /
-host ratios; exits 1 if any run fails.
-"""
+Each round runs ``run examples/quickstart.yaml --local`` and then the same with ``--container`` (the
+image ``localkube.builds.images.trainer_image()`` builds from this checkout, unless --image), both
+with ``trainer.log_every=1``, so rank 0's first ``train`` event comes after one step. Measured from
+the command's start: the first ``train`` event on its stdout (start-up: engine, interpreter,
+imports, the process group, one step), the ``done`` event (training over) and the exit (total wall
+time; after done: the ranks leave, containers and network are removed). Rounds alternate the modes
+so background load hits both alike. Prints every round, the medians and container / host ratios;
+exits 1 if any run fails."""
 
 from __future__ import annotations
 
@@ -26,7 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script: localkube from this checkout
 
-from localkube import images  # noqa: E402
+from localkube.builds import images  # noqa: E402
+from tools import podman  # noqa: E402
 
 SPEC = REPO / "examples" / "quickstart.yaml"
 
@@ -69,7 +69,7 @@ def main() -> int:
     args = parser.parse_args()
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.setdefault("CONTAINERS_CONF", str(images.CONTAINERS_CONF))
+    env.setdefault("CONTAINERS_CONF", str(podman.CONTAINERS_CONF))
     os.environ.setdefault("CONTAINERS_CONF", env["CONTAINERS_CONF"])
     image = args.image or images.trainer_image()
     samples: dict[str, list[tuple[float, ...]]] = {"host": [], "container": []}

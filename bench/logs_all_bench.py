@@ -136,12 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from controller.kube.client import Cluster
-    from localkube import node
     from localkube.handle import start_or_reuse, temporary_namespace
+    from localkube.node import host
 
     handle = start_or_reuse()
     try:
-        node.require()
+        host.require()
         ours = Cluster(kubeconfig=str(handle.kubeconfig), notice=lambda s: None)
         results: dict[int, dict[str, dict[str, float]]] = {}
         with (

@@ -62,7 +62,8 @@ def job_manifest(name: str, namespace: str, queue: str) -> dict[str, Any]:
 
 def setup(cluster: Any, namespace: str, queue: str) -> list[str]:
     """The extra kwok nodes, the ClusterQueue (named ``queue``) and LocalQueue, the jobs."""
-    from localkube import bootstrap, kueue
+    from localkube.addons import kueue
+    from localkube.controlplane import bootstrap
 
     extra = [f"bench-kwok-{i}" for i in range(NODES - len(bootstrap.KWOK_NODES))]
     items: list[dict[str, Any]] = [bootstrap.kwok_node(n) for n in extra]

@@ -5,7 +5,7 @@
     # in the image, one CPU a pod, as on the real node:
     PREFIX='podman run --rm --network host --user 0 --cpus 1 --entrypoint ""'
     PREFIX="$PREFIX -v {dir}:{dir} -w {dir}"
-    CONTAINERS_CONF=localkube/containers.conf python bench/stress_starts.py --python python \
+    CONTAINERS_CONF=tools/containers.conf python bench/stress_starts.py --python python \
         --pythonpath '' --prefix "$PREFIX ghcr.io/ddpjob/trainer:0.1.0" --starts 300
 
 Why: a rank can die of SIGABRT ("terminate called without an active exception") at exit under
@@ -39,7 +39,7 @@ On an abort the script prints the tail of stderr and, when the core can be read 
 
 ``--prefix`` runs every process through a command (``{dir}`` is the start's folder, which the
 prefix must mount and use as the working directory), e.g. ``podman run`` of the trainer image
-(as root, to write the folder; ``localkube/containers.conf`` where podman may not set rlimits);
+(as root, to write the folder; ``tools/containers.conf`` where podman may not set rlimits);
 the job's variables are passed with ``env K=V``. With a prefix, ``--python`` is the
 interpreter's name inside it and ``--pythonpath ''`` uses the installed trainer; cores are kept
 but not read (the libraries they name are the image's).

@@ -3,7 +3,7 @@
 ``load REF [--as NAME]`` is ``kind load docker-image`` for the real node: podman's image REF
 into the node's containerd (only the layers it lacks), also named NAME when given. ``preload``
 puts the node's images into its containerd's root before any cluster starts (``make test``,
-beside the Go build: ``node.preload_images``).
+beside the Go build: ``node.images.preload_images``).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import json
 import sys
 import time
 
-from . import node, tools
-from .control_plane import ControlPlane
+from .builds import gotools
+from .cluster import ControlPlane
+from .node import containerd, host, images
 from .procs import LocalkubeError
 
 
@@ -38,12 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "build":
             start = time.monotonic()
-            built = tools.build()
+            built = gotools.build()
             total = time.monotonic() - start
             if built:
                 print(f"[cluster] built {', '.join(built)} in {total:.0f}s")
             else:
-                print(f"[cluster] nothing to build ({tools.tools_dir()})")
+                print(f"[cluster] nothing to build ({gotools.tools_dir()})")
         elif args.command == "up":
             state = cp.up()
             rss, pss = cp.rss_mib(), cp.pss_mib()
@@ -59,11 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "down":
             cp.down()
         elif args.command == "preload":
-            print(f"[images] {node.preload_images(cp.repo)}")
+            print(f"[images] {images.preload_images(cp.repo)}")
         elif args.command == "load":
             if not cp.is_live():
                 raise LocalkubeError("localkube load: no cluster runs here. Run `make cluster-up`.")
-            print(node.load(args.ref, args.name))
+            print(images.load(args.ref, args.name))
         else:
             live = cp.is_live()
             print(
@@ -71,10 +72,10 @@ def main(argv: list[str] | None = None) -> int:
                     {
                         "live": live,
                         "kubeconfig": str(cp.kubeconfig),
-                        "tools": str(tools.tools_dir()),
+                        "tools": str(gotools.tools_dir()),
                         "rss_mib": cp.rss_mib(),
                         "pss_mib": cp.pss_mib(),
-                        "node_shims": node.shim_memory_mib() if node.ENABLED else None,
+                        "node_shims": containerd.shim_memory_mib() if host.ENABLED else None,
                     },
                     indent=2,
                 )

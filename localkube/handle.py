@@ -11,8 +11,8 @@
 
 The pytest fixture ``cluster`` (tests/conftest.py) is this, for a whole test session.
 ``running_pod``, ``pod_pid`` (the trainer's host pid) and ``pod_log_lines`` (what a pod's runs
-printed, kept past the kubelet's cleanup: podlogs.py) look at pods on the real node, where every
-pod runs.
+printed, kept past the kubelet's cleanup: node/podlogs.py) look at pods on the real node, where
+every pod runs.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from typing import Any
 
 from controller.kubeflow import CONTAINER, LABEL_JOB_NAME, TRAINJOB_CONTAINER
 
-from . import host, node, podlogs, tools, volumes
-from .control_plane import ControlPlane
+from .builds import gotools
+from .cluster import ControlPlane
+from .node import host, images, kubelet, podlogs, volumes
 
 
 @contextlib.contextmanager
@@ -84,19 +85,19 @@ class Cluster:
     @property
     def kubectl_path(self) -> Path:
         """The kubectl built with the control plane (same minor version)."""
-        return tools.bin_path("kubectl")
+        return gotools.bin_path("kubectl")
 
     @property
     def helm_path(self) -> Path:
         """helm v3, built from source."""
-        return tools.bin_path("helm")
+        return gotools.bin_path("helm")
 
     @property
     def env(self) -> dict[str, str]:
         """``os.environ`` plus KUBECONFIG and PATH with the built kubectl/helm first."""
         env = dict(os.environ)
         env["KUBECONFIG"] = str(self.kubeconfig)
-        env["PATH"] = f"{tools.tools_dir() / 'bin'}:{env.get('PATH', '')}"
+        env["PATH"] = f"{gotools.tools_dir() / 'bin'}:{env.get('PATH', '')}"
         return env
 
     def kubectl(
@@ -170,7 +171,7 @@ class Cluster:
         """Everything every run of the pod named ``pod_name`` printed (each UID the name had,
         each restart), in order: the ground truth for a followed log. The training container
         (``pytorch`` or ``node``) unless ``containers`` names others, from the log keeper
-        (podlogs.py)."""
+        (node/podlogs.py)."""
         containers = containers or _TRAINING_CONTAINERS
         return podlogs.read_lines(self.log_keeper.files(namespace, pod_name, containers))
 
@@ -183,18 +184,18 @@ class Cluster:
         """This checkout's trainer image, built if its code changed and imported into the real
         node's containerd if that holds another image ID; its reference (once per process)."""
         if self._trainer_image is None:
-            node.require()
-            self._trainer_image = node.import_trainer_image()
+            host.require()
+            self._trainer_image = images.import_trainer_image()
         return self._trainer_image
 
     def local_volume(self, namespace: str, claim: str, size: str = "1Gi") -> Path:
         """A ``local`` PersistentVolume on the real node and the claim ``claim`` bound to it
-        in ``namespace`` (volumes.py); the folder on this machine that backs it. Deleted with
+        in ``namespace`` (node/volumes.py); the folder on this machine that backs it. Deleted with
         the namespace by :func:`temporary_namespace`, or by ``down``."""
-        node.require()
+        host.require()
         path = volumes.host_path(namespace, claim)
         path.mkdir(parents=True, exist_ok=True)
-        volume = volumes.persistent_volume(namespace, claim, size, node.NODE_NAME)
+        volume = volumes.persistent_volume(namespace, claim, size, kubelet.NODE_NAME)
         name = volume["metadata"]["name"]
 
         def create_and_wait(doc: dict[str, Any], kind: str, obj: str, phase: str, *where: str):
@@ -221,9 +222,8 @@ class Cluster:
         # The volume first, the claim once the PV controller holds the volume. Its claim worker
         # matches a claim only against the volumes its volume worker has synced, and a
         # pre-bound volume's sync does not requeue its claim (pv_controller.go, v1.33): a
-        # claim synced first stays Pending until the resync of every claim, every 15 s. ci16
-        # and stop 29's CI: a claim still Pending after 30 s under full load. "Available" is
-        # the phase that sync sets once the volume is in the controller's cache.
+        # claim synced first stays Pending until the resync of every claim, every 15 s.
+        # "Available" is the phase that sync sets once the volume is in the controller's cache.
         create_and_wait(volume, "pv", name, "Available")
         claim_doc = volumes.persistent_volume_claim(namespace, claim, size)
         create_and_wait(claim_doc, "pvc", claim, "Bound", "-n", namespace)
@@ -256,10 +256,10 @@ _TRAINING_CONTAINERS = (CONTAINER, TRAINJOB_CONTAINER)
 def start_or_reuse(log=sys.stderr) -> Cluster:
     """Reuse a live cluster or start one, and hold a lease on it (``release()`` drops it).
     Its real node's container logs are kept from now on (``Cluster.log_keeper``)."""
-    tools.build(log)
+    gotools.build(log)
     cp = ControlPlane(log=log)
     state = cp.up(owner="fixture", lease=True)
     cluster = Cluster(cp, cp.kubeconfig, state["server"], state.get("owner") == "fixture")
-    if node.ENABLED:
+    if host.ENABLED:
         cluster.log_keeper  # noqa: B018 - started now, before any pod of this session runs
     return cluster

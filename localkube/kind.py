@@ -4,7 +4,7 @@ This is the Docker twin of the local control plane: two kind worker nodes that a
 ``nvidia.com/gpu: 8`` each (extended resources patched onto the node status, the documented way to
 advertise them), and the training operator installed from its upstream release manifests at the
 same version the local control plane builds from source. It cannot run on machines without a
-Docker engine (this project's CI); there, use ``make cluster-up``.
+Docker engine; there, use ``make cluster-up``.
 
 Pods run the image's own entrypoint here (no pod agent): build and load the trainer image first,
 ``make image IMAGE=ddpjob TAG=dev && kind load docker-image ddpjob:dev --name ddpjob``.
@@ -19,14 +19,14 @@ import subprocess
 import sys
 import tempfile
 
-from .tools import VERSIONS
+from . import versions
 
 CLUSTER_NAME = os.environ.get("KIND_CLUSTER_NAME", "ddpjob")
 #: kind's default node image unless KIND_NODE_IMAGE says otherwise (e.g. kindest/node:v1.33.1).
 KIND_NODE_IMAGE = os.environ.get("KIND_NODE_IMAGE", "")
 OPERATOR_MANIFESTS = (
     "github.com/kubeflow/training-operator.git/manifests/overlays/standalone"
-    f"?ref={VERSIONS['training-operator']}"
+    f"?ref={versions.TRAINING_OPERATOR}"
 )
 KIND_CONFIG = """\
 kind: Cluster

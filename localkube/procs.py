@@ -9,7 +9,6 @@ make and pytest) never start or stop the cluster at the same time.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -19,6 +18,8 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+
+from tools.cache import cache_dir, file_lock
 
 
 class LocalkubeError(RuntimeError):
@@ -53,9 +54,8 @@ def free_ports(n: int) -> list[int]:
 
     The components bind them up to a minute later. A port from the ephemeral range (the
     kernel's pick for ``bind(0)``) can meanwhile become the local end of any outgoing
-    connection on the machine, and the component then fails to start (ci13: kueue, "bind:
-    address already in use", and every cluster test with it). Nothing takes a port below that
-    range without asking for it by number."""
+    connection on the machine, and the component then fails to start ("bind: address already
+    in use"). Nothing takes a port below that range without asking for it by number."""
     low = min(_ephemeral_range()[0], PORTS_TO)
     pool = list(range(PORTS_FROM, low))
     random.shuffle(pool)
@@ -82,39 +82,11 @@ def proc_start_time(pid: int) -> str | None:
     return fields[19]
 
 
-def cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/ddpjob`` (default ``~/.cache/ddpjob``): builds, locks, kept logs."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ddpjob"
-
-
 def _lock_path(repo: Path) -> Path:
     digest = hashlib.sha256(str(repo).encode()).hexdigest()[:12]
     base = cache_dir() / "locks"
     base.mkdir(parents=True, exist_ok=True)
     return base / f"cluster-{digest}.lock"
-
-
-@contextlib.contextmanager
-def file_lock(path: Path):
-    """Hold an exclusive ``flock`` on ``path`` (created, folders too) for the block: one
-    process at a time across make, pytest sessions and checkouts."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def short_digest(*parts: bytes | str) -> str:
-    """A short hash of ``parts`` (length-prefixed, so ("ab", "c") != ("a", "bc")): cache keys."""
-    digest = hashlib.sha256()
-    for part in parts:
-        data = part.encode() if isinstance(part, str) else part
-        digest.update(len(data).to_bytes(8, "little"))
-        digest.update(data)
-    return digest.hexdigest()[:16]
 
 
 def state_lock(repo: Path):

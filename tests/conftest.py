@@ -25,8 +25,9 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # `localkube` and `tests.*` importable whatever the import mode
     sys.path.insert(0, _ROOT)
 
-from localkube import node, tools  # noqa: E402
+from localkube.builds import gotools  # noqa: E402
 from localkube.handle import start_or_reuse, wait_until  # noqa: E402
+from localkube.node import host, kubelet  # noqa: E402
 from localkube.procs import LocalkubeError  # noqa: E402
 from tests.timeouts import outside_test_timeout  # noqa: E402
 
@@ -45,10 +46,10 @@ def cluster():
     handle, error = None, None
     try:
         with outside_test_timeout():
-            if not tools.is_built():
-                tools.build(sys.stderr)
+            if not gotools.is_built():
+                gotools.build(sys.stderr)
             handle = start_or_reuse()
-            node.require()
+            host.require()
             handle.trainer_image()
     except LocalkubeError as exc:
         error = str(exc)
@@ -56,7 +57,7 @@ def cluster():
         if handle is not None:
             handle.control_plane.release()
         pytest.fail(error, pytrace=False)
-    wait_until("node Ready", lambda: node.node_ready(handle), 60)
+    wait_until("node Ready", lambda: kubelet.node_ready(handle), 60)
     try:
         yield handle
     finally:

@@ -1,5 +1,5 @@
 """Every generated file is what `make generate` writes now (controller/generate.py), and the lock
-is what `make lock` would write (localkube/lock.py).
+is what `make lock` would write (tools/lock.py).
 
 The generator runs into a temporary folder and each file it makes is compared with the checked-in
 one, so a file added to the generator later is covered too. The other way round: every file in
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from controller import generate
-from localkube import images, lock
+from tools import base, image, lock
 
 REPO = Path(__file__).resolve().parents[1]
 FIX = "run `make generate` and review the diff"
@@ -130,9 +130,9 @@ def test_torch_is_named_once_and_the_rest_follow():
     default and the stand-in base follow it."""
     version = lock.torch_version()
     assert lock.pinned("requirements/torch-base.txt")["torch"] == [version]
-    assert images.dockerfile_args()["TORCH_VERSION"] == version
-    assert images.upstream_base().startswith(f"pytorch/pytorch:{version}-cuda")
-    assert version not in images.BASE_CONTAINERFILE.read_text()
+    assert image.dockerfile_args()["TORCH_VERSION"] == version
+    assert image.upstream_base().startswith(f"pytorch/pytorch:{version}-cuda")
+    assert version not in base.BASE_CONTAINERFILE.read_text()
     fix = "pin it in pyproject.toml's [tool.uv] only, then `make lock`"
     for doc in ("docs/image.md", "README.md"):
         text = (REPO / doc).read_text()

@@ -4,18 +4,20 @@ Read from the sources (every ``import``, at module level or inside a function), 
 counts as much as a top-level one: no cycle among our modules; nothing imports ``controller.cli``;
 only ``controller.kube`` imports the kubernetes client; ``controller.render`` is pure; the
 controller never imports torch; nothing outside tests/ imports tests/; nothing but tests imports
-``controller.generate``.
+``controller.generate``; localkube's rooms import downwards only and its builds no room; the
+product's image and lock (``tools``) import nothing of localkube.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("controller", "trainer", "localkube", "bench", "examples")
+PACKAGES = ("controller", "trainer", "localkube", "tools", "bench", "examples")
 
 
 def _module_name(path: Path) -> str:
@@ -162,3 +164,88 @@ def test_nothing_imports_the_generator():
     assert "controller.generate" in GRAPH
     outside = [m for m in _importers("controller.generate") if not m.startswith("tests.")]
     assert outside == [], outside
+
+
+def _closure(start: str) -> set[str]:
+    """``start`` and every module it imports, directly or not."""
+    seen, todo = set(), [start]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(GRAPH.get(m, ()))
+    return seen
+
+
+def _in(module: str, *packages: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+#: localkube's rooms, lowest first: each may import the rooms below it, never one above.
+ROOMS = ("localkube.builds", "localkube.controlplane", "localkube.node", "localkube.addons")
+#: What every room may use besides the rooms below it.
+ROOM_FLOOR = ("localkube.versions", "localkube.procs", "tools", "controller")
+
+
+def test_localkube_is_in_rooms():
+    for room in ROOMS:
+        assert any(m.startswith(room + ".") for m in GRAPH), f"no modules in {room}"
+    # The package's top floor: the front door, the versions, and what ties the rooms together.
+    flat = sorted(
+        m for m in GRAPH if m.startswith("localkube.") and m.count(".") == 1 and m not in ROOMS
+    )
+    assert flat == [
+        "localkube.__main__",
+        "localkube.cluster",
+        "localkube.handle",
+        "localkube.kind",
+        "localkube.procs",
+        "localkube.sequence",
+        "localkube.versions",
+    ], flat
+
+
+@pytest.mark.parametrize("index", range(len(ROOMS)))
+def test_each_room_imports_only_the_rooms_below_it(index):
+    """The builds import no room (not the add-ons whose binaries they build), the control plane
+    neither the node nor the add-ons, the node no add-on; no room imports what ties them
+    together (sequence, cluster, handle)."""
+    room, below = ROOMS[index], ROOMS[:index]
+    for m in (m for m in GRAPH if _in(m, room)):
+        wrong = [
+            d
+            for d in GRAPH[m]
+            if _in(d, "localkube") and d != "localkube" and not _in(d, room, *below, *ROOM_FLOOR)
+        ]
+        assert wrong == [], f"{m} imports {wrong}: {room} may use only {below} and the floor"
+
+
+def test_the_product_image_and_lock_import_nothing_of_localkube():
+    """What `make image`, `make base-image` and `make lock` run is tools.*, and nothing it
+    imports, directly or not, is the local cluster's."""
+    text = (REPO / "Makefile").read_text().replace("\\\n", " ")
+    recipes: dict[str, list[str]] = {}
+    target = None
+    for line in text.splitlines():
+        if line and not line[0].isspace() and ":" in line and not line.startswith("#"):
+            target = line.split(":", 1)[0].strip()
+        elif line.startswith("\t") and target:
+            recipes.setdefault(target, []).append(line)
+    modules = set()
+    for name in ("image", "base-image", "lock"):
+        for recipe in recipes[name]:
+            modules |= set(re.findall(r"-m ([\w.]+)", recipe))
+    assert modules == {"tools.image", "tools.lock"}, modules
+    for module in modules:
+        cluster = sorted(d for d in _closure(module) if _in(d, "localkube", "tests"))
+        assert cluster == [], f"{module} imports {cluster}"
+    # And the package as a whole: localkube builds on tools, never the reverse.
+    tools = [m for m in GRAPH if _in(m, "tools")]
+    assert tools and all(not _in(d, "localkube") for m in tools for d in GRAPH[m]), tools
+
+
+def test_localkube_imports_nothing_from_tests():
+    users = [
+        m for m in GRAPH if _in(m, "localkube", "tools") and any(_in(d, "tests") for d in GRAPH[m])
+    ]
+    assert users == [], users

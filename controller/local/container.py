@@ -600,7 +600,7 @@ def _engine_hint(engine: Engine, code: int | None, err: JobFailed) -> str:
         return (
             f"{engine.name} could not set the container's rlimits here (no CAP_SYS_RESOURCE): "
             "point CONTAINERS_CONF at a containers.conf with `default_ulimits = []` under "
-            "[containers] (this repository's localkube/containers.conf has it)"
+            "[containers] (this repository's tools/containers.conf has it)"
         )
     if code == 125:
         return f"exit 125 is {engine.name}'s own: it could not create or start the container"

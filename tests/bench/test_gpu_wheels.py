@@ -17,7 +17,7 @@ from pathlib import Path
 import tomllib
 from packaging.requirements import Requirement
 
-from localkube.lock import pinned
+from tools.lock import pinned
 
 REPO = Path(__file__).resolve().parents[2]
 VIEW = "requirements/gpu-wheels.txt"

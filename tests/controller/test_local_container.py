@@ -1,13 +1,12 @@
 """run --local --container: each node a container of the real trainer image, built here.
 
 The pure parts (names, env, flags, GPU slices) are checked as values. Everything else runs real
-containers of the image ``localkube.images.trainer_image()`` builds from this checkout (podman
-here: there is no Docker daemon), through the CLI as a user runs it: the quickstart trains in two
-containers; a preempted run ends 143 with a checkpoint in the mapped directory, owned by the
-invoking user, that the next run resumes; a failing node is explained; the env is the operator's
-(a TrainJob gets exactly its five PET variables); Ctrl-C, a killed controller and leftovers
-of dead runs leave no container or network behind. Without podman these fail with one line.
-"""
+containers of the image ``localkube.builds.images.trainer_image()`` builds from this checkout
+(podman here: there is no Docker daemon), through the CLI as a user runs it: the quickstart trains
+in two containers; a preempted run ends 143 with a checkpoint in the mapped directory, owned by the
+invoking user, that the next run resumes; a failing node is explained; the env is the operator's (a
+TrainJob gets exactly its five PET variables); Ctrl-C, a killed controller and leftovers of dead
+runs leave no container or network behind. Without podman these fail with one line."""
 
 from __future__ import annotations
 
@@ -44,16 +43,17 @@ from controller.local.engine import (
     owner_id,
 )
 from controller.spec import validate_spec
-from localkube import images
+from localkube.builds import images
 from tests.controller.conftest import PYTHON, REPO, minimal
 from tests.timeouts import outside_test_timeout
+from tools import podman
 
 PODMAN = Engine("podman", "/usr/bin/podman")
 DOCKER = Engine("docker", "/usr/bin/docker")
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
 #: The settings this machine's podman needs (runc, no default ulimits), unless the caller has
 #: its own: the same file the image build uses.
-CONTAINERS_CONF = os.environ.get("CONTAINERS_CONF", str(images.CONTAINERS_CONF))
+CONTAINERS_CONF = os.environ.get("CONTAINERS_CONF", str(podman.CONTAINERS_CONF))
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "CONTAINERS_CONF": CONTAINERS_CONF}
 
 

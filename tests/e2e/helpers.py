@@ -30,7 +30,7 @@ MOUNT = "/ckpt"
 
 def ensure_claim(cluster, namespace: str) -> Path:
     """The claim :data:`CLAIM` in ``namespace`` (made once); the host folder behind it."""
-    from localkube import volumes
+    from localkube.node import volumes
 
     got = cluster.kubectl("get", "pvc", CLAIM, "-n", namespace, check=False)
     if got.returncode != 0:
@@ -262,11 +262,11 @@ def restart_apiserver(cluster, down_s: float = 2.0, while_down=None) -> float:
         assert called, "the API server never stopped answering: while_down did not run"
         if called[0] is not None:
             raise called[0]
-    from localkube import node
     from localkube.handle import wait_until
+    from localkube.node import kubelet
 
     # The node's next heartbeat after the outage: the tests after this one submit to it.
-    wait_until("the node Ready and untainted", lambda: node.node_ready(cluster), 90)
+    wait_until("the node Ready and untainted", lambda: kubelet.node_ready(cluster), 90)
     return longest[0]
 
 

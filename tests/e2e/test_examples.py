@@ -1,8 +1,9 @@
 """The examples run as written on the local cluster: no `--set image=`, nothing pulled.
 
 The cluster holds this checkout's trainer image under the name the examples give it
-(``images.published_ref()``, ``kind load``-style); these runs only shorten the training, which
-proves nothing here. ``submit examples/quickstart.yaml --wait --follow`` is in test_submit.py.
+(``localkube.builds.images.published_ref()``, ``kind load``-style); these runs only shorten the
+training, which proves nothing here. ``submit examples/quickstart.yaml --wait --follow`` is in
+test_submit.py.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from localkube import images, node
+from localkube.builds import images
+from localkube.node import containerd, kubelet
 from tests.e2e.helpers import REPO, ddpjob, events, get_json
 
 SHORT = (
@@ -24,7 +26,7 @@ SHORT = (
 
 def _image_id(ref: str) -> str:
     """The image ID the node's containerd holds under ``ref``."""
-    proc = node.ctr("images", "ls", f"name=={ref}")
+    proc = containerd.ctr("images", "ls", f"name=={ref}")
     lines = proc.stdout.decode().splitlines()[1:]
     assert lines, f"{ref} is not on the node"
     return lines[0].split()[2]
@@ -35,7 +37,7 @@ def _ran_our_image(cluster, pods: list[dict]) -> None:
     published = images.published_ref()
     assert _image_id(published) == _image_id(cluster.trainer_image())
     for pod in pods:
-        assert pod["spec"]["nodeName"] == node.NODE_NAME
+        assert pod["spec"]["nodeName"] == kubelet.NODE_NAME
         (container,) = pod["spec"]["containers"]
         assert container["image"] == published
         (status,) = pod["status"]["containerStatuses"]

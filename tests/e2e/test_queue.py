@@ -22,7 +22,7 @@ import json
 import pytest
 
 from controller import kubeflow
-from localkube import kueue
+from localkube.addons import kueue
 from localkube.handle import temporary_namespace, wait_until
 from tests.e2e.helpers import (
     Background,

@@ -28,8 +28,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from localkube import images, node
+from localkube.builds import images
 from localkube.handle import temporary_namespace, wait_until
+from localkube.node import kubelet
 from tests.e2e.helpers import (
     QUICKSTART,
     Background,
@@ -40,6 +41,7 @@ from tests.e2e.helpers import (
     where_things_stand,
     write_spec,
 )
+from tools import podman
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -156,12 +158,12 @@ def test_helm_install_of_the_built_image_in_a_restricted_namespace(real_node, rn
         assert f"job {rns}/helmjob Succeeded" in w.stdout
         worker = pod(real_node, rns, "helmjob-worker-0")
         master = pod(real_node, rns, "helmjob-master-0")
-        built_id = images.inspect(real_node.trainer_image())["Id"]
+        built_id = podman.inspect(real_node.trainer_image())["Id"]
         for p in (worker, master):
-            assert p["spec"]["nodeName"] == node.NODE_NAME
+            assert p["spec"]["nodeName"] == kubelet.NODE_NAME
             (status,) = p["status"]["containerStatuses"]
             # containerd reports the image by its first name (the node holds this checkout's
-            # image under two, see node.import_trainer_image): the ID says which image ran.
+            # image under two, see node.images.import_trainer_image): the ID says which image ran.
             assert p["spec"]["containers"][0]["image"] == images.published_ref()
             assert status["imageID"].endswith(built_id), (status, built_id)
             assert p["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
@@ -218,7 +220,7 @@ def test_quickstart_submit_wait_follow_then_kubectl_logs_exec_describe(real_node
     followed = [x for x in out.splitlines() if x.startswith('{"event"')]
     assert followed == [x for x in master_logs.splitlines() if x.startswith('{"event"')]
     describe = real_node.kubectl("describe", "pod", "quickstart-worker-0", "-n", rns).stdout
-    assert re.search(rf"^Node:\s+{node.NODE_NAME}/", describe, re.M), describe
+    assert re.search(rf"^Node:\s+{kubelet.NODE_NAME}/", describe, re.M), describe
     assert re.search(rf"^\s+Image:\s+{re.escape(image)}$", describe, re.M), describe
     assert "init-pytorch:" in describe and re.search(r"Reason:\s+Completed", describe)
     assert "Started container pytorch" in describe  # the kubelet's own events

@@ -16,8 +16,8 @@ import signal
 import pytest
 
 from controller.kubeflow import LABEL_JOB_NAME
-from localkube import volumes
 from localkube.handle import wait_until
+from localkube.node import volumes
 from tests.e2e.helpers import (
     CLAIM,
     Background,

@@ -224,7 +224,7 @@ def _running(cluster, name: str, namespace: str, rank: int) -> dict | None:
 def test_quickstart_as_a_trainjob_succeeds(cluster, namespace, tmp_path, real_node):
     """Two pods on the real node train one model (world size 2 = nodes), and `logs -f` shows
     rank 0's events: every line rank 0's container printed, once."""
-    from localkube.node import NODE_NAME
+    from localkube.node.kubelet import NODE_NAME
 
     spec = _trainjob_spec(cluster, tmp_path, "tj-quick", namespace, max_steps=40)
     r = ddpjob(cluster, "submit", str(spec))

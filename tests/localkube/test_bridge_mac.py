@@ -28,7 +28,7 @@ from tests.localkube.namespaces import run_unshared
 # reach the gateway with the address it learnt (its ARP entry is made permanent: no new lookup).
 SCRIPT = r"""
 import json, socket, subprocess, sys
-from localkube import host
+from localkube.node import host
 
 def ip(*args, ns=None):
     argv = (["ip", "netns", "exec", ns] if ns else []) + ["ip", *args]
@@ -85,7 +85,7 @@ def test_the_gateway_keeps_its_mac_while_pods_come_and_go():
     import json
 
     out = json.loads(stdout)
-    from localkube import host
+    from localkube.node import host
 
     # Set, not taken from a port (NET_ADDR_SET is 3), and the same address throughout.
     assert out["assign_type"] == "3", out

@@ -1,8 +1,8 @@
 """The local cluster runs real PyTorchJobs: operator, scheduler, GC, the kubelet, kubectl logs.
 
 Every pod runs on the real node, in containers of this checkout's trainer image under the name
-the examples use (``images.published_ref()``): a PyTorchJob written as the Kubeflow docs write
-one, with no placement, lands there; the kwok nodes are GPU capacity only, and a pod bound to
+the examples use (``builds.images.published_ref()``): a PyTorchJob written as the Kubeflow docs
+write one, with no placement, lands there; the kwok nodes are GPU capacity only, and a pod bound to
 one is never started.
 """
 
@@ -16,8 +16,10 @@ import time
 
 import pytest
 
-from localkube import bootstrap, images, node
+from localkube.builds import images
+from localkube.controlplane import bootstrap
 from localkube.handle import temporary_namespace, wait_until
+from localkube.node import kubelet
 
 pytestmark = pytest.mark.cluster
 
@@ -195,7 +197,7 @@ def test_a_kubeflow_docs_pytorchjob_runs_in_the_image_with_a_dns_master_addr(rea
 
     for name in pods:
         pod = _get(cluster, "pod", name, "-n", namespace)
-        assert pod["spec"]["nodeName"] == node.NODE_NAME
+        assert pod["spec"]["nodeName"] == kubelet.NODE_NAME
         (status,) = pod["status"]["containerStatuses"]
         assert status["image"].endswith(images.published_ref()) and status["imageID"]
         term = status["state"]["terminated"]

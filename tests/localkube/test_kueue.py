@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from controller import kubeflow
-from localkube import kueue, node
+from localkube.addons import kueue
 from localkube.handle import temporary_namespace, wait_until
+from localkube.node import kubelet
 
 pytestmark = pytest.mark.cluster
 
@@ -69,7 +70,7 @@ def test_the_quick_start_queues_hold_the_real_nodes_cpu_and_memory_and_the_kwok_
     (group,) = cq["spec"]["resourceGroups"]
     (flavor,) = group["flavors"]
     quota = {r["name"]: str(r["nominalQuota"]) for r in flavor["resources"]}
-    allocatable = _get(cluster, "node", node.NODE_NAME)["status"]["allocatable"]
+    allocatable = _get(cluster, "node", kubelet.NODE_NAME)["status"]["allocatable"]
     assert flavor["name"] == kueue.FLAVOR
     assert quota == {
         "cpu": allocatable["cpu"],

@@ -7,7 +7,9 @@ import json
 
 import yaml
 
-from localkube import bootstrap, kueue
+from localkube.addons import kueue
+from localkube.builds import operators
+from localkube.controlplane import bootstrap
 
 
 def test_configuration_is_upstreams_with_local_addresses_and_our_integrations(tmp_path):
@@ -99,9 +101,9 @@ def test_split_release_keeps_crds_roles_webhooks_and_the_secrets_role_only():
         {"kind": "MutatingWebhookConfiguration", "metadata": {"name": "m"}},
         {"kind": "ValidatingWebhookConfiguration", "metadata": {"name": "v"}},
     ]
-    crds = json.loads(kueue.split_release(docs, "kueue-crds.json"))
+    crds = json.loads(operators.split_kueue_release(docs, "kueue-crds.json"))
     assert [c["metadata"]["name"] for c in crds] == ["a.kueue.x-k8s.io"]
-    kept = list(yaml.safe_load_all(kueue.split_release(docs, "kueue-install.yaml")))
+    kept = list(yaml.safe_load_all(operators.split_kueue_release(docs, "kueue-install.yaml")))
     assert [(d["kind"], d["metadata"]["name"]) for d in kept] == [
         ("Namespace", "kueue-system"),
         ("ClusterRole", "kueue-manager-role"),

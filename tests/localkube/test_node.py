@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from localkube import bootstrap, host, node
+from localkube.controlplane import bootstrap
 from localkube.handle import temporary_namespace, wait_until
+from localkube.node import host, images, kubelet
 from localkube.procs import proc_start_time
 
 pytestmark = pytest.mark.cluster
@@ -57,7 +58,7 @@ def pod_spec(name: str, ns: str, script: str, **extra) -> dict:
     pod_keys = ("volumes", "terminationGracePeriodSeconds", "restartPolicy")
     container = {
         "name": "main",
-        "image": node.images()["init"],
+        "image": images.images()["init"],
         "imagePullPolicy": "Never",
         "command": ["sh", "-c", script],
         "securityContext": RESTRICTED_CONTAINER,
@@ -122,11 +123,11 @@ def test_real_node_is_ready_beside_the_kwok_nodes(real_node):
     """One kubelet node (containerd, node IP = bridge gateway, no taint: every pod runs here) and
     the kwok nodes (GPU capacity, tainted as managed clusters taint GPU nodes)."""
     nodes = {n["metadata"]["name"]: n for n in _get(real_node, "nodes")["items"]}
-    assert {node.NODE_NAME, "kwok-node-0", "kwok-node-1"} <= set(nodes)
-    for name in (node.NODE_NAME, "kwok-node-0", "kwok-node-1"):
+    assert {kubelet.NODE_NAME, "kwok-node-0", "kwok-node-1"} <= set(nodes)
+    for name in (kubelet.NODE_NAME, "kwok-node-0", "kwok-node-1"):
         ready = [c for c in nodes[name]["status"]["conditions"] if c["type"] == "Ready"]
         assert ready[0]["status"] == "True", name
-    real = nodes[node.NODE_NAME]
+    real = nodes[kubelet.NODE_NAME]
     info = real["status"]["nodeInfo"]
     assert info["kubeletVersion"] == "v1.33.13"
     assert info["containerRuntimeVersion"].startswith("containerd://1.6")
@@ -154,7 +155,7 @@ def test_restricted_pod_runs_in_a_container_with_logs_and_exec(real_node, ns):
     create(real_node, pod_spec("who", ns, script))
     p = wait_running(real_node, ns, "who")
     print(f"pod create -> Running: {time.monotonic() - t0:.2f}s", file=sys.stderr)
-    assert p["spec"]["nodeName"] == node.NODE_NAME
+    assert p["spec"]["nodeName"] == kubelet.NODE_NAME
     assert p["status"]["containerStatuses"][0]["containerID"].startswith("containerd://")
     assert p["status"]["podIP"].startswith("10.244.0.")
     out = wait_log(real_node, ns, "who", "ready")
@@ -258,8 +259,8 @@ def test_pytorchjob_master_name_resolves_through_the_operators_service(real_node
     worker = f"{job}-worker-0"
     # A finished pod leaves its Service's endpoints, so neither may end while the other still
     # needs its name. The worker, once it has resolved the master, waits for the master to
-    # connect to it by name; the master ends after that connection. (Each lingering 10 s raced
-    # in ci5: the master's early misses for the worker's name outlasted the worker.)
+    # connect to it by name; the master ends after that connection (a fixed linger races: the
+    # master's early misses for the worker's name can outlast the worker).
     connect = (
         f"for i in $(seq 150); do echo hi | busybox nc -w 2 {worker} 12345 && ok=1 && break; "
         'sleep 1; done; [ -n "$ok" ] || exit 1'
@@ -292,7 +293,7 @@ def test_pytorchjob_master_name_resolves_through_the_operators_service(real_node
     worker_pod = wait_phase(real_node, ns, worker, ("Succeeded", "Failed"))
     assert worker_pod["status"]["phase"] == "Succeeded"
     init = worker_pod["spec"]["initContainers"][0]
-    assert (init["name"], init["image"]) == ("init-pytorch", node.images()["init"])
+    assert (init["name"], init["image"]) == ("init-pytorch", images.images()["init"])
     assert worker_pod["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
     out = logs(real_node, ns, worker)
     assert re.search(
@@ -420,7 +421,7 @@ def test_trainer_image_trains_across_two_pods(real_node, ns):
     assert start.get("world_size") == 2, start
     master = pod(real_node, ns, "ddp-master-0")
     worker = pod(real_node, ns, "ddp-worker-0")
-    assert master["spec"]["nodeName"] == worker["spec"]["nodeName"] == node.NODE_NAME
+    assert master["spec"]["nodeName"] == worker["spec"]["nodeName"] == kubelet.NODE_NAME
     env = {e["name"]: e.get("value") for e in worker["spec"]["containers"][0]["env"]}
     assert env["MASTER_ADDR"] == "ddp-master-0"  # no rewrite: the name resolves for real
 
@@ -431,7 +432,7 @@ def test_trainer_image_trains_across_two_pods(real_node, ns):
 def _restart(cluster, owner: str) -> None:
     """Bring the cluster back (same owner) for the tests after these."""
     cluster.control_plane.up(owner=owner, lease=True)
-    wait_until("node Ready", lambda: node.node_ready(cluster), 60)
+    wait_until("node Ready", lambda: kubelet.node_ready(cluster), 60)
 
 
 def _container_pids(cluster, ns: str, name: str) -> list[int]:

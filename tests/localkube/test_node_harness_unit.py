@@ -6,7 +6,7 @@ from __future__ import annotations
 import errno
 import os
 
-from localkube import podlogs, volumes
+from localkube.node import podlogs, volumes
 
 
 def test_a_local_volume_is_bound_ahead_to_its_claim_on_the_real_node():

@@ -22,9 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def scratch_repo():
-    """A copy of localkube/ and controller/ with a cache folder of its own."""
+    """A copy of localkube/, tools/ and controller/ with a cache folder of its own."""
     root = Path(tempfile.mkdtemp(prefix="ddpjob-preflight-"))
-    for package in ("localkube", "controller"):
+    for package in ("localkube", "tools", "controller"):
         shutil.copytree(
             REPO / package, root / package, ignore=shutil.ignore_patterns("__pycache__", "go")
         )
@@ -86,7 +86,7 @@ def test_up_with_missing_packages_names_them_and_the_fix(scratch_repo):
 @pytest.mark.cluster
 def test_a_second_checkout_is_refused_while_this_ones_node_runs(cluster, scratch_repo):
     """One node per machine: another checkout's `up` names the cluster that holds it."""
-    from localkube import host
+    from localkube.node import host
 
     record = host.read_record()
     assert record is not None and record["owner"] == str(REPO), record

@@ -1,10 +1,11 @@
-"""The cluster's ports come from below the kernel's ephemeral range (ci13: a port picked from it
-became some outgoing connection's local end before kueue bound it, and kueue could not start).
+"""The cluster's ports come from below the kernel's ephemeral range (a port picked from it can
+become some outgoing connection's local end before its component binds it, which then cannot
+start).
 
 Each test runs in a network namespace of its own (``unshare --net``), whose ports nothing else
 uses. On the machine's own, the cluster that the e2e tests run beside the offline ones picks its
-ports from the same range: ci32 failed when it held one of the seven this test wants free, and
-the test's own binds could take a port a component was about to listen on."""
+ports from the same range: it may hold one of the ports this test wants free, and the test's own
+binds could take a port a component is about to listen on."""
 
 from __future__ import annotations
 

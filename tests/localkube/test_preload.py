@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from localkube import images, node
+from localkube.builds import images as built
+from localkube.node import images
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def pause_ref() -> str:
     """The node's pause image (built by ``make test``'s build phase)."""
-    return images.pause_image()
+    return built.pause_image()
 
 
 @pytest.fixture
@@ -33,14 +34,14 @@ def short_dir() -> Iterator[Path]:
 
 def test_images_imported_offline_are_held_by_the_next_containerd_on_that_root(pause_ref, short_dir):
     root = short_dir / "root"
-    (first,) = node.import_offline([pause_ref], root, short_dir / "a")
+    (first,) = images.import_offline([pause_ref], root, short_dir / "a")
     assert first.layers_sent > 0 and not first.skipped, first
     assert not (short_dir / "a" / "state").exists()  # the containerd stopped and left its state
     assert root.is_dir()  # the root stays: it is the point
     # A second containerd on the same root, as the node's is at `up`: the image is there under
     # its name and ID, its snapshot unpacked (import_into_containerd checks both), so nothing
     # is sent.
-    (second,) = node.import_offline([pause_ref], root, short_dir / "b")
+    (second,) = images.import_offline([pause_ref], root, short_dir / "b")
     assert second.skipped, second
     assert second.image_id == first.image_id
 
@@ -48,5 +49,5 @@ def test_images_imported_offline_are_held_by_the_next_containerd_on_that_root(pa
 def test_preload_leaves_a_running_nodes_containerd_alone(cluster):
     """With the cluster up, the node's containerd holds the root: preload does nothing, and
     says why."""
-    said = node.preload_images(REPO)
+    said = images.preload_images(REPO)
     assert said == "not preloaded: the node's containerd runs; `up` imported its images", said

@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from controller import kubeflow
-from localkube import images, tools, trainer_v2
+from localkube.addons import trainer_v2
+from localkube.builds import gotools, images
 from localkube.handle import temporary_namespace, wait_until
 
 #: What the TrainJobStatus plugin gives every trainer container (trainer/progress_api.py).
@@ -145,7 +146,7 @@ def test_crds_served_and_torch_runtime_installed(cluster):
     for api in (kubeflow.TRAINJOB, kubeflow.CLUSTER_TRAINING_RUNTIME, kubeflow.JOBSET):
         assert api.crd in served
 
-    manifests = tools.tools_dir() / "manifests"
+    manifests = gotools.tools_dir() / "manifests"
     upstream = yaml.safe_load((manifests / "trainer-torch-distributed.yaml").read_text())
     installed = _get(cluster, "clustertrainingruntime", kubeflow.DEFAULT_RUNTIME)
     # Ours differs from upstream's file in the node container's image only: this checkout's

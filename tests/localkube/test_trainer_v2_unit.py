@@ -1,35 +1,10 @@
-"""Trainer v2 in localkube without a cluster: pins (of the go-operators module), and how webhooks
-are pointed at 127.0.0.1."""
+"""Trainer v2 in localkube without a cluster: how webhooks are pointed at 127.0.0.1, the SDK's
+public objects, and the progress API's arrangements."""
 
 from __future__ import annotations
 
-from controller import kubeflow
-from localkube import kueue, operators, trainer_v2
-
-
-def test_go_mod_pins_the_contract_versions():
-    """go-operators/go.mod requires exactly the training operator, Trainer, JobSet and Kueue
-    versions of the contract."""
-    got = operators.required_versions((operators.GO_DIR / "go.mod").read_text())
-    assert got == {
-        "github.com/kubeflow/training-operator": kubeflow.OPERATOR_VERSION,
-        trainer_v2.TRAINER_MODULE: kubeflow.TRAINER_VERSION,
-        trainer_v2.JOBSET_MODULE: kubeflow.JOBSET_VERSION,
-        kueue.MODULE: kueue.VERSION,
-    }
-    assert kueue.VERSION == kubeflow.KUEUE_VERSION
-
-
-def test_required_versions_reads_require_lines_only():
-    go_mod = (
-        "module x\n\nrequire (\n\tgithub.com/kubeflow/trainer/v2 v2.3.0\n"
-        "\tsigs.k8s.io/jobset v0.12.0 // indirect\n\tk8s.io/api v0.36.2\n)\n"
-        "replace sigs.k8s.io/jobset => ../jobset\n"
-    )
-    assert operators.required_versions(go_mod) == {
-        "github.com/kubeflow/trainer/v2": "v2.3.0",
-        "sigs.k8s.io/jobset": "v0.12.0",
-    }
+from localkube.addons import trainer_v2
+from localkube.controlplane import bootstrap
 
 
 def test_serve_locally_replaces_the_service_with_a_url_and_ca():
@@ -44,7 +19,7 @@ def test_serve_locally_replaces_the_service_with_a_url_and_ca():
             }
         ],
     }
-    out = trainer_v2.serve_locally(hooks, 4443, "Q0E=")
+    out = bootstrap.serve_locally(hooks, 4443, "Q0E=")
     assert out["webhooks"][0]["clientConfig"] == {
         "url": "https://127.0.0.1:4443/a",
         "caBundle": "Q0E=",
@@ -86,9 +61,9 @@ def test_the_progress_api_is_on_and_its_server_is_reachable_by_name_from_the_nod
     objects around it: the CA the pods trust it by, and its name resolving to the gateway."""
     import base64
 
-    from localkube.context import Context
-    from localkube.host import GATEWAY
-    from localkube.pki import PKI
+    from localkube.controlplane.context import Context
+    from localkube.controlplane.pki import PKI
+    from localkube.node.host import GATEWAY
 
     pki = PKI(tmp_path / "pki")
     ports = {n: 40000 + i for i, n in enumerate(trainer_v2.TRAINER_PORTS)}

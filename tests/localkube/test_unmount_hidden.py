@@ -15,7 +15,7 @@ from tests.localkube.namespaces import run_unshared
 
 SCRIPT = r"""
 import os, subprocess, sys
-from localkube import host
+from localkube.node import host
 name = sys.argv[1]
 path = f"/run/netns/{name}"
 # Start from a /run/netns with nothing mounted in it here: the host's binds and a running

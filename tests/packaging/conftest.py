@@ -1,6 +1,6 @@
 """Shared pieces for the packaging tests: paths, helm, the chart renderer, label normalising.
 
-helm is the one built from source with the local control plane's tools (localkube/tools.py,
+helm is the one built from source with the local control plane's tools (localkube/builds/gotools.py,
 pinned there); the first test that needs it builds the tools if they are missing.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from localkube import tools
+from localkube.builds import gotools as tools
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -34,8 +34,14 @@ import pytest
 import tomllib  # 3.11+; the dev venv is 3.11
 import yaml
 
-from localkube import images
+from localkube import versions
+from localkube.builds import images as cluster_images
+from localkube.node import image_import
 from tests.timeouts import outside_test_timeout
+from tools import base as stand_in
+from tools import image as product
+from tools import lock, wheelhouse
+from tools.podman import CONTAINERS_CONF, inspect, podman_env
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -117,7 +123,7 @@ def test_hadolint_bites():
 def test_base_image_is_a_pinned_cuda_runtime(dockerfile):
     # Every stage starts from BASE_IMAGE, whose default is upstream's pinned runtime image.
     assert only(dockerfile, "FROM") == ["${BASE_IMAGE} AS wheel", "${BASE_IMAGE}"]
-    base = images.upstream_base()
+    base = product.upstream_base()
     image, _, tag = base.partition(":")
     assert image == "pytorch/pytorch"
     # <torch>-cuda<x.y>-cudnn<n>-runtime: a CUDA build of torch, no compiler toolchain.
@@ -132,7 +138,7 @@ def test_base_image_is_a_pinned_cuda_runtime(dockerfile):
     as_tuple = lambda v: tuple(int(p) for p in v.split("."))  # noqa: E731
     assert as_tuple(lower) <= as_tuple(torch_version) < as_tuple(upper), torch_req
     # ...it is the locked torch, and the build checks that it was kept.
-    assert images.torch_version() == torch_version
+    assert lock.torch_version() == torch_version
     assert "torch.__version__.startswith('${TORCH_VERSION}')" in DOCKERFILE.read_text()
 
 
@@ -140,12 +146,12 @@ def test_stand_in_base_pins_the_locked_torch_and_leaves_numpy_out():
     """The stand-in base installs uv.lock's view requirements/torch-base.txt: torch at the locked
     version and what it pulls in, every wheel with its hash, numpy not among them (the trainer
     extra must bring what the trainer needs); its Containerfile names no version of its own."""
-    version = images.torch_version()
-    containerfile = images.BASE_CONTAINERFILE.read_text()
+    version = lock.torch_version()
+    containerfile = stand_in.BASE_CONTAINERFILE.read_text()
     assert "ARG TORCH_VERSION\n" in containerfile
     assert "PYTORCH_VERSION=${TORCH_VERSION}" in containerfile
     assert not re.search(r"\d+\.\d+\.\d+", containerfile)
-    text = images.BASE_REQUIREMENTS.read_text()
+    text = wheelhouse.BASE_REQUIREMENTS.read_text()
     pin = r"^([a-z0-9-]+)==(\S+) ; [^\\]+\\\n((?:    --hash=sha256:[0-9a-f]{64}.*\n)+)"
     reqs = re.findall(pin, text, re.M)
     names = {name: v for name, v, _ in reqs}
@@ -155,7 +161,7 @@ def test_stand_in_base_pins_the_locked_torch_and_leaves_numpy_out():
     pinned = re.findall(r"^[a-z0-9-]+==", text, re.M)
     assert len(reqs) == len(pinned) > 10, "a pin without hashes"
     proc = subprocess.run(
-        [hadolint_binary(), "--format", "json", str(images.BASE_CONTAINERFILE)],
+        [hadolint_binary(), "--format", "json", str(stand_in.BASE_CONTAINERFILE)],
         capture_output=True,
         text=True,
         check=False,
@@ -173,7 +179,7 @@ def test_installs_the_trainer_extra_as_locked(dockerfile):
     assert "--no-deps --require-hashes --requirement /wheel/image.txt" in run
     assert "--no-deps /wheel/ddpjob-*.whl" in run
     assert "--no-build-isolation" in run  # the build backend comes from the base, not a registry
-    from localkube.lock import VIEWS
+    from tools.lock import VIEWS
 
     assert VIEWS["requirements/image.txt"][:2] == ("--extra", "trainer")
     image_txt = (ROOT / "requirements" / "image.txt").read_text()
@@ -268,7 +274,7 @@ def test_make_uses_docker_where_a_daemon_answers(target, tmp_path):
     assert "VERSION=v9.9.9" in build
     # Docker users build on the Dockerfile's own base, as before.
     assert not any(a.startswith("BASE_IMAGE=") for a in build)
-    assert not any("localkube.images" in " ".join(c) for c in commands)
+    assert not any("tools.image" in " ".join(c) for c in commands)
     if target == "push":
         assert commands[-1] == ["docker", "push", "registry.example/team/ddpjob:v9.9.9"]
 
@@ -277,7 +283,7 @@ def test_make_uses_docker_where_a_daemon_answers(target, tmp_path):
 def test_make_uses_podman_when_docker_has_no_daemon(target, tmp_path):
     commands = _make_dry_run(target, 1, tmp_path)
     assert not any("docker" in c for c in commands)
-    (build,) = [c for c in commands if c[1:4] == ["-m", "localkube.images", "trainer"]]
+    (build,) = [c for c in commands if c[1:4] == ["-m", "tools.image", "trainer"]]
     assert build[build.index("--ref") + 1] == "registry.example/team/ddpjob:v9.9.9"
     assert build[build.index("--version") + 1] == "v9.9.9"
     if target == "push":
@@ -292,7 +298,7 @@ def test_podman_build_command():
         [
             sys.executable,
             "-m",
-            "localkube.images",
+            "tools.image",
             "trainer",
             "--ref",
             "x.example/t:1",
@@ -304,13 +310,13 @@ def test_podman_build_command():
         check=True,
     )
     env, *argv = shlex.split(proc.stdout)
-    assert env == f"CONTAINERS_CONF={images.CONTAINERS_CONF}"
+    assert env == f"CONTAINERS_CONF={CONTAINERS_CONF}"
     assert argv[:2] == ["podman", "build"] and argv[-1] == str(ROOT)
     args = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--build-arg")
-    base, why = images.resolve_base()
+    base, why = product.resolve_base()
     assert args["BASE_IMAGE"] == base
     assert f"[images] base {base} ({why})" in proc.stderr
-    assert "--layers=false" in argv  # buildah's layer cache and RUN --mount=from: see images.py
+    assert "--layers=false" in argv  # buildah's cache and RUN --mount=from: see tools/image.py
     assert "--force-rm" in argv  # a failed build leaves no working container (gigabytes) behind
     assert args["VERSION"] == "dev"
     volumes = [argv[i + 1] for i, a in enumerate(argv) if a == "--volume"]
@@ -324,9 +330,9 @@ def test_source_digest_follows_the_package_files_only(tmp_path, monkeypatch):
     for rel in ("trainer/a.py", "controller/b.py", "trainer/__pycache__/a.pyc", "docs/c.md"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(rel)
-    monkeypatch.setattr(images, "ROOT", tmp_path)
-    before = images.source_digest()
-    assert {str(f.relative_to(tmp_path)) for f in images.context_files()} == {
+    monkeypatch.setattr(product, "ROOT", tmp_path)
+    before = product.source_digest()
+    assert {str(f.relative_to(tmp_path)) for f in product.context_files()} == {
         "pyproject.toml",
         "README.md",
         "trainer/a.py",
@@ -334,9 +340,9 @@ def test_source_digest_follows_the_package_files_only(tmp_path, monkeypatch):
     }
     (tmp_path / "docs/c.md").write_text("changed")
     (tmp_path / "trainer/__pycache__/a.pyc").write_text("changed")
-    assert images.source_digest() == before
+    assert product.source_digest() == before
     (tmp_path / "trainer/a.py").write_text("changed")
-    assert images.source_digest() != before
+    assert product.source_digest() != before
 
 
 # ------------------------------------------------------------------------------------------
@@ -352,7 +358,7 @@ def built_image() -> Iterator[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     env.pop("CONTAINER_ENGINE", None)
     with outside_test_timeout():
-        images.base_image()  # cold: Debian + the wheelhouse + torch, once per machine
+        stand_in.base_image()  # cold: Debian + the wheelhouse + torch, once per machine
         proc = subprocess.run(
             ["make", "image", f"IMAGE={image}", f"TAG={tag}"],
             cwd=ROOT,
@@ -370,10 +376,10 @@ def built_image() -> Iterator[str]:
 
 
 def test_make_image_builds_here_on_the_stand_in_base(built_image):
-    info = images.inspect(built_image)
+    info = inspect(built_image)
     assert info is not None
     labels = info["Labels"]
-    base, _ = images.resolve_base()
+    base, _ = product.resolve_base()
     assert labels["org.opencontainers.image.base.name"] == base
     assert labels["org.opencontainers.image.version"] == built_image.rsplit(":", 1)[1]
     for key in ("title", "revision", "created", "source", "licenses"):
@@ -391,23 +397,23 @@ def test_a_code_change_reaches_the_image(built_image, tmp_path, monkeypatch):
     """Build again after changing one trainer file (in a copy of the build context): the new code
     is in the image. Guards against buildah's layer cache, which would reuse the old install."""
     # The context .dockerignore lets through (the one list the build uses), and the Dockerfile.
-    for path in [ROOT / "Dockerfile", ROOT / ".dockerignore", *images.context_files()]:
+    for path in [ROOT / "Dockerfile", ROOT / ".dockerignore", *product.context_files()]:
         copy = tmp_path / path.relative_to(ROOT)
         copy.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(path, copy)
     marker = uuid.uuid4().hex
     (tmp_path / "trainer" / "_code_change.py").write_text(f"MARKER = {marker!r}\n")
-    monkeypatch.setattr(images, "ROOT", tmp_path)
-    monkeypatch.setattr(images, "DOCKERFILE", tmp_path / "Dockerfile")
+    monkeypatch.setattr(product, "ROOT", tmp_path)
+    monkeypatch.setattr(product, "DOCKERFILE", tmp_path / "Dockerfile")
     ref = built_image.rsplit(":", 1)[0] + ":code-change"
     try:
         with outside_test_timeout():
-            images.build_trainer(ref, log=sys.stderr)
+            product.build_trainer(ref, log=sys.stderr)
         probe = "import trainer._code_change as m; print(m.MARKER)"
         out = podman("run", "--rm", "--entrypoint", "python", ref, "-c", probe).stdout
         assert out.strip() == marker
         # Only the trainer's own layer differs from the image built before the change.
-        before, after = (images.inspect(r)["RootFS"]["Layers"] for r in (built_image, ref))
+        before, after = (inspect(r)["RootFS"]["Layers"] for r in (built_image, ref))
         assert before[:-1] == after[:-1] and before[-1] != after[-1]
     finally:
         podman("rmi", ref, check=False)
@@ -421,7 +427,7 @@ def test_built_image_runs_as_uid_1000_with_the_asserted_cuda_torch(built_image):
     out = podman("run", "--rm", "--entrypoint", "python", built_image, "-c", check).stdout
     uid, gid, version, cuda = json.loads(out)
     assert (uid, gid) == (1000, 1000)
-    assert version.startswith(images.torch_version()), version
+    assert version.startswith(lock.torch_version()), version
     assert cuda, "torch.version.cuda is empty: a CPU-only torch"
 
 
@@ -476,7 +482,8 @@ def test_built_image_trains_and_checkpoints_as_uid_1000(built_image, tmp_path, n
 
 
 # ------------------------------------------------------------------------------------------
-# Images for the real node, built here (localkube/images.py) and imported into a containerd.
+# Images for the real node, built here (localkube/builds/images.py) and imported into a
+# containerd.
 # These need root, podman and containerd (`make node-deps`); without them they fail, not skip.
 
 
@@ -491,9 +498,7 @@ def need(*tools_needed: str) -> None:
 
 def podman(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
     """podman with the project's containers.conf (runc, no default ulimits)."""
-    proc = subprocess.run(
-        ["podman", *args], env=images.podman_env(), capture_output=True, text=True, **kw
-    )
+    proc = subprocess.run(["podman", *args], env=podman_env(), capture_output=True, text=True, **kw)
     if check and proc.returncode != 0:
         raise AssertionError(f"podman {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
     return proc
@@ -502,28 +507,28 @@ def podman(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def pause_ref() -> str:
     need("podman", "go", "gcc")
-    return images.pause_image()
+    return cluster_images.pause_image()
 
 
 @pytest.fixture(scope="module")
 def init_ref() -> str:
     need("podman", "busybox")
-    return images.init_image()
+    return cluster_images.init_image()
 
 
 def test_pause_image_is_kubernetes_pause_from_scratch(pause_ref):
-    module = images._kubernetes_module_dir()
+    module = cluster_images._kubernetes_module_dir()
     tag = re.search(r"^TAG \?= (\S+)$", (module / "build/pause/Makefile").read_text(), re.M)[1]
     assert pause_ref == f"localhost/pause:{tag}"
-    info = images.inspect(pause_ref)
+    info = inspect(pause_ref)
     assert info["Config"]["User"] == "65535:65535"
     assert info["Config"]["Entrypoint"] == ["/pause"]
     assert len(info["RootFS"]["Layers"]) == 1  # FROM scratch: the binary only
     version = podman("run", "--rm", pause_ref, "-v").stdout
-    assert version.strip() == f"pause.c v{tag}-{images.tools.VERSIONS['kubernetes']}"
+    assert version.strip() == f"pause.c v{tag}-{versions.KUBERNETES}"
     # Inputs unchanged: nothing is rebuilt.
-    assert images.pause_image() == pause_ref
-    assert images.inspect(pause_ref)["Id"] == info["Id"]
+    assert cluster_images.pause_image() == pause_ref
+    assert inspect(pause_ref)["Id"] == info["Id"]
 
 
 @pytest.fixture(scope="module")
@@ -610,8 +615,9 @@ def test_init_image_runs_the_operator_wait_loop_under_pod_dns(init_ref, dns_serv
     # Why the image carries its own /bin/nslookup: busybox's exits 1 for a name that resolves.
     raw = podman(*run, "busybox", "nslookup", "job-master-0", check=False)
     assert "10.244.0.7" in raw.stdout
-    assert raw.returncode == 1, "busybox nslookup's exit status is fixed: drop images.NSLOOKUP"
-    info = images.inspect(init_ref)
+    fixed = "busybox nslookup's exit status is fixed: drop cluster_images.NSLOOKUP"
+    assert raw.returncode == 1, fixed
+    info = inspect(init_ref)
     assert info["Config"]["User"] == "65534:65534"
     assert len(info["RootFS"]["Layers"]) == 1
 
@@ -627,7 +633,7 @@ def containerd(tmp_path_factory) -> Iterator[str]:
     """A throwaway containerd (own root, state and socket; no CRI) for this module's tests."""
     need("containerd", "ctr", "skopeo", "runc")
     try:
-        with images.scratch_containerd(tmp_path_factory.mktemp("containerd")) as address:
+        with image_import.scratch_containerd(tmp_path_factory.mktemp("containerd")) as address:
             yield address
     finally:
         for namespace in (NAMESPACE, f"{NAMESPACE}-update"):
@@ -649,11 +655,11 @@ def test_import_into_containerd_sends_only_missing_layers(
 ):
     # Cold: everything is sent; the images are listed under their own names.
     for ref in (pause_ref, init_ref):
-        result = images.import_into_containerd(ref, containerd, NAMESPACE)
+        result = image_import.import_into_containerd(ref, containerd, NAMESPACE)
         assert (result.layers_sent, result.layers_reused) == (1, 0)
     assert {pause_ref, init_ref} <= set(ctr(containerd, "images", "ls", "--quiet").split())
     # Warm, same image ID: a no-op.
-    again = images.import_into_containerd(init_ref, containerd, NAMESPACE)
+    again = image_import.import_into_containerd(init_ref, containerd, NAMESPACE)
     assert again.skipped and again.bytes_sent == 0
     # A changed layer on top of one containerd holds: only the new layer travels, and it runs.
     # In a namespace of its own, so the shared layer is referenced only by the image it replaces
@@ -666,8 +672,8 @@ def test_import_into_containerd_sends_only_missing_layers(
         for i, text in enumerate(("first", "second")):
             (tmp_path / "msg").write_text(text)
             podman("build", "--quiet", "--tag", ref, str(tmp_path))
-            built.append(images.inspect(ref)["Id"])
-            result = images.import_into_containerd(ref, containerd, namespace)
+            built.append(inspect(ref)["Id"])
+            result = image_import.import_into_containerd(ref, containerd, namespace)
             assert (result.layers_sent, result.layers_reused) == ((2, 0) if i == 0 else (1, 1))
             assert result.bytes_sent < (3_000_000 if i == 0 else 10_000), result
             # It runs: the container copies /msg out through a bind mount. Not its stdout: ctr

@@ -99,9 +99,9 @@ def _wheel(tmp: Path) -> Path:
 
 def _wheelhouses() -> list[Path]:
     """The wheels of the two views of uv.lock an image installs, torch's and the rest of the
-    trainer extra's (``localkube.wheelhouse``: one download per machine, hashes checked). Only
+    trainer extra's (``tools.wheelhouse``: one download per machine, hashes checked). Only
     the lock's versions are there, so pip's resolution among them is the lock's."""
-    from localkube.wheelhouse import BASE_REQUIREMENTS, wheelhouse
+    from tools.wheelhouse import BASE_REQUIREMENTS, wheelhouse
 
     return [wheelhouse(), wheelhouse(view=BASE_REQUIREMENTS.with_name("image.txt"))]
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from localkube.pki import PKI
+from localkube.controlplane.pki import PKI
 from tests.trainer.conftest import REPO, common_args, run_pods, trainer_cmd, trainjob_envs
 from trainer.progress_api import (
     ENV_CA_CERT,

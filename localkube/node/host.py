@@ -33,7 +33,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .procs import LocalkubeError, proc_start_time
+from ..procs import LocalkubeError, proc_start_time
+
+#: ``DDPJOB_NODE=off`` starts the cluster without its real node (non-root machines, or a second
+#: checkout on a machine whose node another checkout's cluster holds).
+ENABLED = os.environ.get("DDPJOB_NODE", "on") != "off"
+DISABLED_HINT = (
+    "localkube node: the cluster runs without its real node (got DDPJOB_NODE=off). "
+    "Unset DDPJOB_NODE and run `make cluster-down cluster-up`."
+)
 
 #: Machine-scoped runtime state (sockets, configs, IPAM leases, the record): usually a tmpfs,
 #: like the kernel state it goes with.
@@ -243,6 +251,12 @@ def preflight(repo: Path) -> None:
     check_owner(repo)
 
 
+def require() -> None:
+    """Fail in one line when the running cluster has no real node (for the node's tests)."""
+    if not ENABLED:
+        raise LocalkubeError(DISABLED_HINT)
+
+
 def check_owner(repo: Path) -> None:
     """Refuse when the node of another checkout's live cluster holds this machine."""
     owner = _live_other_owner(repo)
@@ -341,9 +355,8 @@ def create_bridge() -> None:
     # of its ports' (br_stp_recalculate_bridge_id), and every pod's veth is a port with a random
     # one: when the pod whose veth lent it goes, every other pod's ARP entry for the gateway
     # names an address no port has, and the pod reaches neither CoreDNS nor the status server
-    # on the gateway until that entry goes stale, tens of seconds (stop 29's CI: a TrainJob's
-    # rank 0 could not post its last progress after its peer's pod went). The bridge plugin
-    # does not set it on a bridge it finds. Pod-to-pod traffic was never affected.
+    # on the gateway until that entry goes stale, tens of seconds. The bridge plugin does not
+    # set it on a bridge it finds.
     run("ip", "link", "set", BRIDGE, "address", BRIDGE_MAC)
     run("ip", "link", "set", BRIDGE, "up")
 
@@ -532,9 +545,9 @@ def _ours(mount: str, before: dict) -> bool:
 
 def _unmount_ours(before: dict, say: Say) -> None:
     """Unmount what the node mounted, children first, in passes: a mount can lie hidden under
-    a later one at its parent (ci17-ci18: a pod's netns at /run/netns/cni-<uuid>, then
-    containerd's bind of /run/netns onto itself over it), and unmounting its path fails (EINVAL)
-    until the one above it is gone. A pass that unmounts nothing ends it."""
+    a later one at its parent (a pod's netns at /run/netns/cni-<uuid>, then containerd's bind of
+    /run/netns onto itself over it), and unmounting its path fails (EINVAL) until the one above
+    it is gone. A pass that unmounts nothing ends it."""
     mine = [m for m in mountpoints() if _ours(m, before)]
     while True:
         failed: dict[str, int] = {}

@@ -7,8 +7,8 @@ build, ``pip download`` for another Python) read a requirements file exported fr
 edited by hand (:data:`VIEWS`). Exporting is offline (``uv export --frozen``), so the test that
 holds the views to the lock (``tests/test_generated.py``) needs no registry.
 
-    python -m localkube.lock            # uv lock (keeps the pins that still fit), then the views
-    python -m localkube.lock --upgrade  # re-resolve every pin to the newest that fits the ranges
+    python -m tools.lock            # uv lock (keeps the pins that still fit), then the views
+    python -m tools.lock --upgrade  # re-resolve every pin to the newest that fits the ranges
 
 pyproject.toml keeps the ranges users get from ``pip install ddpjob``; ``[tool.uv]`` names torch's
 version (the one place) and the environments the lock covers.
@@ -32,7 +32,7 @@ LOCK = REPO / "uv.lock"
 VIEWS: dict[str, tuple[str, ...]] = {
     # uv itself, for the bootstrap: `make venv` pip-installs it with its hash, then uv syncs.
     "requirements/uv.txt": ("--only-group", "uv"),
-    # torch and exactly what it pulls in: the stand-in base image (localkube/images.py) and the
+    # torch and exactly what it pulls in: the stand-in base image (tools/base.py) and the
     # wheelhouse its build reads. numpy is not among them: the image build then proves that
     # ddpjob[trainer] declares what the trainer needs.
     "requirements/torch-base.txt": ("--only-group", "torch-base"),
@@ -57,7 +57,7 @@ def uv_binary() -> str:
     found = str(here) if here.exists() else shutil.which("uv")
     if not found:
         raise LockError(
-            "localkube.lock: uv not found (got none beside python or on PATH). Run `make venv`."
+            "tools.lock: uv not found (got none beside python or on PATH). Run `make venv`."
         )
     return found
 
@@ -74,7 +74,7 @@ def _uv(*args: str, capture: bool = True) -> str:
     proc = run_uv(*args, capture=capture)
     if proc.returncode != 0:
         detail = (proc.stderr or "").strip().splitlines()[-3:] if capture else []
-        raise LockError(f"localkube.lock: `uv {' '.join(args)}` failed: {' / '.join(detail)}")
+        raise LockError(f"tools.lock: `uv {' '.join(args)}` failed: {' / '.join(detail)}")
     return proc.stdout if capture else ""
 
 
@@ -122,7 +122,7 @@ def torch_version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m localkube.lock", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tools.lock", description=__doc__)
     parser.add_argument(
         "--upgrade", action="store_true", help="re-resolve every pin, not only what changed"
     )

@@ -1,8 +1,8 @@
 """Kueue in the local cluster: its objects, its process, the queues every cluster starts with.
 
-Kueue v0.17.0's own command (``sigs.k8s.io/kueue/cmd/kueue``, built unmodified by
-``localkube/go-operators``, see ``operators.py``) runs as a host process beside the operators,
-like Trainer v2 and JobSet (``trainer_v2.py``):
+Kueue's own command (``sigs.k8s.io/kueue/cmd/kueue`` at ``versions.KUEUE``, built unmodified by
+``builds/go-operators``, see ``builds/operators.py``) runs as a host process beside the
+operators, like Trainer v2 and JobSet (``trainer_v2.py``):
 
 - Its Configuration (config.kueue.x-k8s.io/v1beta2, :func:`config`) is upstream's
   ``config/components/manager/controller_manager_config.yaml`` with local addresses, the
@@ -41,32 +41,13 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from . import bootstrap
+from ..builds.operators import KUEUE_SECRETS_ROLE as SECRETS_ROLE
+from ..controlplane import bootstrap
+from ..controlplane.context import Component, http_get
+from ..procs import LocalkubeError
 
 if TYPE_CHECKING:
-    from .context import Context
-
-MODULE = "sigs.k8s.io/kueue"
-VERSION = "v0.17.0"
-VERSION_PKG = f"{MODULE}/pkg/version"
-BINARIES = {"kueue": f"{MODULE}/cmd/kueue"}
-
-#: Upstream's release kustomization, split at build time (``operators.render_manifests``).
-RELEASE = "config/default"
-MANIFESTS = {
-    "kueue-crds.json": (MODULE, RELEASE, "kueue"),
-    "kueue-install.yaml": (MODULE, RELEASE, "kueue"),
-}
-#: What of the release this cluster installs, besides the CRDs (the rest: see DIFFERENCES).
-_INSTALLED_KINDS = (
-    "Namespace",
-    "ClusterRole",
-    "MutatingWebhookConfiguration",
-    "ValidatingWebhookConfiguration",
-)
-#: The one namespaced Role it needs: its cache watches Secrets in its namespace (MultiKueue's
-#: kubeconfigs), whatever the configuration.
-SECRETS_ROLE = "kueue-manager-secrets-role"
+    from ..controlplane.context import Context
 
 NAMESPACE = "kueue-system"
 USER = "kueue"  # its client identity (bootstrap.USERS)
@@ -132,26 +113,6 @@ DIFFERENCES = (
     "ClusterQueue cluster-queue (quota: the real node's CPU and memory, the kwok nodes' GPUs; "
     "preemption withinClusterQueue LowerPriority), LocalQueue user-queue in default.",
 )
-
-
-# ------------------------------------------------------------------------------------ build
-
-
-def split_release(docs: list[dict], name: str) -> str:
-    """One file of :data:`MANIFESTS` from the release's documents: the CRDs as JSON (the
-    workloads CRD alone is 1.6 MB of YAML, which PyYAML reads in seconds), or the namespace,
-    ClusterRoles and webhook configurations as YAML."""
-    if name == "kueue-crds.json":
-        crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
-        return json.dumps(crds, separators=(",", ":"))
-    return yaml.safe_dump_all(
-        [
-            d
-            for d in docs
-            if d["kind"] in _INSTALLED_KINDS
-            or (d["kind"] == "Role" and d["metadata"]["name"] == SECRETS_ROLE)
-        ]
-    )
 
 
 # ------------------------------------------------------------------------------------ process
@@ -260,13 +221,11 @@ def crd_names(mandir: Path) -> list[str]:
 def objects(ctx: Context) -> list[dict]:
     """The namespace, every ClusterRole of the release, the bindings of :data:`ROLES` to our
     identity, and both webhook configurations served by the process."""
-    from .trainer_v2 import serve_locally
-
     docs = [d for d in yaml.safe_load_all((ctx.manifests / "kueue-install.yaml").read_text()) if d]
     roles = {d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"}
     if not set(ROLES) <= roles:
         raise RuntimeError(
-            f"localkube.kueue: upstream's manifests lack ClusterRoles "
+            f"localkube kueue: upstream's manifests lack ClusterRoles "
             f"{sorted(set(ROLES) - roles)} (got {len(roles)} roles). Rebuild the tools."
         )
     cn = bootstrap.USERS[USER][0]
@@ -286,7 +245,7 @@ def objects(ctx: Context) -> list[dict]:
     port, ca_bundle = ctx.ports["kueue-webhook"], _ca_bundle(ctx)
     hooks = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
     return [
-        *(serve_locally(d, port, ca_bundle) if d["kind"] in hooks else d for d in docs),
+        *(bootstrap.serve_locally(d, port, ca_bundle) if d["kind"] in hooks else d for d in docs),
         *bindings,
     ]
 
@@ -361,8 +320,6 @@ def queues(quota: dict[str, str], gpus: int) -> list[dict]:
 
 def _registered(ctx: Context, node_name: str, timeout_s: float = 60) -> dict:
     """The node object once its kubelet registered it with its allocatable resources."""
-    from .procs import LocalkubeError
-
     deadline = time.monotonic() + timeout_s
     while True:
         proc = ctx.kubectl("get", "node", node_name, "-o", "json", check=False)
@@ -387,7 +344,19 @@ def install_queues(ctx: Context, node_name: str | None) -> None:
 
 def require() -> None:
     """Fail in one line when the cluster runs without Kueue (for the queue tests)."""
-    from .procs import LocalkubeError
-
     if not ENABLED:
         raise LocalkubeError(DISABLED_HINT)
+
+
+# ------------------------------------------------------------------------------------ process
+
+#: Waited for at once: its webhooks (failurePolicy Fail) see every job and pod created from then
+#: on, and the queues are admitted by them.
+KUEUE = Component(
+    "kueue",
+    argv,
+    lambda ctx: http_get(f"http://127.0.0.1:{ctx.ports['kueue-probe']}/readyz") == "ok",
+    wait="now",
+    prepare=prepare,
+    ports=PORTS,
+)

@@ -1,4 +1,4 @@
-"""Running the go command for the local cluster's builds (``tools`` and ``trainer_v2`` both
+"""Running the go command for the local cluster's builds (``gotools`` and ``operators`` both
 build Go modules; this module imports neither, so neither imports the other)."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ import subprocess
 import time
 from pathlib import Path
 
-#: The wrapper module of the control-plane components (``localkube/go``).
+from ..procs import LocalkubeError
+
+#: The wrapper module of the control-plane components (``builds/go``).
 GO_DIR = Path(__file__).resolve().parent / "go"
 
 
@@ -35,18 +37,18 @@ def module_download(module: str, cwd: Path = GO_DIR) -> dict:
         check=False,
     )
     if out.returncode != 0:
-        raise RuntimeError(
+        raise LocalkubeError(
             f"localkube: go mod download {module} in {cwd} failed (got exit {out.returncode}): "
             f"{out.stderr[-2000:]}. Check access to the Go module proxy."
         )
     return json.loads(out.stdout)
 
 
-def _run_go(args: list[str], log, cwd: Path = GO_DIR) -> float:
+def run_go(args: list[str], log, cwd: Path = GO_DIR) -> float:
     """Run one go command in the wrapper module (or ``cwd``); return its wall time in seconds."""
     if shutil.which("go") is None:
-        raise RuntimeError(
-            "localkube.tools: the go command is missing (got no `go` on PATH). "
+        raise LocalkubeError(
+            "localkube: the go command is missing (got no `go` on PATH). "
             "Install Go >= 1.24 (https://go.dev/dl/) or point DDPJOB_TOOLS_DIR at built tools."
         )
     start = time.monotonic()
@@ -54,8 +56,8 @@ def _run_go(args: list[str], log, cwd: Path = GO_DIR) -> float:
     proc = subprocess.run(["go", *args], cwd=cwd, env=_go_env(), capture_output=True, text=True)
     elapsed = time.monotonic() - start
     if proc.returncode != 0:
-        raise RuntimeError(
-            f"localkube.tools: go {args[0]} failed (got exit {proc.returncode}):\n"
+        raise LocalkubeError(
+            f"localkube: go {args[0]} failed (got exit {proc.returncode}):\n"
             f"{proc.stderr[-4000:]}\nHint: check network access to the Go module proxy."
         )
     return elapsed

@@ -1,9 +1,9 @@
 """Kubeflow Trainer v2 and JobSet in the local cluster: their build, their processes, their objects.
 
 Both controllers are upstream's own commands, built unmodified from the Go module proxy by the
-module ``localkube/go-operators`` (Trainer's ``cmd/trainer-controller-manager`` and JobSet's root
-``main``; ``operators.py`` builds them with Kueue and the training operator v1), and run as host
-processes beside the training operator v1, like every component:
+module ``builds/go-operators`` (Trainer's ``cmd/trainer-controller-manager`` and JobSet's root
+``main``; ``builds/operators.py`` builds them with Kueue and the training operator v1), and run as
+host processes beside the training operator v1, like every component:
 
 - Each reads a config file written at start: webhook server on ``127.0.0.1:<free port>``, no
   certificate management of its own (upstream's rotates a Secret for a Service; there is no pod
@@ -14,12 +14,12 @@ processes beside the training operator v1, like every component:
 - Each has its own client identity (``kubeflow-trainer.kubeconfig``, ``jobset.kubeconfig``, see
   ``bootstrap.USERS``) bound to upstream's ClusterRoles.
 - Their CRDs, RBAC and webhook configurations are upstream's kustomize output, rendered at build
-  time (``operators.render_manifests``) and installed by :func:`apply_objects` with every
+  time (``builds.operators.render_manifests``) and installed by :func:`apply_objects` with every
   ``clientConfig.service`` replaced by ``url: https://127.0.0.1:<port><path>`` and the CA bundle.
 - :func:`install_runtime` installs upstream's ``torch-distributed`` ClusterTrainingRuntime with
-  one change, the image: this checkout's trainer image (``images.trainer_ref()``, what
-  ``images.trainer_image()`` builds and ``up`` imports into the real node), so a TrainJob that
-  names no image of its own runs this checkout's trainer. Once Trainer's webhook admits it.
+  one change, the image: this checkout's trainer image (``builds.images.trainer_ref()``, what
+  ``builds.images.trainer_image()`` builds and ``up`` imports into the real node), so a TrainJob
+  that names no image of its own runs this checkout's trainer, once Trainer's webhook admits it.
 
 Its progress API (KEP-2779) is on: the ``TrainJobStatus`` feature gate starts upstream's status
 server (``pkg/statusserver``), which training pods reach over HTTPS at
@@ -44,48 +44,15 @@ import yaml
 
 from controller import kubeflow
 
-from . import bootstrap
+from ..builds import images
+from ..controlplane import bootstrap
+from ..controlplane.context import Component, http_get
+from ..node.host import GATEWAY
+from ..procs import LocalkubeError
 
 if TYPE_CHECKING:
-    from .context import Context
+    from ..controlplane.context import Context
 
-#: Pinned versions (go-operators/go.mod must require exactly these; ``operators.build`` checks).
-VERSIONS = {"kubeflow-trainer": kubeflow.TRAINER_VERSION, "jobset": kubeflow.JOBSET_VERSION}
-TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
-JOBSET_MODULE = "sigs.k8s.io/jobset"
-
-#: Binaries in the tools ``bin/`` folder -> the upstream main package each is built from.
-BINARIES = {
-    "trainer-controller-manager": f"{TRAINER_MODULE}/cmd/trainer-controller-manager",
-    "jobset-controller-manager": JOBSET_MODULE,
-}
-
-#: Manifest files in the tools ``manifests/`` folder -> (module, path in the module zip, how);
-#: ``operators.render_manifests`` says what each "how" does.
-MANIFESTS = {
-    "trainer-crds.yaml": (TRAINER_MODULE, "manifests/base/crds", "kustomize"),
-    "trainer-rbac.yaml": (TRAINER_MODULE, "manifests/base/rbac", "kustomize"),
-    "trainer-webhooks.yaml": (TRAINER_MODULE, "manifests/base/webhook", "kustomize"),
-    "trainer-torch-distributed.yaml": (
-        TRAINER_MODULE,
-        "manifests/base/runtimes/torch_distributed.yaml",
-        "copy",
-    ),
-    # Upstream's install (overlays/manager): its namespace and the ConfigMap the SDK reads.
-    "trainer-overlay-manager.yaml": (
-        TRAINER_MODULE,
-        "manifests/overlays/manager/kustomization.yaml",
-        "copy",
-    ),
-    "jobset-crd.yaml": (
-        JOBSET_MODULE,
-        "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",
-        "copy",
-    ),
-    # From JobSet's release manifests (what Trainer's own install pulls in, third-party/jobset):
-    # their names carry the release's "jobset-" prefix.
-    "jobset-rbac-webhooks.yaml": (JOBSET_MODULE, "config/default", "rbac+webhooks"),
-}
 #: The CRDs of both, applied as upstream wrote them (CRDs are megabytes of YAML: PyYAML would
 #: take seconds to read them, so they go to kubectl as text).
 CRD_FILES = ("trainer-crds.yaml", "jobset-crd.yaml")
@@ -149,7 +116,7 @@ DIFFERENCES = (
     "(strategy Webhook at /convert): v0.12.0 has one version and serves no /convert, so the API "
     "server never converts; the release's patch only adds a dangling reference.",
     "The torch-distributed runtime's image is this checkout's trainer image "
-    "(images.trainer_ref()), not pytorch/pytorch.",
+    "(builds.images.trainer_ref()), not pytorch/pytorch.",
     "The progress API is on (feature gate TrainJobStatus; upstream's default is off). Its status "
     "server is a host process: it runs in a mount namespace of its own where /tmp holds its "
     "certificate and /run a service-account token (the two in-pod paths it reads); the API "
@@ -227,8 +194,6 @@ def trainer_rundir(ctx: Context) -> Path:
 def trainer_prepare(ctx: Context) -> None:
     """Write Trainer's config file, its serving certificate (the webhooks' and the status
     server's: it names the address pods use) and the service-account files of its /run."""
-    from .host import GATEWAY
-
     (_dir(ctx, "trainer") / "config.yaml").write_text(yaml.safe_dump(trainer_config(ctx)))
     _serving_cert(
         ctx,
@@ -281,8 +246,6 @@ def trainer_ready(ctx: Context) -> bool:
     its OIDC discovery of the token issuer has worked, and a failure stops the controller)."""
     import ssl
     import urllib.error
-
-    from .context import http_get
 
     if http_get(f"http://127.0.0.1:{ctx.ports['trainer-probe']}/readyz") != "ok":
         return False
@@ -340,15 +303,6 @@ def _docs(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
-def serve_locally(config: dict, port: int, ca_bundle: str) -> dict:
-    """A webhook configuration (or CRD conversion) pointed at ``https://127.0.0.1:<port>``."""
-    config = copy.deepcopy(config)
-    for hook in config["webhooks"]:
-        path = hook["clientConfig"]["service"]["path"]
-        hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle}
-    return config
-
-
 def objects(ctx: Context) -> list[dict]:
     """The ClusterRoles, their bindings to our identities and the webhook configurations."""
     mandir = ctx.manifests
@@ -364,13 +318,15 @@ def objects(ctx: Context) -> list[dict]:
         found = {d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"}
         if not set(roles) <= found:
             raise RuntimeError(
-                f"localkube.trainer_v2: upstream manifests lack ClusterRoles "
+                f"localkube trainer v2: upstream manifests lack ClusterRoles "
                 f"{sorted(set(roles) - found)} (got {sorted(found)}). Rebuild the tools."
             )
         others += [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] in roles]
         cn = bootstrap.USERS[user][0]
         others += [bootstrap.cluster_role_binding(f"{user}:{r}", r, cn) for r in roles]
-        others += [serve_locally(d, port, ca_bundle) for d in docs if d["kind"] in hook_kinds]
+        others += [
+            bootstrap.serve_locally(d, port, ca_bundle) for d in docs if d["kind"] in hook_kinds
+        ]
     return others
 
 
@@ -388,7 +344,7 @@ def public_objects(mandir: Path) -> list[dict]:
     ]
     if len(generated) != 1 or sorted(d["kind"] for d in rbac) != ["Role", "RoleBinding"]:
         raise RuntimeError(
-            f"localkube.trainer_v2: upstream's manifests changed: expected one configMapGenerator "
+            f"localkube trainer v2: upstream's manifests changed: expected one configMapGenerator "
             f"{PUBLIC} and its Role and RoleBinding (got {len(generated)} generators, "
             f"{sorted(d['kind'] for d in rbac)}). Rebuild the tools, or look at the manifests."
         )
@@ -416,8 +372,6 @@ def status_objects(ctx: Context) -> list[dict]:
     - a Service without selector named as the pods' URL says, and an EndpointSlice to the
       node's bridge gateway (10.244.0.1), where the host's status server listens: CoreDNS
       answers its name with that address."""
-    from .host import GATEWAY
-
     port = ctx.ports["trainer-status"]
     ca = base64.b64encode(ctx.pki.path("ca.crt").read_bytes()).decode()
     meta = {"namespace": STATUS_NAMESPACE}
@@ -486,7 +440,7 @@ def torch_runtime(manifests: Path, image: str) -> dict:
     node = next((c for c in containers if c["name"] == kubeflow.TRAINJOB_CONTAINER), None)
     if runtime["metadata"]["name"] != kubeflow.DEFAULT_RUNTIME or node is None:
         raise RuntimeError(
-            f"localkube.trainer_v2: upstream's runtime is not {kubeflow.DEFAULT_RUNTIME} with a "
+            f"localkube trainer v2: upstream's runtime is not {kubeflow.DEFAULT_RUNTIME} with a "
             f"replicated job and container {kubeflow.TRAINJOB_CONTAINER!r} (got "
             f"{runtime['metadata']['name']}, jobs {[j['name'] for j in jobs]}). The contract in "
             f"controller/kubeflow.py needs a look."
@@ -498,8 +452,6 @@ def torch_runtime(manifests: Path, image: str) -> dict:
 def install_runtime(ctx: Context, image: str, timeout_s: float = 30) -> None:
     """Apply the torch-distributed runtime with ``image``; Trainer's validating webhook must
     admit it, so retry while the webhook server is still coming up."""
-    from .procs import LocalkubeError
-
     runtime = torch_runtime(ctx.manifests, image)
     deadline = time.monotonic() + timeout_s
     while True:
@@ -513,3 +465,32 @@ def install_runtime(ctx: Context, image: str, timeout_s: float = 30) -> None:
                     f"{timeout_s:.0f}s (got {exc}). See {ctx.state_dir / 'logs'}."
                 ) from exc
             time.sleep(0.5)
+
+
+def install_torch_runtime(ctx: Context) -> None:
+    """The torch-distributed runtime with this checkout's trainer image (named, not built: the
+    node's images step builds and imports it)."""
+    install_runtime(ctx, images.trainer_ref())
+
+
+# ------------------------------------------------------------------------------------ processes
+
+JOBSET_CONTROLLER = Component(
+    "jobset-controller-manager",
+    jobset_argv,
+    lambda ctx: http_get(f"http://127.0.0.1:{ctx.ports['jobset-probe']}/readyz") == "ok",
+    prepare=jobset_prepare,
+    ports=JOBSET_PORTS,
+)
+
+#: Waited for at once: the torch-distributed runtime is admitted by its webhook, so the step
+#: after it needs it ready.
+TRAINER_CONTROLLER = Component(
+    "trainer-controller-manager",
+    trainer_argv,
+    trainer_ready,
+    wait="now",
+    env=trainer_env,
+    prepare=trainer_prepare,
+    ports=TRAINER_PORTS,
+)

@@ -2,14 +2,14 @@
 ``~/.cache/ddpjob/wheelhouse/<view>-<hash>``.
 
 The stand-in base image installs torch's (``requirements/torch-base.txt``) from a build volume
-(``images.base_image``), and the clean-venv test of ``ddpjob[trainer]`` installs offline from
+(``tools.base.base_image``), and the clean-venv test of ``ddpjob[trainer]`` installs offline from
 those and the image view's (``requirements/image.txt``). uv's cache cannot serve them (it keeps
 unpacked wheels, not files), and pip's own HTTP cache cannot be relied on: a proxy that strips
 Cache-Control leaves it empty.
 
 Standard library only.
 
-    python -m localkube.wheelhouse            # fill torch's (if empty); print its path
+    python -m tools.wheelhouse            # fill torch's (if empty); print its path
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import sys
 import time
 from pathlib import Path
 
-from .procs import cache_dir, file_lock, short_digest
+from .cache import cache_dir, file_lock, short_digest
 
 HERE = Path(__file__).resolve().parent
 #: torch at the locked version and exactly what it pulls in, pinned with hashes: uv.lock's view
-#: (localkube/lock.py; no numpy: the image build then proves that ddpjob[trainer] declares what
+#: (tools/lock.py; no numpy: the image build then proves that ddpjob[trainer] declares what
 #: the trainer needs).
 BASE_REQUIREMENTS = HERE.parent / "requirements" / "torch-base.txt"
 #: The wheels' target: bookworm's CPython 3.11 on glibc 2.36, x86_64 (the stand-in base's Python).
@@ -83,7 +83,7 @@ def wheelhouse(log=sys.stderr, view: Path = BASE_REQUIREMENTS) -> Path:
         proc = subprocess.run(argv, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise WheelhouseError(
-                f"localkube.wheelhouse: pip download failed (got exit {proc.returncode}): "
+                f"tools.wheelhouse: pip download failed (got exit {proc.returncode}): "
                 f"{proc.stderr.strip()[-1500:]}\nHint: pip needs PyPI (or your index in pip.conf)"
             )
         (house / "requirements.txt").write_bytes(requirements)
@@ -108,9 +108,7 @@ def _link_known_wheels(house: Path, view: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(prog="python -m localkube.wheelhouse", description=__doc__).parse_args(
-        argv
-    )
+    argparse.ArgumentParser(prog="python -m tools.wheelhouse", description=__doc__).parse_args(argv)
     try:
         print(wheelhouse())
     except WheelhouseError as e:

@@ -1,15 +1,15 @@
 """Build the Go components of the local control plane, pinned and cached outside the repo.
 
-The Kubernetes components come from one wrapper module (``localkube/go``) so that
+The Kubernetes components come from one wrapper module (``builds/go``) so that
 kube-apiserver, kube-controller-manager, kube-scheduler, etcd, kwok, kubectl and the kubelet
 share one dependency graph and one link (a busybox-style multi-call binary ``kube``). helm is
 built from the same module graph, so the packages it shares with Kubernetes come from the Go
 build cache. CoreDNS is a small module of its own (``go/coredns``): its kubernetes plugin needs
 the client-go it was released with.
 
-The operators need k8s.io v0.36: a second module (``localkube/go-operators``, see
+The operators need k8s.io v0.36: a second module (``builds/go-operators``, see
 ``operators.py``) builds the training operator v1, Kubeflow Trainer v2, JobSet and Kueue into
-the same folder, with the manifests each installs.
+the same folder, with the manifests each installs. The versions: ``localkube/versions.py``.
 
 The tools folder is versioned by the pinned versions plus a hash of both modules' sources, so a
 second ``build()`` builds nothing and a change to either builds into a fresh folder.
@@ -24,20 +24,9 @@ import os
 import sys
 from pathlib import Path
 
+from ..versions import VERSIONS
 from . import operators
-from .gocmd import _run_go
-
-#: Pinned component versions. They must match localkube/go/go.mod.
-VERSIONS = {
-    "kubernetes": "v1.33.13",
-    "etcd": "v3.5.21",
-    "kwok": "v0.7.0",
-    "helm": "v3.18.6",
-    "coredns": "v1.12.0",
-    **operators.VERSIONS,  # built from localkube/go-operators
-}
-
-GO_DIR = Path(__file__).resolve().parent / "go"
+from .gocmd import GO_DIR, run_go
 
 #: Components linked into the multi-call binary ``kube``; each gets a symlink in ``bin/``.
 KUBE_COMPONENTS = (
@@ -142,7 +131,7 @@ def _build_locked(root: Path, log) -> dict[str, float]:
     kube = bindir / "kube"
     if not kube.exists():
         tmp = bindir / f".kube.tmp{os.getpid()}"
-        times["kube"] = _run_go([*common, "-o", str(tmp), "./cmd/kube"], log)
+        times["kube"] = run_go([*common, "-o", str(tmp), "./cmd/kube"], log)
         tmp.rename(kube)
     for name in KUBE_COMPONENTS:
         link = bindir / name
@@ -152,7 +141,7 @@ def _build_locked(root: Path, log) -> dict[str, float]:
         dest = bindir / name
         if not dest.exists():
             tmp = bindir / f".{name}.tmp{os.getpid()}"
-            times[name] = _run_go([*common, "-o", str(tmp), package], log, GO_DIR / module)
+            times[name] = run_go([*common, "-o", str(tmp), package], log, GO_DIR / module)
             tmp.rename(dest)
     times.update(operators.build(root, log))  # after kubectl: it renders their manifests
     record = root / "build-times.json"

@@ -5,8 +5,8 @@ started, with their start times so a recycled pid is never signalled), ``logs/``
 ``etcd/``. ``up()`` is idempotent: with a live cluster it only
 prints the export line. ``down()`` stops exactly the recorded processes and removes the state.
 
-What runs, in what order and how each is probed: ``components.py``. Credentials and the objects
-applied at start: ``bootstrap.py``. Pids, the state file and the lock: ``procs.py``.
+What runs, in what order: ``sequence.py`` (each room's components say how they start and how
+each is probed). Pids, the state file and the lock: ``procs.py``.
 """
 
 from __future__ import annotations
@@ -20,19 +20,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import bootstrap, kueue, procs, tools
-from .components import (
-    FINAL_PROBES,
-    HOST_CHECKS,
-    HOST_RESETS,
-    SEQUENCE,
-    Component,
-    Step,
-    components,
-    port_names,
-)
-from .context import Context, http_get
+from tools.cache import cache_dir
+
+from . import procs, versions
+from .addons import kueue
+from .builds import gotools
+from .controlplane import bootstrap
+from .controlplane.context import Component, Context, Step, http_get
 from .procs import LocalkubeError, StateFile, proc_start_time, state_lock
+from .sequence import FINAL_PROBES, HOST_CHECKS, HOST_RESETS, SEQUENCE, components, port_names
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STATE_DIR_NAME = ".cluster"
@@ -138,7 +134,8 @@ class ControlPlane:
     def _outdated(self, state: dict) -> bool:
         """True when the running cluster was started from other tools or harness code."""
         return (
-            state.get("tools") != str(tools.tools_dir()) or state.get("harness") != _harness_hash()
+            state.get("tools") != str(gotools.tools_dir())
+            or state.get("harness") != _harness_hash()
         )
 
     def _other_sessions(self) -> list[str]:
@@ -171,7 +168,7 @@ class ControlPlane:
             return True
 
     def _context(self, state: dict) -> Context:
-        from .pki import PKI
+        from .controlplane.pki import PKI
 
         return Context(
             repo=self.repo,
@@ -187,7 +184,7 @@ class ControlPlane:
         t0 = time.monotonic()
         for check in HOST_CHECKS:
             check(self.repo)
-        built = tools.build(self.log)
+        built = gotools.build(self.log)
         if built:
             self.say("built " + ", ".join(f"{k} {v:.0f}s" for k, v in built.items()))
         t_ready = time.monotonic()
@@ -201,8 +198,8 @@ class ControlPlane:
             "server": f"https://127.0.0.1:{ports['apiserver']}",
             "ports": ports,
             "pki": str(self.state_dir / "pki"),
-            "tools": str(tools.tools_dir()),
-            "versions": tools.VERSIONS,
+            "tools": str(gotools.tools_dir()),
+            "versions": versions.VERSIONS,
             "nodes": list(bootstrap.KWOK_NODES),
             "owner": owner,
             "harness": _harness_hash(),
@@ -298,7 +295,7 @@ class ControlPlane:
         self, *args: str, input_text: str | None = None, check: bool = True, timeout: float = 60
     ) -> subprocess.CompletedProcess:
         """Run the built kubectl against this cluster (admin credentials)."""
-        argv = [str(tools.bin_path("kubectl")), "--kubeconfig", str(self.kubeconfig), *args]
+        argv = [str(gotools.bin_path("kubectl")), "--kubeconfig", str(self.kubeconfig), *args]
         proc = subprocess.run(
             argv, input=input_text, capture_output=True, text=True, timeout=timeout, check=False
         )
@@ -360,7 +357,7 @@ class ControlPlane:
             self._reset_host()
         keep = os.environ.get("DDPJOB_CLUSTER_KEEP_LOGS") == "1"
         if keep and (self.state_dir / "logs").exists():
-            dest = procs.cache_dir() / "cluster-logs" / time.strftime("%Y%m%d-%H%M%S")
+            dest = cache_dir() / "cluster-logs" / time.strftime("%Y%m%d-%H%M%S")
             shutil.rmtree(dest, ignore_errors=True)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copytree(self.state_dir / "logs", dest)
@@ -392,11 +389,14 @@ class ControlPlane:
 
 
 def _harness_hash() -> str:
-    """Hash of the harness code that decides what runs in the cluster: a running cluster
-    started from other code is restarted by the next ``up``."""
+    """Hash of the harness code that decides what runs in the cluster (every room but the
+    builds, which the tools folder's name covers): a running cluster started from other code is
+    restarted by the next ``up``."""
     here = Path(__file__).resolve().parent
+    files = [here / "sequence.py", here / "cluster.py"]
+    for room in ("controlplane", "node", "addons"):
+        files += sorted((here / room).glob("*.py"))
     digest = hashlib.sha256()
-    names = ("bootstrap.py", "components.py", "control_plane.py", "pki.py")
-    for name in (*names, "trainer_v2.py", "node.py", "host.py", "volumes.py"):
-        digest.update((here / name).read_bytes())
+    for path in files:
+        digest.update(path.read_bytes())
     return digest.hexdigest()[:10]

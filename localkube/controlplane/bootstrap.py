@@ -1,26 +1,25 @@
-"""What the local cluster needs besides its processes: credentials, and the objects applied once
-the API server answers (CRDs, the operator's RBAC and webhook configuration, the kwok nodes).
+"""What the local cluster needs besides its processes: credentials for every client identity,
+and the objects applied once the API server answers (the kwok nodes); helpers the add-ons use to
+install theirs (bindings, waiting for CRDs).
 """
 
 from __future__ import annotations
 
-import base64
+import copy
 import json
-import shutil
 import time
 from pathlib import Path
 
 import yaml
 
-from controller import kubeflow
-
+from ..procs import LocalkubeError
 from .context import Context
 from .pki import PKI
 
 #: Fake GPU nodes managed by kwok: capacity only, for scheduling, fit and queue tests (8 GPUs
 #: each). Tainted (:data:`KWOK_TAINT`), so nothing lands there without tolerating it, and a pod
 #: bound there is never started (no kwok pod stage matches): every pod that runs, runs in
-#: containers on the real node (node.py).
+#: containers on the real node (node/).
 KWOK_NODES = ("kwok-node-0", "kwok-node-1")
 KWOK_NODE_CAPACITY = {
     "cpu": "32",
@@ -84,9 +83,9 @@ USERS = {
     "scheduler": ("system:kube-scheduler", ()),
     "kwok": ("ddpjob:kwok", ()),
     "training-operator": ("ddpjob:training-operator", ()),
-    "kubeflow-trainer": ("ddpjob:kubeflow-trainer", ()),  # Trainer v2 (trainer_v2.py)
+    "kubeflow-trainer": ("ddpjob:kubeflow-trainer", ()),  # Trainer v2 (addons/trainer_v2.py)
     "jobset": ("ddpjob:jobset", ()),
-    "kueue": ("ddpjob:kueue", ()),  # kueue.py
+    "kueue": ("ddpjob:kueue", ()),  # addons/kueue.py
 }
 
 
@@ -108,13 +107,6 @@ def issue_credentials(state_dir: Path, server: str) -> PKI:
         ips=("127.0.0.1", "10.0.0.1"),
     )
     pki.issue("kwok", "kwok-kubelet", server=True, dns=("localhost",), ips=("127.0.0.1",))
-    webhook_dir = state_dir / "webhook-certs"
-    webhook_dir.mkdir()
-    crt, key = pki.issue(
-        "webhook", "training-operator-webhook", server=True, dns=("localhost",), ips=("127.0.0.1",)
-    )
-    shutil.copyfile(crt, webhook_dir / "tls.crt")
-    shutil.copyfile(key, webhook_dir / "tls.key")
     pki.issue(
         "apiserver-kubelet-client",
         "kube-apiserver-kubelet-client",
@@ -138,6 +130,15 @@ def cluster_role_binding(name: str, role: str, user: str) -> dict:
     }
 
 
+def serve_locally(config: dict, port: int, ca_bundle: str) -> dict:
+    """A webhook configuration (or CRD conversion) pointed at ``https://127.0.0.1:<port>``."""
+    config = copy.deepcopy(config)
+    for hook in config["webhooks"]:
+        path = hook["clientConfig"]["service"]["path"]
+        hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle}
+    return config
+
+
 def kwok_node(name: str) -> dict:
     """A fake node kwok keeps Ready, with 8 GPUs of allocatable capacity, tainted."""
     return {
@@ -159,43 +160,17 @@ def kwok_node(name: str) -> dict:
     }
 
 
-def operator_webhooks(manifests: Path, ca_crt: Path, port: int) -> dict:
-    """Upstream's webhook configuration, PyTorchJob hooks only, pointed at the operator's
-    webhook server on 127.0.0.1 (it runs outside the cluster: a URL, not a Service)."""
-    hook_docs = (manifests / "training-operator-webhooks.yaml").read_text()
-    webhooks = next(w for w in yaml.safe_load_all(hook_docs) if w)
-    pytorch_hooks = [w for w in webhooks["webhooks"] if "pytorchjob" in w["name"]]
-    ca_bundle = base64.b64encode(ca_crt.read_bytes()).decode()
-    for hook in pytorch_hooks:
-        path = hook["clientConfig"]["service"]["path"]
-        hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle}
-    webhooks["metadata"] = {"name": "validator.training-operator.kubeflow.org"}
-    webhooks["webhooks"] = pytorch_hooks
-    return webhooks
-
-
 def apply(ctx: Context) -> None:
-    """Install CRDs, the operator's RBAC and webhook configuration, and the kwok nodes; wait
-    until the CRDs are established."""
-    role = yaml.safe_load((ctx.manifests / "training-operator-role.yaml").read_text())
-    role["metadata"] = {"name": "training-operator"}
+    """The kwok nodes, and kwok's binding to cluster-admin."""
     objects = [
-        role,
-        cluster_role_binding("training-operator", "training-operator", "ddpjob:training-operator"),
         cluster_role_binding("kwok", "cluster-admin", "ddpjob:kwok"),
-        operator_webhooks(ctx.manifests, ctx.pki.path("ca.crt"), ctx.ports["operator-webhook"]),
         *(kwok_node(n) for n in KWOK_NODES),
     ]
-    docs = (ctx.manifests / "pytorchjobs-crd.yaml").read_text()
-    docs += "\n---\n" + "\n---\n".join(yaml.safe_dump(o) for o in objects)
-    ctx.apply(docs, timeout=120)
-    wait_established(ctx, [kubeflow.PYTORCHJOB_CRD])
+    ctx.apply("\n---\n".join(yaml.safe_dump(o) for o in objects), timeout=120)
 
 
 def wait_established(ctx: Context, crds: list[str], timeout_s: float = 60) -> None:
     """Block until every CRD in ``crds`` reports Established (its API is served)."""
-    from .procs import LocalkubeError
-
     deadline = time.monotonic() + timeout_s
     while True:
         out = ctx.kubectl("get", "crd", *crds, "-o", "json", check=False)

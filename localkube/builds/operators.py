@@ -1,22 +1,23 @@
 """The operators of the local cluster that need k8s.io v0.36, built by one Go module.
 
-``localkube/go-operators`` (go 1.26, k8s.io v0.36, controller-runtime v0.24) builds four
-commands in one ``go build``, so the packages they share (client-go, controller-runtime, the
-Kubeflow APIs Kueue links) compile once:
+``builds/go-operators`` (go 1.26, k8s.io v0.36, controller-runtime v0.24) builds four commands in
+one ``go build``, so the packages they share (client-go, controller-runtime, the Kubeflow APIs
+Kueue links) compile once:
 
 - ``training-operator``: the Kubeflow training operator v1 (PyTorchJob), our reduced main
   (``go-operators/cmd/training-operator``; see its comment for what is left out);
 - ``trainer-controller-manager``, ``jobset-controller-manager``: Kubeflow Trainer v2 and JobSet,
-  upstream's commands unmodified (``trainer_v2.py`` runs them);
-- ``kueue``: Kueue's ``cmd/kueue``, unmodified (``kueue.py`` runs it).
+  upstream's commands unmodified;
+- ``kueue``: Kueue's ``cmd/kueue``, unmodified.
 
-Kueue v0.17.0 asks for k8s.io v0.35.3, controller-runtime v0.23.3, Trainer v2.2.0, the training
-operator v1.9.3 and JobSet v0.11.1; minimal version selection lifts it to what the others need
-(v0.36, v0.24.1, v2.3.0, v1.9.4, v0.12.0) and it compiles against them unchanged.
+Kueue's go.mod asks for older k8s.io, controller-runtime, Trainer, training-operator and JobSet
+versions than the others; minimal version selection lifts it to what the others need, and it
+compiles against them unchanged.
 
 The manifests each component installs (CRDs, RBAC, webhook configurations, the torch runtime)
 come out of the same modules at build time (:data:`MANIFESTS`), so running the cluster needs no
-Go and no network.
+Go and no network. The add-ons (``addons/``) read them from the tools folder; this module
+imports none of them.
 """
 
 from __future__ import annotations
@@ -30,38 +31,37 @@ from pathlib import Path
 
 import yaml
 
-from controller import kubeflow
-
-from . import kueue, trainer_v2
+from .. import versions
+from ..procs import LocalkubeError
+from .gocmd import module_download, run_go
 
 GO_DIR = Path(__file__).resolve().parent / "go-operators"
 
 TRAINING_OPERATOR_MODULE = "github.com/kubeflow/training-operator"
+TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
+JOBSET_MODULE = "sigs.k8s.io/jobset"
+KUEUE_MODULE = "sigs.k8s.io/kueue"
 
 #: Modules go.mod must require at exactly these versions (``build`` checks; a test too).
 PINS = {
-    TRAINING_OPERATOR_MODULE: kubeflow.OPERATOR_VERSION,
-    trainer_v2.TRAINER_MODULE: kubeflow.TRAINER_VERSION,
-    trainer_v2.JOBSET_MODULE: kubeflow.JOBSET_VERSION,
-    kueue.MODULE: kueue.VERSION,
-}
-VERSIONS = {
-    "training-operator": kubeflow.OPERATOR_VERSION,
-    **trainer_v2.VERSIONS,
-    "kueue": kueue.VERSION,
+    TRAINING_OPERATOR_MODULE: versions.TRAINING_OPERATOR,
+    TRAINER_MODULE: versions.TRAINER,
+    JOBSET_MODULE: versions.JOBSET,
+    KUEUE_MODULE: versions.KUEUE,
 }
 
 #: Binaries in the tools ``bin/`` folder -> the main package each is built from.
 BINARIES = {
     "training-operator": "ddpjob.local/operatortools/cmd/training-operator",
-    **trainer_v2.BINARIES,
-    **kueue.BINARIES,
+    "trainer-controller-manager": f"{TRAINER_MODULE}/cmd/trainer-controller-manager",
+    "jobset-controller-manager": JOBSET_MODULE,
+    "kueue": f"{KUEUE_MODULE}/cmd/kueue",
 }
 
 #: Manifest files in the tools ``manifests/`` folder -> (module, path in the module zip, how):
 #: "copy" copies one file, "kustomize" renders a kustomization folder with the built kubectl,
 #: "rbac+webhooks" keeps only the ClusterRoles and webhook configurations of a kustomization,
-#: "kueue" splits Kueue's release kustomization (``kueue.split_release``).
+#: "kueue" splits Kueue's release kustomization (:func:`split_kueue_release`).
 MANIFESTS = {
     "pytorchjobs-crd.yaml": (
         TRAINING_OPERATOR_MODULE,
@@ -78,10 +78,44 @@ MANIFESTS = {
         "manifests/base/webhook/manifests.yaml",
         "copy",
     ),
-    **trainer_v2.MANIFESTS,
-    **kueue.MANIFESTS,
+    "trainer-crds.yaml": (TRAINER_MODULE, "manifests/base/crds", "kustomize"),
+    "trainer-rbac.yaml": (TRAINER_MODULE, "manifests/base/rbac", "kustomize"),
+    "trainer-webhooks.yaml": (TRAINER_MODULE, "manifests/base/webhook", "kustomize"),
+    "trainer-torch-distributed.yaml": (
+        TRAINER_MODULE,
+        "manifests/base/runtimes/torch_distributed.yaml",
+        "copy",
+    ),
+    # Upstream's install (overlays/manager): its namespace and the ConfigMap the SDK reads.
+    "trainer-overlay-manager.yaml": (
+        TRAINER_MODULE,
+        "manifests/overlays/manager/kustomization.yaml",
+        "copy",
+    ),
+    "jobset-crd.yaml": (
+        JOBSET_MODULE,
+        "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",
+        "copy",
+    ),
+    # From JobSet's release manifests (what Trainer's own install pulls in, third-party/jobset):
+    # their names carry the release's "jobset-" prefix.
+    "jobset-rbac-webhooks.yaml": (JOBSET_MODULE, "config/default", "rbac+webhooks"),
+    # Kueue's release kustomization (config/default), split: the CRDs, and what else is installed.
+    "kueue-crds.json": (KUEUE_MODULE, "config/default", "kueue"),
+    "kueue-install.yaml": (KUEUE_MODULE, "config/default", "kueue"),
 }
 _KEPT_KINDS = ("ClusterRole", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+#: What of Kueue's release the cluster installs besides the CRDs (the rest: addons/kueue.py's
+#: DIFFERENCES).
+_KUEUE_INSTALLED_KINDS = (
+    "Namespace",
+    "ClusterRole",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+)
+#: The one namespaced Role of Kueue's release it needs: its cache watches Secrets in its
+#: namespace (MultiKueue's kubeconfigs), whatever the configuration.
+KUEUE_SECRETS_ROLE = "kueue-manager-secrets-role"
 
 
 def source_digest() -> bytes:
@@ -90,7 +124,7 @@ def source_digest() -> bytes:
     for path in [GO_DIR / "go.mod", GO_DIR / "go.sum", *sorted(GO_DIR.rglob("*.go"))]:
         digest.update(str(path.relative_to(GO_DIR)).encode())
         digest.update(path.read_bytes())
-    digest.update(json.dumps(VERSIONS, sort_keys=True).encode())
+    digest.update(json.dumps(versions.OPERATORS, sort_keys=True).encode())
     digest.update(json.dumps(sorted(MANIFESTS.items())).encode())
     return digest.digest()
 
@@ -115,17 +149,15 @@ def required_versions(go_mod: str) -> dict[str, str]:
 def _check_pins() -> None:
     got = required_versions((GO_DIR / "go.mod").read_text())
     if got != PINS:
-        raise RuntimeError(
-            f"localkube.operators: {GO_DIR / 'go.mod'} does not pin the versions in "
-            f"controller/kubeflow.py and localkube/kueue.py (got {got}, want {PINS}). Edit one "
+        raise LocalkubeError(
+            f"localkube: {GO_DIR / 'go.mod'} does not pin the versions in "
+            f"localkube/versions.py (got {got}, want {PINS}). Edit one "
             f"to match the other, then run `go mod tidy` in {GO_DIR}."
         )
 
 
 def _module(module: str) -> dict:
     """``go mod download -json`` of a module go-operators requires: its Dir and Origin."""
-    from .gocmd import module_download
-
     return module_download(module, GO_DIR)
 
 
@@ -133,9 +165,8 @@ def _ldflags() -> str:
     """Strip symbols; stamp JobSet's and Kueue's version packages as their own builds do (the
     commit from the proxy's .info file)."""
     flags = ["-s -w"]
-    for module, version in ((trainer_v2.JOBSET_MODULE, kubeflow.JOBSET_VERSION),):
+    for module, version in ((JOBSET_MODULE, versions.JOBSET), (KUEUE_MODULE, versions.KUEUE)):
         flags += _stamp(module, f"{module}/pkg/version", "GitVersion", "GitCommit", version)
-    flags += _stamp(kueue.MODULE, kueue.VERSION_PKG, "GitVersion", "GitCommit", kueue.VERSION)
     return " ".join(flags)
 
 
@@ -149,8 +180,6 @@ def _stamp(module: str, pkg: str, version_var: str, commit_var: str, version: st
 def build(root: Path, log) -> dict[str, float]:
     """Build the missing binaries (one ``go build`` for all) and write the missing manifests
     into the tools folder ``root``; return build seconds. Needs ``root/bin/kubectl`` built."""
-    from .gocmd import _run_go
-
     times: dict[str, float] = {}
     bindir, mandir = root / "bin", root / "manifests"
     missing = {n: pkg for n, pkg in BINARIES.items() if not (bindir / n).exists()}
@@ -159,7 +188,7 @@ def build(root: Path, log) -> dict[str, float]:
         tmp = bindir / f".operators.tmp{os.getpid()}"
         tmp.mkdir(parents=True, exist_ok=True)
         args = ["build", "-trimpath", "-ldflags", _ldflags(), "-o", f"{tmp}/", *missing.values()]
-        times["operators"] = _run_go(args, log, cwd=GO_DIR)
+        times["operators"] = run_go(args, log, cwd=GO_DIR)
         for name, pkg in missing.items():
             (tmp / pkg.rsplit("/", 1)[-1]).rename(bindir / name)
         shutil.rmtree(tmp)
@@ -185,7 +214,7 @@ def render_manifests(dest: Path, kubectl: Path) -> None:
             if how == "rbac+webhooks":
                 text = yaml.safe_dump_all([d for d in _load_all(text) if d["kind"] in _KEPT_KINDS])
             elif how == "kueue":
-                text = kueue.split_release(_load_all(text), name)
+                text = split_kueue_release(_load_all(text), name)
             tmp.write_text(text)
         tmp.rename(dest / name)
 
@@ -200,8 +229,25 @@ def _kustomize(kubectl: Path, src: Path) -> str:
         [str(kubectl), "kustomize", str(src)], capture_output=True, text=True, check=False
     )
     if out.returncode != 0:
-        raise RuntimeError(
-            f"localkube.operators: kubectl kustomize {src} failed (got exit {out.returncode}): "
+        raise LocalkubeError(
+            f"localkube: kubectl kustomize {src} failed (got exit {out.returncode}): "
             f"{out.stderr[-2000:]}"
         )
     return out.stdout
+
+
+def split_kueue_release(docs: list[dict], name: str) -> str:
+    """One of Kueue's files in :data:`MANIFESTS` from its release's documents: the CRDs as JSON
+    (the workloads CRD alone is 1.6 MB of YAML, which PyYAML reads in seconds), or the namespace,
+    ClusterRoles, webhook configurations and the secrets Role as YAML."""
+    if name == "kueue-crds.json":
+        crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+        return json.dumps(crds, separators=(",", ":"))
+    return yaml.safe_dump_all(
+        [
+            d
+            for d in docs
+            if d["kind"] in _KUEUE_INSTALLED_KINDS
+            or (d["kind"] == "Role" and d["metadata"]["name"] == KUEUE_SECRETS_ROLE)
+        ]
+    )

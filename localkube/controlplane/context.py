@@ -1,13 +1,16 @@
-"""What every component's command line, probe and bootstrap step may use: paths, ports,
-certificates, kubectl."""
+"""What a piece of the cluster is (a :class:`Component`, a process; a :class:`Step`, work between
+them) and what its command line, probe and step may use (the :class:`Context`: paths, ports,
+certificates, kubectl). Every room declares its pieces with these; ``localkube/sequence.py``
+puts them in order."""
 
 from __future__ import annotations
 
 import ssl
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from .pki import PKI
 
@@ -59,3 +62,27 @@ def http_get(url: str, ctx: ssl.SSLContext | None = None, timeout_s: float = 2.0
     """The body of a GET (health endpoints), as text."""
     with urllib.request.urlopen(url, context=ctx, timeout=timeout_s) as resp:
         return resp.read().decode()
+
+
+@dataclass(frozen=True)
+class Component:
+    """One long-running process of the cluster."""
+
+    name: str
+    argv: Callable[[Context], list[str]]
+    ready: Callable[[Context], bool]
+    #: "now": wait for it before starting the next entry; "end": wait with the rest at the end.
+    wait: Literal["now", "end"] = "end"
+    timeout_s: float = 60
+    env: Callable[[Context], dict[str, str]] | None = None
+    #: Files the command line needs, written just before the start.
+    prepare: Callable[[Context], None] | None = None
+    ports: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Step:
+    """Work between components (not a process)."""
+
+    name: str
+    run: Callable[[Context], None]

@@ -1,0 +1,40 @@
+"""Every version the local cluster pins: what ``builds/`` builds and what the rooms run.
+
+The operators' versions are the product's contract (``controller/kubeflow.py``: the versions
+``doctor`` and the hints name), so the local cluster runs exactly those. The Go modules must
+require the same (``builds/go/go.mod``, ``builds/go-operators/go.mod``): ``builds.operators``
+checks at build time, ``tests/localkube/test_tools_unit.py`` without building.
+"""
+
+from __future__ import annotations
+
+from controller import kubeflow
+
+KUBERNETES = "v1.33.13"
+ETCD = "v3.5.21"
+KWOK = "v0.7.0"
+HELM = "v3.18.6"
+COREDNS = "v1.12.0"
+TRAINING_OPERATOR = kubeflow.OPERATOR_VERSION
+TRAINER = kubeflow.TRAINER_VERSION
+JOBSET = kubeflow.JOBSET_VERSION
+KUEUE = kubeflow.KUEUE_VERSION
+
+#: Built by the Kubernetes module (``builds/go``): the multi-call ``kube``, helm and CoreDNS.
+GO_TOOLS = {
+    "kubernetes": KUBERNETES,
+    "etcd": ETCD,
+    "kwok": KWOK,
+    "helm": HELM,
+    "coredns": COREDNS,
+}
+#: Built by the operators' module (``builds/go-operators``).
+OPERATORS = {
+    "training-operator": TRAINING_OPERATOR,
+    "kubeflow-trainer": TRAINER,
+    "jobset": JOBSET,
+    "kueue": KUEUE,
+}
+#: Every pin by name: recorded in the tools folder's name (its hash), build-times.json and the
+#: cluster's state file.
+VERSIONS = {**GO_TOOLS, **OPERATORS}
