@@ -18,7 +18,7 @@ windows are mostly other processes' interference, which the fastest one suffered
 The trainer is the real ``Trainer.fit`` (the loop ``python -m trainer`` runs); its windows come
 from its own ``train`` events, so all its per-step bookkeeping is inside the figure.
 
-Targets: trainer >= 1.0x the minimal loop and >= 1.0x Accelerate (issue 22).
+Targets: trainer >= 1.0x the minimal loop and >= 1.0x Accelerate.
 """
 
 from __future__ import annotations
