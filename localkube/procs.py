@@ -1,5 +1,5 @@
-"""Process bookkeeping for the local cluster: the state file, spawning, and stopping exactly
-what was started.
+"""Process bookkeeping for the local cluster: the state file, spawning (also in a mount namespace
+of its own), and stopping exactly what was started.
 
 A process is recorded with its kernel start time beside its pid, so a recycled pid is never
 signalled. ``up`` and ``down`` serialise on a file lock per checkout, so two pytest sessions (or
@@ -9,6 +9,7 @@ make and pytest) never start or stop the cluster at the same time.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import json
 import os
@@ -16,8 +17,10 @@ import random
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from tools.cache import cache_dir, file_lock
 
@@ -145,6 +148,57 @@ def spawn(
             break
         time.sleep(0.01)
     return proc, {"pid": proc.pid, "start": start, "argv": argv}
+
+
+def in_private_mounts(
+    binds: list[tuple[Path, Path]], keep: list[Path], argv: list[str]
+) -> list[str]:
+    """``argv`` run in a mount namespace of its own where each ``(source, target)`` of
+    ``binds`` is bind-mounted over its target, and each folder of ``keep`` (the files the
+    command reads: its binary's folder, its state) still shows what it shows here.
+
+    Every source and kept folder is opened before the first bind and mounted from that open
+    handle, so no bind can hide another's source, whatever the order; a kept folder that a bind
+    covered (a checkout under /tmp, when /tmp is a bind's target) is bound back at its own path.
+    The host sees none of these mounts. Without root, a user namespace makes them allowed.
+    """
+    plan = json.dumps(
+        {"binds": [[str(s), str(t)] for s, t in binds], "keep": [str(k) for k in keep]}
+    )
+    as_root = [] if os.geteuid() == 0 else ["--map-root-user"]
+    run = "import sys; from localkube.procs import mount_and_exec; mount_and_exec(sys.argv[1:])"
+    return ["unshare", "--mount", *as_root, "--", sys.executable, "-c", run, plan, *argv]
+
+
+_MS_BIND = 4096
+
+
+def mount_and_exec(args: list[str]) -> NoReturn:
+    """The inside of :func:`in_private_mounts` (``args``: the plan, then the command): open,
+    bind, bind back what was covered, exec. Exits 1 with one line when a mount fails."""
+    plan, argv = json.loads(args[0]), args[1:]
+    binds = [(source, target) for source, target in plan["binds"]]
+    keep = sorted(plan["keep"], key=len)  # a parent first: binding it back may uncover a child
+    libc = ctypes.CDLL(None, use_errno=True)
+    handles = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in {s for s, _ in binds} | set(keep)}
+
+    def bind(path: str, target: str) -> None:
+        source = f"/proc/self/fd/{handles[path]}".encode()
+        if libc.mount(source, target.encode(), None, _MS_BIND, None) != 0:
+            why = os.strerror(ctypes.get_errno())
+            sys.exit(f"localkube: cannot bind {path} over {target} ({why}) for {argv[0]}")
+
+    for source, target in binds:
+        bind(source, target)
+    for path in keep:
+        try:
+            covered = not os.path.samestat(os.stat(path), os.fstat(handles[path]))
+        except FileNotFoundError:
+            covered = True
+        if covered:
+            os.makedirs(path, exist_ok=True)  # inside a bind's source, never on the host's own
+            bind(path, path)
+    os.execvp(argv[0], argv)
 
 
 def dead(processes: dict[str, dict]) -> list[str]:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
+from .. import procs
 from ..builds.operators import KUEUE_SECRETS_ROLE as SECRETS_ROLE
 from ..controlplane import bootstrap
 from ..controlplane.context import Component, http_get
@@ -171,26 +172,19 @@ def prepare(ctx: Context) -> None:
 
 def argv(ctx: Context) -> list[str]:
     """``kueue`` in a private mount namespace whose /etc/kueue/metrics/certs is the cluster's."""
-    certs = ctx.state_dir / "kueue" / "metrics-certs"
-    mount = f'mount --bind "$1" {METRICS_CERT_PATH} && shift && exec "$@"'
-    return [
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "/bin/sh",
-        "-c",
-        mount,
-        "kueue-mounts",
-        str(certs),
-        str(ctx.bindir / "kueue"),
-        "--config",
-        str(ctx.state_dir / "kueue" / "config.yaml"),
-        "--kubeconfig",
-        ctx.kubeconfig(USER),
-        "--zap-log-level",
-        "2",  # upstream's manager_config_patch.yaml
-    ]
+    return procs.in_private_mounts(
+        [(ctx.state_dir / "kueue" / "metrics-certs", METRICS_CERT_PATH)],
+        [ctx.state_dir, ctx.bindir],
+        [
+            str(ctx.bindir / "kueue"),
+            "--config",
+            str(ctx.state_dir / "kueue" / "config.yaml"),
+            "--kubeconfig",
+            ctx.kubeconfig(USER),
+            "--zap-log-level",
+            "2",  # upstream's manager_config_patch.yaml
+        ],
+    )
 
 
 # ------------------------------------------------------------------------------------ objects

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import os
 import shutil
 import time
 from pathlib import Path
@@ -44,6 +43,7 @@ import yaml
 
 from controller import kubeflow
 
+from .. import procs
 from ..builds import images
 from ..controlplane import bootstrap
 from ..controlplane.context import Component, http_get
@@ -212,33 +212,23 @@ def trainer_prepare(ctx: Context) -> None:
     shutil.copyfile(ctx.pki.path("ca.crt"), account / "ca.crt")
 
 
-#: Runs the controller with /tmp and /run of its own (``$1``, ``$2``); ``unshare --mount``
-#: makes every mount private to the new namespace, so the host sees none of them.
-_OWN_TMP_AND_RUN = 'mount --bind "$1" /tmp && mount --bind "$2" /run && shift 2 && exec "$@"'
-
-
 def trainer_argv(ctx: Context) -> list[str]:
-    # Without root, a user namespace makes the mounts allowed (the node needs root anyway).
-    as_root = [] if os.geteuid() == 0 else ["--map-root-user"]
-    return [
-        "unshare",
-        "--mount",
-        *as_root,
-        "--",
-        "sh",
-        "-c",
-        _OWN_TMP_AND_RUN,
-        "sh",
-        str(trainer_tmpdir(ctx)),
-        str(trainer_rundir(ctx)),
-        str(ctx.bindir / "trainer-controller-manager"),
-        "--config",
-        str(ctx.state_dir / "trainer" / "config.yaml"),
-        "--kubeconfig",
-        ctx.kubeconfig(TRAINER_USER),
-        "--zap-log-level",
-        "2",  # upstream's manager_config_patch.yaml
-    ]
+    """The controller with /tmp and /run of its own (its state's ``tmp`` and ``run``), in a
+    mount namespace the host does not see; its binary and state stay where they are, even where
+    the checkout lies under /tmp."""
+    return procs.in_private_mounts(
+        [(trainer_tmpdir(ctx), Path("/tmp")), (trainer_rundir(ctx), Path("/run"))],
+        [ctx.state_dir, ctx.bindir],
+        [
+            str(ctx.bindir / "trainer-controller-manager"),
+            "--config",
+            str(ctx.state_dir / "trainer" / "config.yaml"),
+            "--kubeconfig",
+            ctx.kubeconfig(TRAINER_USER),
+            "--zap-log-level",
+            "2",  # upstream's manager_config_patch.yaml
+        ],
+    )
 
 
 def trainer_ready(ctx: Context) -> bool:

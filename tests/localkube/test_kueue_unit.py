@@ -47,11 +47,13 @@ def test_the_process_runs_in_its_own_mount_namespace_with_its_metrics_certificat
             return f"/kc/{user}"
 
     argv = kueue.argv(Ctx())
-    assert argv[:4] == ["unshare", "--mount", "--propagation", "private"]
-    script, certs = argv[6], argv[8]
-    assert f'mount --bind "$1" {kueue.METRICS_CERT_PATH}' in script
-    assert certs == str(tmp_path / "kueue" / "metrics-certs")
-    assert argv[9] == str(tmp_path / "bin" / "kueue")
+    assert argv[:2] == ["unshare", "--mount"]
+    binary = argv.index(str(tmp_path / "bin" / "kueue"))
+    plan = json.loads(argv[binary - 1])
+    assert plan["binds"] == [
+        [str(tmp_path / "kueue" / "metrics-certs"), str(kueue.METRICS_CERT_PATH)]
+    ]
+    assert plan["keep"] == [str(tmp_path), str(tmp_path / "bin")]
     assert argv[argv.index("--kubeconfig") + 1] == "/kc/kueue"
 
 

@@ -60,6 +60,7 @@ def test_the_progress_api_is_on_and_its_server_is_reachable_by_name_from_the_nod
     mount namespace of its own (its /tmp and /run: the two in-pod paths the server reads); the
     objects around it: the CA the pods trust it by, and its name resolving to the gateway."""
     import base64
+    import json
 
     from localkube.controlplane.context import Context
     from localkube.controlplane.pki import PKI
@@ -74,10 +75,12 @@ def test_the_progress_api_is_on_and_its_server_is_reachable_by_name_from_the_nod
     argv = trainer_v2.trainer_argv(ctx)
     assert argv[:2] == ["unshare", "--mount"]
     binary = argv.index(str(ctx.bindir / "trainer-controller-manager"))
-    assert argv[binary - 2 : binary] == [
-        str(trainer_v2.trainer_tmpdir(ctx)),
-        str(trainer_v2.trainer_rundir(ctx)),
+    plan = json.loads(argv[binary - 1])
+    assert plan["binds"] == [
+        [str(trainer_v2.trainer_tmpdir(ctx)), "/tmp"],
+        [str(trainer_v2.trainer_rundir(ctx)), "/run"],
     ]
+    assert plan["keep"] == [str(ctx.state_dir), str(ctx.bindir)]
     objects = {o["kind"]: o for o in trainer_v2.status_objects(ctx)}
     secret = objects["Secret"]
     assert secret["metadata"] == {
