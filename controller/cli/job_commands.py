@@ -498,13 +498,19 @@ def cmd_events(args: argparse.Namespace) -> int:
 
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
-    _find(args, cluster, namespace)
+    kind, _ = _find(args, cluster, namespace)
     events = [
         e
         for e in cluster.list_events(namespace)
         if e.get("involvedObject", {}).get("name", "") == args.name
         or e.get("involvedObject", {}).get("name", "").startswith(f"{args.name}-")
     ]
+    if args.api is not None and _twin(cluster, kind, args.name, namespace):
+        # Both jobs' objects are named after it: keep those of the API asked.
+        mine = kind.name == "pytorchjob"
+        events = [
+            e for e in events if _pytorchjob_object(args.name, e.get("involvedObject", {})) == mine
+        ]
     if not events:
         print(f"no events for job {namespace}/{args.name} (events expire after about an hour)")
         return 0
@@ -525,6 +531,37 @@ def cmd_events(args: argparse.Namespace) -> int:
         )
     print(format_table(rows))
     return 0
+
+
+def _twin(cluster: Cluster, kind: JobKind, name: str, namespace: str) -> bool:
+    """Whether ``namespace/name`` is also a job of another API than ``kind``'s."""
+    from controller.errors import NotFound
+    from controller.jobs.apis import KINDS
+
+    for other in KINDS.values():
+        if other is kind:
+            continue
+        try:
+            cluster.get_job(name, namespace, api=other.api)
+            return True
+        except NotFound:
+            pass
+    return False
+
+
+def _pytorchjob_object(name: str, obj: dict[str, Any]) -> bool:
+    """Whether an event's object is PyTorchJob ``name``'s: the job, or a pod or Service the
+    training operator names ``<job>-<master|worker>-<index>`` (a TrainJob's JobSet, Jobs, pods
+    and Service are named otherwise)."""
+    import re
+
+    from controller.kubeflow import PYTORCHJOB
+
+    if obj.get("kind") == PYTORCHJOB.kind:
+        return obj.get("name") == name
+    pattern = rf"{re.escape(name)}-(master|worker)-\d+"
+    named = re.fullmatch(pattern, obj.get("name", "")) is not None
+    return named and obj.get("kind") in ("Pod", "Service")
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
