@@ -119,10 +119,10 @@ JOB_APIS = (PYTORCHJOB, TRAINJOB)
 API_BY_NAME = {"pytorchjob": PYTORCHJOB, "trainjob": TRAINJOB}
 
 # ------------------------------------------------------------------------------------------
-# Kueue (the queue a shared cluster admits jobs through), v0.17: its API kueue.x-k8s.io/v1beta2.
-# Read from sigs.k8s.io/kueue@v0.17.0: apis/kueue/v1beta2, pkg/controller/constants.
+# Kueue (the queue a shared cluster admits jobs through), v0.19: its API kueue.x-k8s.io/v1beta2.
+# Read from sigs.k8s.io/kueue@v0.19.2: apis/kueue/v1beta2, pkg/controller/constants.
 
-KUEUE_VERSION = "v0.17.0"
+KUEUE_VERSION = "v0.19.2"
 WORKLOAD = JobAPI("kueue.x-k8s.io", "v1beta2", "Workload", "workloads")
 LOCAL_QUEUE = JobAPI("kueue.x-k8s.io", "v1beta2", "LocalQueue", "localqueues")
 CLUSTER_QUEUE = JobAPI("kueue.x-k8s.io", "v1beta2", "ClusterQueue", "clusterqueues")

@@ -6,8 +6,9 @@ operators, like Trainer v2 and JobSet (``trainer_v2.py``):
 
 - Its Configuration (config.kueue.x-k8s.io/v1beta2, :func:`config`) is upstream's
   ``config/components/manager/controller_manager_config.yaml`` with local addresses, the
-  PyTorchJob and TrainJob integrations only, ``manageJobsWithoutQueueName: false`` (a job without
-  a queue label is not Kueue's), no leader election and no internal certificate management.
+  integrations ddpjob submits named explicitly (:data:`FRAMEWORKS`), ``manageJobsWithoutQueueName:
+  false`` (a job without a queue label is not Kueue's), no leader election and no internal
+  certificate management.
 - Its CRDs, ClusterRoles and webhook configurations are upstream's release kustomization
   (``config/default``), rendered at build time; :func:`objects` points every webhook and every
   CRD conversion webhook at ``https://127.0.0.1:<port>`` with the cluster CA.
@@ -57,13 +58,11 @@ USER = "kueue"  # its client identity (bootstrap.USERS)
 ROLES = ("kueue-manager-role", "kueue-metrics-auth-role")
 PORTS = ("kueue-webhook", "kueue-probe", "kueue-metrics")
 
-#: The integrations (``integrations.frameworks``): the two ddpjob submits, and batch/job, which
-#: upstream's configuration enables too. Kueue v0.17.0 cannot run without it: the other
-#: integrations' webhooks answer as no-ops when disabled, but the Job webhook does not look at
-#: that option and dereferences a queue manager it was not given (jobs/job/job_webhook.go
-#: SetupWebhook), so with batch/job off every Job create panics in the webhook and is refused:
-#: JobSet could not create a TrainJob's Job ("admission webhook mjob.kb.io denied the request:
-#: panic: runtime error: invalid memory address or nil pointer dereference", seen here).
+#: The integrations (``integrations.frameworks``): the two ddpjob submits, and batch/job, the one
+#: Kueue enables when the list is empty and upstream's configuration lists first. Since v0.19
+#: upstream's configuration leaves kubeflow.org/pytorchjob out (the Kubeflow v1 integration is
+#: deprecated), so it is named here; a disabled integration's webhook answers as a no-op, and a
+#: PyTorchJob with a queue label is then left as it was created.
 FRAMEWORKS = ("batch/job", "kubeflow.org/pytorchjob", "trainer.kubeflow.org/trainjob")
 
 #: Where ``cmd/kueue`` reads its metrics certificate when its internal certificate management
@@ -96,10 +95,10 @@ DIFFERENCES = (
     "(internalCertManagement.enable=false): no kueue-webhook-server-cert Secret, no CA "
     "injection. The metrics certificate is bind-mounted at the fixed "
     "/etc/kueue/metrics/certs in the process's own mount namespace.",
-    "Integrations: kubeflow.org/pytorchjob, trainer.kubeflow.org/trainjob and batch/job "
-    "(which Kueue v0.17.0 needs on: its Job webhook panics when it is off) only (upstream "
-    "enables 17); the others' webhooks stay registered and answer as no-ops, as upstream's do "
-    "for a disabled integration.",
+    "Integrations: batch/job, kubeflow.org/pytorchjob and trainer.kubeflow.org/trainjob only "
+    "(upstream's configuration lists 12, kubeflow.org/pytorchjob not among them since v0.19); "
+    "the others' webhooks stay registered and answer as no-ops, as upstream's do for a disabled "
+    "integration.",
     "Feature gate VisibilityOnDemand off: its API (visibility.kueue.x-k8s.io, pending "
     "workloads and their positions) is an APIService, which needs a Service, and its server "
     "reads certificates from the fixed path /visibility. Not installed: the two APIServices, "
@@ -127,7 +126,7 @@ def _dir(ctx: Context, name: str) -> Path:
 
 def config(ctx: Context) -> dict:
     """Kueue's Configuration: upstream's controller_manager_config.yaml with local addresses,
-    our certificates, no leader election, the two integrations ddpjob submits."""
+    our certificates, no leader election, the integrations of :data:`FRAMEWORKS`."""
     p = ctx.ports
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
@@ -145,14 +144,14 @@ def config(ctx: Context) -> dict:
         "manageJobsWithoutQueueName": False,
         "controller": {
             "groupKindConcurrency": {
-                "Workload.kueue.x-k8s.io": 5,
-                "LocalQueue.kueue.x-k8s.io": 1,
+                "Workload.kueue.x-k8s.io": 10,
+                "LocalQueue.kueue.x-k8s.io": 5,
                 "Cohort.kueue.x-k8s.io": 1,
-                "ClusterQueue.kueue.x-k8s.io": 1,
+                "ClusterQueue.kueue.x-k8s.io": 5,
                 "ResourceFlavor.kueue.x-k8s.io": 1,
             }
         },
-        "clientConnection": {"qps": 50, "burst": 100},
+        "clientConnection": {"qps": 300, "burst": 500},
         "integrations": {"frameworks": list(FRAMEWORKS)},
         "featureGates": {"VisibilityOnDemand": False},
     }

@@ -1,4 +1,4 @@
-"""Jobs through Kueue (v0.17, its real controller and webhooks) on the local cluster, as a user
+"""Jobs through Kueue (v0.19, its real controller and webhooks) on the local cluster, as a user
 on a shared cluster meets them: submit to a queue, see where the job stands, wait through the
 queue, and be preempted by a job of higher priority, then resume exactly.
 
