@@ -158,7 +158,7 @@ def train(cfg: TrainConfig) -> int:
         # still writing its checkpoint or its last progress; the default action would kill it
         # there, and that rank would lose its peer in the barrier and report peer_lost after
         # preempted (stop 28's CI, a TrainJob preempted by Kueue).
-        signal.signal(signal.SIGTERM, trainer.on_sigterm)
+        signal.signal(signal.SIGTERM, trainer.stop.on_sigterm)
         reason = trainer.fit()
         # Leave together: a rank that destroys its group while a peer is still talking to it
         # can make the peer abort (exit 134) after a run that had finished well.

@@ -8,9 +8,7 @@ Only rank 0 emits; on other ranks every method is a no-op, so the loop needs no 
 
 from __future__ import annotations
 
-import math
 import sys
-import time
 from typing import Any
 
 from trainer.contract import EVAL, TRAIN, format_event
@@ -143,35 +141,3 @@ class Reporter:
         if self.progress_api is not None:
             self.progress_api.close(timeout_s=wait_s)
             self.progress_api = None
-
-
-class Throughput:
-    """Wall time, data-wait time and samples over a logging window."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.start = time.perf_counter()
-        self.data_s = 0.0
-        self.steps = 0
-        self.samples = 0
-        self.loss_sum = 0.0
-        self.loss_steps = 0  # steps with a finite loss (a skipped NaN step has none to average)
-
-    def add_step(self, samples: int, loss: float) -> None:
-        self.steps += 1
-        self.samples += samples
-        if math.isfinite(loss):
-            self.loss_sum += loss
-            self.loss_steps += 1
-
-    def window(self) -> dict[str, float]:
-        elapsed = max(time.perf_counter() - self.start, 1e-9)
-        return {
-            "elapsed_s": elapsed,
-            "samples_per_s": self.samples / elapsed,
-            "step_time_s": elapsed / max(self.steps, 1),
-            "data_wait": self.data_s / elapsed,
-            "loss": self.loss_sum / self.loss_steps if self.loss_steps else math.nan,
-        }

@@ -8,10 +8,14 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from trainer.contract import parse_event, without_launcher
+
+if TYPE_CHECKING:
+    from trainer.train import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_TASK = "tests.trainer.tasks:build"
@@ -176,3 +180,30 @@ def common_args(tmp: Path, **overrides) -> list[str]:
 @pytest.fixture
 def ckpt_tmp(tmp_path: Path) -> Path:
     return tmp_path
+
+
+def one_of_two_ranks(rank: int, port: int, settings: dict[str, Any]) -> Trainer:
+    """Rank ``rank`` of a 2-rank gloo group in this process (a worker of ``mp.spawn``), and its
+    Trainer for ``settings``; the caller tears the group down."""
+    from trainer import distributed
+    from trainer.config import build_config
+    from trainer.metrics import Reporter
+    from trainer.tasks import load_task
+    from trainer.train import Trainer
+
+    os.environ |= {
+        "RANK": str(rank),
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": str(rank),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    cfg = build_config(settings)
+    env = distributed.setup("cpu", "gloo", 60)
+    try:
+        return Trainer(
+            cfg, env, load_task(cfg.task, cfg.task_args), Reporter(False, 0, "never", None)
+        )
+    except BaseException:
+        distributed.teardown()
+        raise

@@ -3,45 +3,27 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.trainer.conftest import TEST_TASK, common_args, free_port, run, torchrun_cmd, trainer_cmd
+from tests.trainer.conftest import (
+    TEST_TASK,
+    common_args,
+    free_port,
+    one_of_two_ranks,
+    run,
+    torchrun_cmd,
+    trainer_cmd,
+)
 from trainer import distributed as trainer_dist
-from trainer.config import build_config
-from trainer.metrics import Reporter
-from trainer.tasks import load_task
-from trainer.train import Trainer
 
 
 def _final_params(ckpt_dir: Path) -> dict[str, torch.Tensor]:
     (path,) = sorted(ckpt_dir.glob("step_*.pt"))[-1:]
     return torch.load(path, weights_only=True)["model"]
-
-
-def _one_of_two_ranks(rank: int, port: int, settings: dict) -> Trainer:
-    """Rank ``rank`` of a 2-rank gloo group in this process, and its Trainer for ``settings``
-    (the caller tears the group down)."""
-    os.environ |= {
-        "RANK": str(rank),
-        "WORLD_SIZE": "2",
-        "LOCAL_RANK": str(rank),
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-    }
-    cfg = build_config(settings)
-    env = trainer_dist.setup("cpu", "gloo", 60)
-    try:
-        return Trainer(
-            cfg, env, load_task(cfg.task, cfg.task_args), Reporter(False, 0, "never", None)
-        )
-    except BaseException:
-        trainer_dist.teardown()
-        raise
 
 
 @pytest.mark.slow
@@ -77,7 +59,7 @@ def _hook_worker(rank: int, port: int, out_dir: str, grad_accum: int, max_steps:
         "checkpoint": {"dir": f"{out_dir}/ckpt", "every_steps": 0},
         "log_every": 1,
     }
-    trainer = _one_of_two_ranks(rank, port, settings)
+    trainer = one_of_two_ranks(rank, port, settings)
     try:
         # Every all-reduce DDP does goes through the trainer's hook (StepFlags), which also
         # carries the step's [loss, stop]: there is no other per-step collective to count.
@@ -88,16 +70,16 @@ def _hook_worker(rank: int, port: int, out_dir: str, grad_accum: int, max_steps:
             calls.append(1)
             return real_all_reduce(*args, **kwargs)
 
-        real_eval = trainer.run_eval
+        real_eval = trainer.evaluator.run
 
-        def uncounted_eval():  # the final evaluation's metric all-reduces are not steps
+        def uncounted_eval(step: int) -> None:  # the final evaluation's all-reduces are not steps
             torch.distributed.all_reduce = real_all_reduce
             try:
-                real_eval()
+                real_eval(step)
             finally:
                 torch.distributed.all_reduce = counting_all_reduce
 
-        trainer.run_eval = uncounted_eval
+        trainer.evaluator.run = uncounted_eval
         torch.distributed.all_reduce = counting_all_reduce
         try:
             assert trainer.fit() == "completed"
@@ -153,24 +135,25 @@ def _buffers_worker(rank: int, port: int, out_dir: str, task: str) -> None:
         "ema_decay": 0.5,
         "checkpoint": {"dir": f"{out_dir}/ckpt", "every_steps": 0},
     }
-    trainer = _one_of_two_ranks(rank, port, settings)
+    trainer = one_of_two_ranks(rank, port, settings)
     try:
         seen: dict[str, list[list[float]]] = {"before_eval": [], "at_eval": []}
 
         def stats(model) -> list[float]:
             return [float(b.double().sum()) for b in model.buffers()]
 
-        real_run_eval, real_evaluate = trainer.run_eval, trainer.evaluate
+        evaluator = trainer.evaluator
+        real_run, real_evaluate = evaluator.run, evaluator.evaluate
 
-        def run_eval():
+        def run(step: int) -> None:
             seen["before_eval"].append(stats(trainer.raw_model))
-            real_run_eval()
+            real_run(step)
 
         def evaluate(model):
             seen["at_eval"].append(stats(model))
             return real_evaluate(model)
 
-        trainer.run_eval, trainer.evaluate = run_eval, evaluate
+        evaluator.run, evaluator.evaluate = run, evaluate
         assert trainer.fit() == "completed"
         out = {"per_forward": trainer.model.will_sync_module_buffers(), **seen}
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))

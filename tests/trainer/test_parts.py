@@ -304,7 +304,7 @@ def test_checkpoint_keys_have_no_compile_prefix(tmp_path: Path, monkeypatch) -> 
         assert env.distributed and not trainer.ddp
         assert trainer.model is trainer.fwd_model
         assert type(trainer.model).__name__ == "OptimizedModule"
-        assert trainer.step_flags is None and trainer.grads_to_none
+        assert trainer.step_flags is None and trainer.train_step.grads_to_none
         state = trainer.state_dict()
     finally:
         distributed.teardown()

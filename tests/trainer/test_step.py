@@ -166,11 +166,12 @@ def test_a_step_reads_the_host_once_after_its_update_is_queued(tmp_path: Path) -
         ema_decay=0.9,
         grad_clip=1.0,
     )
-    mode = _Reads(trainer.host_flags.values)
+    mode = _Reads(trainer.train_step.host_flags.values)
     trainer.optimizer.register_step_pre_hook(lambda *_: mode.log.append("optimizer.step"))
     trainer.batches._draw = _paused(mode, trainer.batches._draw)
-    trainer.run_eval = _paused(mode, trainer.run_eval)
-    trainer.save = _paused(mode, trainer.save)
+    trainer.evaluator.run = _paused(mode, trainer.evaluator.run)
+    trainer.state_dict = _paused(mode, trainer.state_dict)
+    trainer.checkpointer.save = _paused(mode, trainer.checkpointer.save)
     with mode:
         assert trainer.fit() == "completed"
     window = ["optimizer.step", "flags"] * 2 + ["optimizer.step", "flags", "__float__"]

@@ -1,0 +1,151 @@
+"""One optimizer step: ``grad_accum`` micro-batches forward and backward, then the update.
+
+All micro-batches but the last run under ``no_sync``, so DDP all-reduces the gradients once per
+step, and the step's ``[loss, stop]`` ride in its last bucket (``distributed.StepFlags``), so
+every rank takes the same branch (NaN skip, preemption). Then unscale -> clip -> step -> zero.
+The update is queued before the host looks at the step's loss: a step whose loss is not finite
+is skipped on the device (``found_inf``), and the host's one read per step waits for the end of
+backward, not for an empty queue (``HostFlags``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer.distributed import StepFlags
+from trainer.loader import MicroBatches
+from trainer.stop import StopRequest
+from trainer.window import LogWindow
+
+
+class HostFlags:
+    """The step's ``[loss, stop]`` on the host, read without draining the device's queue.
+
+    ``start(flags)`` queues a copy into pinned host memory (and marks it with an event) right
+    after backward; the update is queued next; ``read()`` waits for that copy only, so the GPU
+    still has the clip and the optimizer step to run while the host decides and starts the next
+    step. On CPU the copy is immediate.
+    """
+
+    def __init__(self, device: torch.device):
+        cuda = device.type == "cuda"
+        self.values = torch.zeros(2, pin_memory=cuda)
+        self.copied = torch.cuda.Event() if cuda else None
+
+    def start(self, flags: torch.Tensor) -> None:
+        self.values.copy_(flags, non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
+
+    def read(self) -> list[float]:
+        if self.copied is not None:
+            self.copied.synchronize()
+        return self.values.tolist()
+
+
+class TrainStep:
+    """Runs one optimizer step of ``model`` and hands the host its global loss and stop flag."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        params: list[nn.Parameter],
+        task: Any,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler,
+        autocast: Callable[[], contextlib.AbstractContextManager],
+        stop: StopRequest,
+        step_flags: StepFlags | None,
+        *,
+        grad_accum: int,
+        grad_clip: float,
+        world_size: int,
+        device: torch.device,
+        gradient_as_bucket_view: bool,
+    ):
+        self.model, self.params, self.task = model, params, task
+        self.optimizer, self.scaler, self.autocast = optimizer, scaler, autocast
+        self.stop, self.step_flags = stop, step_flags
+        self.ddp = step_flags is not None
+        self.grad_accum, self.grad_clip = grad_accum, grad_clip
+        self.loss_divisor = world_size * grad_accum  # the flags hold the sum over both
+        self.host_flags = HostFlags(device)
+        self.stop_flag = torch.zeros((), device=device)
+        # With gradient_as_bucket_view the gradients *are* DDP's all-reduce buckets: zeroing them
+        # in place lets backward accumulate straight into the buckets. Setting them to None
+        # would make every backward allocate fresh gradients and copy them into the buckets.
+        self.grads_to_none = not (self.ddp and gradient_as_bucket_view)
+
+    def run(
+        self, batches: MicroBatches, window: LogWindow, want_norm: bool
+    ) -> tuple[float, bool, torch.Tensor | None]:
+        """One step: (mean loss over ranks and micro-batches, whether any rank asked to stop,
+        the gradient norm on the device where it was computed: with clipping, or ``want_norm``).
+        """
+        flags = self._forward_backward(batches, window)
+        norm = self._update(flags, want_norm)
+        loss, stop = self.host_flags.read()  # the step's one wait for the device
+        return loss / self.loss_divisor, bool(stop), norm
+
+    def _forward_backward(self, batches: MicroBatches, window: LogWindow) -> torch.Tensor:
+        loss_sum = None
+        for micro in range(self.grad_accum):
+            t_data = time.perf_counter()
+            batch = next(batches)  # drawn during the previous backward
+            window.data_s += time.perf_counter() - t_data
+            last = micro == self.grad_accum - 1
+            # Gradients accumulate locally; DDP all-reduces once per step, in the last backward.
+            with self.model.no_sync() if self.ddp and not last else contextlib.nullcontext():
+                with self.autocast():
+                    loss, _ = self.task.loss(self.model, batch)
+                detached = loss.detach().float()
+                loss_sum = detached if loss_sum is None else loss_sum + detached
+                if last:
+                    flags = self._flags(loss_sum)
+                if self.grad_accum > 1:
+                    loss = loss / self.grad_accum
+                self.scaler.scale(loss).backward()
+            # The next micro-batch's host work (indexing, collating, pinning, starting its
+            # copy) while the GPU is still busy with this backward.
+            t_data = time.perf_counter()
+            batches.prefetch()
+            window.data_s += time.perf_counter() - t_data
+        # With DDP, the flags were reduced over the ranks by the time backward returned.
+        return self.step_flags.values if self.step_flags is not None else flags
+
+    def _flags(self, loss_sum: torch.Tensor) -> torch.Tensor:
+        """[this rank's loss, whether it was told to stop], into the last bucket under DDP."""
+        self.stop_flag.fill_(float(self.stop.requested))
+        flags = torch.stack([loss_sum, self.stop_flag])
+        if self.step_flags is not None:
+            self.step_flags.values.copy_(flags)
+        return flags
+
+    def _update(self, flags: torch.Tensor, want_norm: bool) -> torch.Tensor | None:
+        self.host_flags.start(flags)
+        # Queued before the host knows the loss: if it is not finite, fused AdamW skips the step
+        # on the device (found_inf: the protocol GradScaler uses, torch/amp/grad_scaler.py), step
+        # count included. With fp16, GradScaler sets it from the gradients, which a non-finite
+        # loss makes non-finite too. Unscale first, so clipping sees the true gradients.
+        self.scaler.unscale_(self.optimizer)
+        norm = None
+        if self.grad_clip > 0:
+            norm = nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+        elif want_norm:
+            norm = nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+        own_skip = not self.scaler.is_enabled()
+        if own_skip:
+            self.optimizer.found_inf = torch.isfinite(flags[0]).logical_not().float()
+        # The scaler skips the update if fp16 gradients overflowed, and lowers the scale.
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        if own_skip:
+            del self.optimizer.found_inf
+        self.optimizer.zero_grad(set_to_none=self.grads_to_none)
+        return norm
