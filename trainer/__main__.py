@@ -29,7 +29,7 @@ import subprocess
 import sys
 import traceback
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from trainer.config import ConfigError, TrainConfig, load_config
 from trainer.contract import (
@@ -47,6 +47,11 @@ from trainer.contract import (
     PREEMPTED,
 )
 from trainer.launch import record_exit
+
+if TYPE_CHECKING:  # this module runs without torch in the re-launching parent
+    from trainer.distributed import DistEnv
+    from trainer.metrics import Reporter
+    from trainer.tasks import Task
 
 
 def exit_preempted() -> NoReturn:
@@ -124,12 +129,26 @@ def relaunch_under_torchrun(argv: list[str]) -> int:
     return relaunch_exit_code(rc, codes)
 
 
+def _fit(cfg: TrainConfig, env: DistEnv, task: Task, reporter: Reporter) -> str:
+    """Build the trainer and train. The trainer, whose DDP module holds the process group, is
+    garbage once this returns: nothing else may keep it."""
+    from trainer.train import Trainer
+
+    trainer = Trainer(cfg, env, task, reporter)
+    # From fit on until the group is gone, SIGTERM only asks the trainer to stop (fit restores
+    # this handler, its own). A rank whose pod is deleted just after another rank stopped the
+    # run waits past fit in the barrier for a rank still writing its checkpoint or its last
+    # progress; the default action would kill it there, and that rank would lose its peer in
+    # the barrier and report peer_lost after preempted. The handler holds only the stop flag.
+    signal.signal(signal.SIGTERM, trainer.stop.on_sigterm)
+    return trainer.fit()
+
+
 def train(cfg: TrainConfig) -> int:
     """Join the job, train, and map the outcome to an exit code. Always leaves the group."""
     from trainer import distributed
     from trainer.metrics import Reporter
     from trainer.tasks import load_task
-    from trainer.train import Trainer
 
     task = load_task(cfg.task, cfg.task_args)  # a bad task is a config error: before joining
     env = distributed.setup(cfg.device, cfg.backend, cfg.timeout_s)
@@ -151,21 +170,16 @@ def train(cfg: TrainConfig) -> int:
     reporter = Reporter(env.is_main, cfg.max_steps, cfg.progress, cfg.tensorboard_dir)
     previous = signal.getsignal(signal.SIGTERM)
     try:
-        trainer = Trainer(cfg, env, task, reporter)
-        # From fit on until the group is gone, SIGTERM only asks the trainer to stop (fit
-        # restores this handler, its own). A rank whose pod is deleted a moment after another
-        # rank's stopped the run is past fit already, in the barrier below, waiting for a rank
-        # still writing its checkpoint or its last progress; the default action would kill it
-        # there, and that rank would lose its peer in the barrier and report peer_lost after
-        # preempted (stop 28's CI, a TrainJob preempted by Kueue).
-        signal.signal(signal.SIGTERM, trainer.stop.on_sigterm)
-        reason = trainer.fit()
+        reason = _fit(cfg, env, task, reporter)
         # Leave together: a rank that destroys its group while a peer is still talking to it
         # can make the peer abort (exit 134) after a run that had finished well.
         distributed.barrier()
-    except ConfigError:
-        raise
     except Exception as e:
+        # The traceback's frames hold the trainer, whose DDP module holds the process group:
+        # their locals go, so that teardown can free the group (the lines stay printable).
+        traceback.clear_frames(e.__traceback__)
+        if isinstance(e, ConfigError):
+            raise
         lost = distributed.is_peer_lost(e)
         reporter.event(
             DONE,

@@ -181,7 +181,10 @@ def teardown() -> None:
 
     With no reference left, destroying the group joins gloo's threads here, with the GIL
     released, instead of leaving them running while the interpreter shuts down (see
-    ``_import_before_init``). A reference someone else still holds keeps them alive: said once.
+    ``_import_before_init``). So the caller lets go of what holds the group first: a DDP module
+    (its ``process_group``), and with it the trainer, and the frames of a traceback that went
+    through them (``python -m trainer``'s ``train``). A reference still held keeps the threads
+    alive: said once.
     """
     if not (dist.is_available() and dist.is_initialized()):
         return

@@ -1,13 +1,15 @@
-"""Leaving the job frees the process group: no gloo or TCPStore thread outlives ``teardown``.
+"""Leaving the job frees the process group: nothing holds it when ``teardown`` destroys it, and no
+gloo or TCPStore thread outlives ``teardown``.
 
-Why it matters: a gloo worker thread still running while the interpreter shuts down can be
-the one to drop the last reference to a tensor Python owns; it must then take the GIL, CPython
-ends it with ``pthread_exit``, and the process dies of SIGABRT ("terminate called without an
-active exception"), seen under CI's load about once in 150 starts (docs/benchmarks.md;
-bench/stress_starts.py). The threads outlived teardown because DDP's constructor
-imports a torch module whose default arguments capture the default group
-(``trainer.distributed._import_before_init``). Counting the threads is deterministic where the
-abort is a race: without the fix this fails every time, on torch 2.8 and 2.15.
+Why it matters: a gloo worker thread still running while the interpreter shuts down can be the
+one to drop the last reference to a tensor Python owns; it must then take the GIL, CPython ends
+it with ``pthread_exit``, and the process dies of SIGABRT ("terminate called without an active
+exception"; docs/benchmarks.md and bench/stress_starts.py say how often). What holds the group
+keeps those threads: a torch module's default arguments when imported after the group exists
+(``trainer.distributed._import_before_init``), the DDP module (its ``process_group``) while
+anything still holds the trainer, and the frames of a traceback that went through the trainer.
+``teardown`` says "the process group outlived destroy_process_group" when the group survives;
+these runs must never say it.
 """
 
 from __future__ import annotations
@@ -22,39 +24,66 @@ import pytest
 from tests.trainer.conftest import REPO, base_env, common_args, free_port
 
 # One rank of a job: the real `train()` of `python -m trainer` (setup, Trainer.fit with DDP and
-# its comm hook, the closing barrier, teardown), then the names of this process's threads.
+# its comm hook, the closing barrier, teardown), then the names of this process's threads and
+# whether destroy_process_group freed the group object (a weak reference to it, taken when setup
+# made it, read as destroy_process_group returns: later, the trainer may be gone anyway).
 _RANK = """
-import json, os, sys
+import json, os, sys, weakref
+import torch.distributed as dist
+from trainer import distributed
 from trainer.__main__ import train
-from trainer.config import load_config
+from trainer.config import ConfigError, load_config
 
 def threads():
     tasks = "/proc/self/task"
     return sorted(open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks))
 
+groups = []
+setup = distributed.setup
+
+def recording_setup(*args, **kwargs):
+    env = setup(*args, **kwargs)
+    groups.append(weakref.ref(dist.group.WORLD))
+    return env
+
+freed = []
+destroy = dist.destroy_process_group
+
+def recording_destroy(*args, **kwargs):
+    destroy(*args, **kwargs)
+    freed.append(groups[0]() is None)
+
+distributed.setup, dist.destroy_process_group = recording_setup, recording_destroy
 before = threads()
-rc = train(load_config(None, sys.argv[1:]))
-print(json.dumps({"rc": rc, "before": before, "after": threads()}))
+try:
+    rc = train(load_config(None, sys.argv[1:]))
+except ConfigError:
+    rc = 2
+print(json.dumps({"rc": rc, "before": before, "after": threads(), "freed": freed}))
 """
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
-@pytest.mark.parametrize("resume", [False, True], ids=["fresh", "resume-and-exit"])
-def test_no_thread_outlives_teardown(tmp_path: Path, resume: bool) -> None:
+def test_the_group_is_freed_and_no_thread_outlives_teardown(tmp_path: Path) -> None:
+    """Three jobs in one checkpoint directory, each ending another way: trained to the end; a
+    retried pod of the finished job (loads the final checkpoint, evaluates, leaves); and a job
+    of another model, refused while resuming (a ConfigError raised with DDP already built)."""
     args = common_args(tmp_path, max_steps=4, **{"checkpoint.every_steps": 2})
-    if resume:  # a retried pod of a finished job: load the final checkpoint, evaluate, leave
-        first = _run_job(args)
-        assert [r["rc"] for r in first] == [0, 0]
-    results = _run_job(args)
-    for rank, r in enumerate(results):
-        assert r["rc"] == 0
-        # Only the threads that were there before joining: gloo's workers and its tcp loop,
-        # and rank 0's TCPStore server, are gone once teardown returns.
-        assert r["after"] == r["before"], (
-            f"rank {rank}: threads outlived teardown: {r['after']} (before setup: {r['before']}); "
-            "something still references the process group (trainer.distributed.teardown)"
-        )
+    cases = [("fresh", args, 0), ("resume-and-exit", args, 0)]
+    cases.append(("resume-refused", [*args, "task_args.hidden=32"], 2))
+    for case, job_args, want_rc in cases:
+        for rank, r in enumerate(_run_job(job_args)):
+            where = f"{case}, rank {rank}"
+            assert r["rc"] == want_rc, f"{where}: {r['stderr']}"
+            assert "outlived destroy_process_group" not in r["stderr"], f"{where}: {r['stderr']}"
+            assert r["freed"] == [True], f"{where}: something still references the process group"
+            # Only the threads that were there before joining: gloo's workers and its tcp loop,
+            # and rank 0's TCPStore server, are gone once teardown returns.
+            assert r["after"] == r["before"], (
+                f"{where}: threads outlived teardown: {r['after']} (before setup: "
+                f"{r['before']}); something still references the process group"
+            )
 
 
 def _run_job(args: list[str]) -> list[dict]:
@@ -74,5 +103,5 @@ def _run_job(args: list[str]) -> list[dict]:
     for p in procs:
         out, err = p.communicate(timeout=180)
         assert p.returncode == 0, err[-3000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
+        results.append({**json.loads(out.strip().splitlines()[-1]), "stderr": err})
     return results
