@@ -237,8 +237,9 @@ def main(argv: list[str] | None = None) -> int:
             # would hold while the workers train). What can be checked without torch fails
             # here, once, before torchrun; the factory's own arguments are the workers' to check.
             _check_task_module(cfg.task)
-            if cfg.resume not in ("auto", "never") and not Path(cfg.resume).is_file():
-                raise ConfigError([f"resume: no such checkpoint file (got {cfg.resume})"])
+            named = cfg.resume not in ("auto", "never") and "://" not in cfg.resume
+            if named and not Path(cfg.resume).exists():
+                raise ConfigError([f"resume: no such checkpoint (got {cfg.resume})"])
             return relaunch_under_torchrun(argv)
         code = record_exit(train(cfg))
         if code == EXIT_PREEMPTED:

@@ -1,135 +1,400 @@
-"""Checkpoints that survive preemption: atomic writes, keep-last-k, resume past a torn file.
+"""Checkpoints that survive preemption and travel: a local dir or S3, atomic by a manifest written
+last, saved in the background, read by rank 0 alone and broadcast to the others.
 
-Rank 0 writes ``step_00000100.pt`` as a temp file in the same directory, fsyncs it and
-``os.replace``s it into place, so a reader sees either the old set of files or the new one,
-never half a file. Every rank then waits at a barrier, so no rank can go on (and, after a
-crash, no rerun can read) before the file is complete. Loading tries the newest file first and
-falls back to older ones when a file is unreadable (e.g. written by a tool without these
-guarantees, or damaged on disk).
+Layout (the same on disk and in a bucket, under ``checkpoint.dir``)::
+
+    step_00000100/state.pt        torch.save of the full training state
+    step_00000100/manifest.json   written last: {"step", "objects": {"state.pt": {bytes, crc32}}}
+
+A step is complete when its manifest exists; a reader takes the newest complete step whose
+``state.pt`` has the manifest's size and CRC-32 and loads, falls back to older ones when it does
+not (reported in ``skipped``), and never sees an upload that was cut off (no manifest yet). A
+step is removed manifest first, so it stops being complete before anything of it goes; so is a
+step that is written again. ``step_XXXXXXXX.pt`` files of the layout before (renamed into place
+whole) are read as complete checkpoints too, and pruned with the others.
+
+A save costs the training step only the copy of the state off the device (into CPU memory,
+pinned on CUDA, reused from save to save: ``DefaultStager``); a background thread serialises
+and writes it, then prunes to the newest ``keep``. A new save first waits for the one before.
+The loop learns of finished saves from :meth:`CheckpointManager.completed` and waits for the last
+one with :meth:`CheckpointManager.flush` before it exits.
 """
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import os
 import re
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from trainer import distributed as distributed_
+from trainer.broadcast import broadcast_state
 from trainer.config import ConfigError
+from trainer.contract import GRACE_PERIOD_ENV, KUBERNETES_DEFAULT_GRACE_PERIOD_S
+from trainer.storage import StorageError, Store, describe, is_url, open_store
 
 log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"step_(\d+)\.pt")
+STATE = "state.pt"
+MANIFEST = "manifest.json"
+FORMAT = "ddpjob-checkpoint/1"
+_STEP = re.compile(r"step_(\d+)")
+_LEGACY = re.compile(r"step_(\d+)\.pt")
 
 
-class CheckpointManager:
-    """Save and find checkpoints in one directory (a PVC on a cluster, shared by all ranks)."""
-
-    def __init__(self, directory: str | os.PathLike, keep: int, is_main: bool):
-        self.dir = Path(directory)
-        self.keep = keep
-        self.is_main = is_main
-        if is_main:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            # A writer killed mid-save leaves only its temp file behind; it is never read.
-            for stale in self.dir.glob(".step_*.pt.tmp-*"):
-                stale.unlink(missing_ok=True)
-        distributed_.barrier()  # the directory exists before any rank looks at it
-
-    def path_for(self, step: int) -> Path:
-        return self.dir / f"step_{step:08d}.pt"
-
-    def list(self) -> list[Path]:
-        """Checkpoint files, newest step first."""
-        found = [
-            (int(m.group(1)), p)
-            for p in self.dir.glob("step_*.pt")
-            if (m := _NAME.fullmatch(p.name))
-        ]
-        return [p for _, p in sorted(found, reverse=True)]
-
-    def save(self, state: dict[str, Any] | None, step: int) -> Path:
-        """Rank 0 writes ``state`` atomically and prunes old files; every rank waits for it."""
-        path = self.path_for(step)
-        if self.is_main:
-            assert state is not None, "rank 0 must pass the state to save"
-            tmp = self.dir / f".{path.name}.tmp-{os.getpid()}"
-            with open(tmp, "wb") as f:
-                torch.save(state, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            _fsync_dir(self.dir)  # make the rename itself durable
-            for old in self.list()[self.keep :]:
-                old.unlink(missing_ok=True)
-        distributed_.barrier()
-        return path
-
-    def resolve(self, resume: str) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
-        """Rank 0: the checkpoint to resume from, its state, and notes on files skipped.
-
-        ``never`` -> nothing; ``auto`` -> the newest readable file in the directory, if any;
-        anything else is a path that must load.
-        """
-        if resume == "never":
-            return None, None, []
-        if resume != "auto":
-            path = Path(resume)
-            try:
-                return path, read(path), []
-            except Exception as e:  # the user named this file: say so, do not fall back
-                raise ConfigError([f"resume: cannot load {_first_line(e)} (got {resume})"]) from e
-        skipped = []
-        for path in self.list():
-            try:
-                return path, read(path), skipped
-            except Exception as e:  # torn zip, truncated pickle, I/O error: all mean "skip it"
-                note = f"{path}: unreadable ({_first_line(e)})"
-                log.warning("checkpoint %s; trying an older one", note)
-                skipped.append(note)
-        return None, None, skipped
-
-    def load(self, resume: str) -> tuple[dict[str, Any] | None, Path | None, list[str]]:
-        """On every rank: the state rank 0 chose (its path is broadcast; the others read it)."""
-        path, state, skipped, problem = None, None, [], None
-        if self.is_main:
-            try:
-                path, state, skipped = self.resolve(resume)
-            except ConfigError as e:
-                problem = e.problems  # every rank must learn it, or the others would hang
-        path_str, skipped, problem = distributed_.broadcast_object(
-            (str(path) if path else None, skipped, problem)
-        )
-        if problem:
-            raise ConfigError(problem)
-        if path_str is None:
-            return None, None, skipped
-        if state is None:  # not rank 0: read the file rank 0 validated
-            state = read(Path(path_str))
-        return state, Path(path_str), skipped
+def step_name(step: int) -> str:
+    return f"step_{step:08d}"
 
 
-def read(path: Path) -> dict[str, Any]:
-    """Load a checkpoint onto CPU; raise if it is not a complete one of ours."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
+@dataclass(frozen=True)
+class Found:
+    """A complete checkpoint in a store: a step directory with its manifest, or a legacy file."""
+
+    step: int
+    name: str
+    objects: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def legacy(self) -> bool:
+        return self.name.endswith(".pt")
+
+
+def scan(names: list[str]) -> tuple[list[Found], list[str]]:
+    """A store's object names -> its complete checkpoints, newest first (a step directory before
+    a legacy file of the same step), and the objects of steps that have no manifest."""
+    complete: list[Found] = []
+    steps: dict[str, list[str]] = {}
+    for name in names:
+        top, _, leaf = name.partition("/")
+        if not leaf:
+            if m := _LEGACY.fullmatch(top):
+                complete.append(Found(int(m.group(1)), top, (top,)))
+        elif m := _STEP.fullmatch(top):
+            steps.setdefault(top, []).append(name)
+    incomplete = []
+    for top, objects in steps.items():
+        if f"{top}/{MANIFEST}" in objects:
+            complete.append(Found(int(top[len("step_") :]), top, tuple(sorted(objects))))
+        else:
+            incomplete += objects
+    complete.sort(key=lambda f: (f.step, not f.legacy), reverse=True)
+    return complete, sorted(incomplete)
+
+
+def read(store: Store, name: str) -> dict[str, Any]:
+    """Load checkpoint ``name`` of ``store`` onto CPU; raise if it is not complete and intact."""
+    if name.endswith(".pt"):  # a legacy file (or a state.pt named on its own)
+        return _load(io.BytesIO(store.read_bytes(name)))
+    try:
+        manifest = json.loads(store.read_bytes(f"{name}/{MANIFEST}"))
+        want = manifest["objects"][STATE]
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no {MANIFEST}: not a complete checkpoint") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{MANIFEST} is damaged ({describe(e)})") from e
+    path = store.local_path(f"{name}/{STATE}")
+    if path is not None:
+        size, crc = _crc_file(path)
+        source: Path | io.BytesIO = path
+    else:
+        data = store.read_bytes(f"{name}/{STATE}")
+        size, crc = len(data), zlib.crc32(data)
+        source = io.BytesIO(data)
+    if size != want["bytes"]:
+        raise ValueError(f"{STATE} has {size} bytes, its manifest says {want['bytes']}")
+    if f"{crc:08x}" != want["crc32"]:
+        raise ValueError(f"{STATE}'s CRC-32 is {crc:08x}, its manifest says {want['crc32']}")
+    return _load(source)
+
+
+def _load(source: Path | io.BytesIO) -> dict[str, Any]:
+    # A file is mapped, not read: rank 0 holds no second copy of a large state.
+    mmap = isinstance(source, Path)
+    state = torch.load(source, map_location="cpu", weights_only=True, mmap=mmap)
     if not isinstance(state, dict) or "model" not in state or "step" not in state:
         raise ValueError("not a ddpjob checkpoint (no model/step)")
     return state
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _crc_file(path: Path, block: int = 16 << 20) -> tuple[int, int]:
+    size, crc = 0, 0
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            size += len(chunk)
+            crc = zlib.crc32(chunk, crc)
+    return size, crc
 
 
-def _first_line(e: BaseException, limit: int = 120) -> str:
+def read_path(path: str) -> dict[str, Any]:
+    """Load the checkpoint at ``path``: a step directory or prefix (``.../step_00000100``, a
+    local path or ``s3://``), its ``state.pt``, or a legacy ``step_XXXXXXXX.pt`` file."""
+    parent, _, name = path.rstrip("/").rpartition("/")
+    store = open_store(parent or ".")
+    if name == STATE and _STEP.fullmatch(parent.rpartition("/")[2]):
+        parent, _, name = parent.rpartition("/")  # the step's state.pt: check its manifest too
+        store = open_store(parent or ".")
+    return read(store, name)
+
+
+def grace_period_s() -> float | None:
+    """The pods' termination grace period: ``$DDPJOB_GRACE_PERIOD_S`` (the controller renders
+    it), else Kubernetes' default inside a pod, else none (a run on a machine of its own)."""
+    raw = os.environ.get(GRACE_PERIOD_ENV)
+    if raw:
+        return float(raw)
+    return KUBERNETES_DEFAULT_GRACE_PERIOD_S if "KUBERNETES_SERVICE_HOST" in os.environ else None
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written (after the store's own retries)."""
+
+
+class CheckpointManager:
+    """Save and find checkpoints in ``location`` (a local dir or ``s3://bucket/prefix``).
+
+    Only rank 0 touches the location. Constructing it is collective: rank 0 proves it can write,
+    list, read and delete there (then removes what a killed writer left), and every rank raises
+    the same ConfigError when it cannot.
+    """
+
+    def __init__(
+        self,
+        location: str | os.PathLike,
+        keep: int,
+        is_main: bool,
+        device: torch.device | None = None,
+    ):
+        self.location = str(location)
+        self.keep, self.is_main = keep, is_main
+        self.device = device or torch.device("cpu")
+        self.store: Store | None = None
+        self._stager = None
+        self._inflight: Future | None = None
+        self._done: list[dict[str, Any]] = []
+        self._warned_slow = False
+        self.grace_period_s = grace_period_s()
+        problem = None
+        if is_main:
+            self._stager = _stager(self.device)  # here, so that no save pays for the import
+            try:
+                store = open_store(self.location)
+                store.probe()
+                store.remove_partial()
+                _, incomplete = scan(store.list())
+                store.delete(incomplete)  # a dead writer's steps: never complete, never read
+                self.store = store
+            except StorageError as e:
+                problem = [_location_problem(e)]
+        # Every rank must learn it, or the others would wait for rank 0 at the next collective.
+        problem = distributed_.broadcast_object(problem)
+        if problem:
+            raise ConfigError(problem)
+
+    @property
+    def url(self) -> str | None:
+        return self.store.url if self.store is not None else None
+
+    def list(self) -> list[Found]:
+        """Complete checkpoints, newest first (rank 0)."""
+        assert self.store is not None, "only rank 0 reads the checkpoint location"
+        return scan(self.store.list())[0]
+
+    # -----------------------------------------------------------------------------------------
+    # Saving
+
+    def save(self, step: int, state_dict: Callable[[], dict[str, Any] | None]) -> None:
+        """Checkpoint ``step``; collective (``state_dict`` is, and returns the state on rank 0).
+
+        Rank 0 waits for the save before, copies the state off the device and returns; the
+        write runs in the background. Its result comes from :meth:`completed` or :meth:`flush`.
+        """
+        started = time.perf_counter()
+        if self.is_main:
+            self._collect(wait=True)  # and the staged copy is free to be written over
+        state = state_dict()
+        if not self.is_main:
+            return
+        assert state is not None, "rank 0 must return the state to save"
+        staged = self._stager.stage(state)
+        stall_s = time.perf_counter() - started
+        self._inflight = _in_background(self._write, staged, step, stall_s)
+
+    def completed(self) -> list[dict[str, Any]]:
+        """The saves that finished since the last call (rank 0; empty elsewhere), as the
+        ``checkpoint`` event's fields. Raises CheckpointError if a write failed."""
+        self._collect(wait=False)
+        done, self._done = self._done, []
+        return done
+
+    def flush(self) -> list[dict[str, Any]]:
+        """Wait for the save in flight; then as :meth:`completed`."""
+        self._collect(wait=True)
+        return self.completed()
+
+    def close(self) -> list[dict[str, Any]]:
+        """Wait for the save in flight, on a path that is already failing: a write error is
+        logged, not raised. Returns what finished, as :meth:`completed`."""
+        try:
+            return self.flush()
+        except CheckpointError as e:
+            log.warning("%s", e)
+            return []
+
+    def _write(self, staged: dict[str, Any], step: int, stall_s: float) -> dict[str, Any]:
+        """The background half of a save: the state, then its manifest, then pruning."""
+        assert self.store is not None
+        store, name = self.store, step_name(step)
+        started = time.perf_counter()
+        try:
+            store.delete([f"{name}/{MANIFEST}"])  # a step written again is incomplete meanwhile
+            size, crc = store.write(f"{name}/{STATE}", lambda f: torch.save(staged, f))
+            manifest = {
+                "format": FORMAT,
+                "step": step,
+                "objects": {STATE: {"bytes": size, "crc32": f"{crc:08x}"}},
+            }
+            store.write_bytes(f"{name}/{MANIFEST}", json.dumps(manifest, indent=1).encode())
+            write_s = time.perf_counter() - started
+            self._prune()
+        except Exception as e:
+            where, detail = store.url_of(name), describe(e)
+            message = f"checkpoint: cannot write step {step} to {where} ({detail})"
+            raise CheckpointError(message) from e
+        return {
+            "step": step,
+            "path": store.url_of(name),
+            "stall_s": round(stall_s, 4),
+            "write_s": round(write_s, 4),
+            "bytes": size,
+        }
+
+    def _prune(self) -> None:
+        """Keep the newest ``keep``; each older step goes manifest first."""
+        assert self.store is not None
+        for old in self.list()[self.keep :]:
+            if old.legacy:
+                self.store.delete([old.name])
+                continue
+            manifest = f"{old.name}/{MANIFEST}"
+            self.store.delete([manifest])
+            self.store.delete([o for o in old.objects if o != manifest])
+
+    def _collect(self, wait: bool) -> None:
+        inflight = self._inflight
+        if inflight is None or not (wait or inflight.done()):
+            return
+        self._inflight = None
+        result = inflight.result()  # the writer's CheckpointError, if it failed
+        self._done.append(result)
+        limit = self.grace_period_s
+        if limit is not None and result["write_s"] > limit and not self._warned_slow:
+            self._warned_slow = True
+            log.warning(
+                "checkpoint: writing step %d took %.1f s, longer than the pods' grace period "
+                "(%.0f s): a preempted pod is killed before its last checkpoint is complete, and "
+                "resumes from an older one. Raise grace_period_s in the job spec.",
+                result["step"],
+                result["write_s"],
+                limit,
+            )
+
+    # -----------------------------------------------------------------------------------------
+    # Loading
+
+    def resolve(self, resume: str) -> tuple[str | None, dict[str, Any] | None, list[str]]:
+        """Rank 0: the checkpoint to resume from (its URL or path), its state, and notes on the
+        checkpoints skipped. ``never`` -> nothing; ``auto`` -> the newest intact one here;
+        anything else names one that must load."""
+        if resume == "never":
+            return None, None, []
+        if resume != "auto":
+            try:
+                return resume, read_path(resume), []
+            except Exception as e:  # the user named it: say so, do not fall back
+                raise ConfigError([f"resume: cannot load {_first_line(e)} (got {resume})"]) from e
+        assert self.store is not None
+        skipped = []
+        for found in self.list():
+            where = self.store.url_of(found.name)
+            try:
+                return where, read(self.store, found.name), skipped
+            except Exception as e:  # torn, damaged, unreadable: all mean "skip it"
+                note = f"{where}: unreadable ({_first_line(e)})"
+                log.warning("checkpoint %s; trying an older one", note)
+                skipped.append(note)
+        return None, None, skipped
+
+    def load(self, resume: str) -> tuple[dict[str, Any] | None, str | None, list[str]]:
+        """On every rank: the state rank 0 chose (rank 0 reads it; the others receive it by
+        broadcast, so only rank 0 needs to reach the location), its path, and skipped notes."""
+        where, state, skipped, problem = None, None, [], None
+        if self.is_main:
+            try:
+                where, state, skipped = self.resolve(resume)
+            except ConfigError as e:
+                problem = e.problems  # every rank must learn it, or the others would hang
+        where, skipped, problem = distributed_.broadcast_object((where, skipped, problem))
+        if problem:
+            raise ConfigError(problem)
+        if where is None:
+            return None, None, skipped
+        return broadcast_state(state), where, skipped
+
+
+def _stager(device: torch.device):
+    """Copies a state off the device into CPU memory that is reused from save to save (pinned
+    on CUDA, where the copy is then asynchronous until one synchronisation)."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    cuda = device.type == "cuda"
+    return DefaultStager(
+        StagingOptions(
+            use_pinned_memory=cuda,
+            use_shared_memory=False,
+            use_async_staging=False,
+            use_non_blocking_copy=cuda,
+        )
+    )
+
+
+def _in_background(fn: Callable[..., Any], *args: Any) -> Future:
+    """Run ``fn(*args)`` in a daemon thread; its outcome in a Future. (A daemon: a run that
+    exits early never waits on a stuck write; the paths that must wait call ``flush``.)"""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="ddpjob-checkpoint-writer", daemon=True).start()
+    return future
+
+
+def _location_problem(e: StorageError) -> str:
+    if is_url(e.url):
+        hint = (
+            "Check the bucket name, the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) "
+            "and, for an S3-compatible server, AWS_ENDPOINT_URL"
+        )
+    else:
+        hint = "Use a writable directory (on a cluster, a volume mounted there)"
+    return f"checkpoint.dir: cannot write, read and delete in {e.url} ({e.detail}). {hint}"
+
+
+def _first_line(e: BaseException, limit: int = 160) -> str:
     text = str(e).strip().splitlines()
     line = f"{type(e).__name__}: {text[0] if text else ''}"
     return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -1,11 +1,12 @@
 """When the loop checkpoints, and what: every ``checkpoint.every_steps`` steps and at the end of a
-run that did not fail, the state its parts compose. Where and how the state is stored (atomic
-writes, keep-last-k, fallback on resume) is ``trainer.checkpoint``'s.
+run that did not fail, the state its parts compose; and the ``checkpoint`` event once a save is
+complete. Where and how the state is stored (in the background, a manifest last, keep-last-k,
+fallback on resume) is ``trainer.checkpoint``'s.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from trainer.checkpoint import CheckpointManager
@@ -35,9 +36,21 @@ class Checkpointer:
             return step != self.saved_step
         return bool(self.every_steps) and step % self.every_steps == 0
 
-    def save(self, step: int, state: dict[str, Any] | None) -> Path:
-        """Checkpoint ``state`` (rank 0's; None elsewhere) now, on every rank, and report it."""
-        path = self.storage.save(state, step)
+    def save(self, step: int, state_dict: Callable[[], dict[str, Any] | None]) -> None:
+        """Checkpoint now, on every rank (``state_dict`` is collective: rank 0's state, None
+        elsewhere). The step pays for the copy off the device; the write runs in the
+        background and :meth:`report_completed` reports it once it is complete."""
+        self.storage.save(step, state_dict)
         self.saved_step = step
-        self.report.event(CHECKPOINT, step=step, path=str(path))
-        return path
+
+    def report_completed(self, wait: bool = False) -> None:
+        """A ``checkpoint`` event for each save that completed (``wait``: once the save in
+        flight has). Raises trainer.checkpoint.CheckpointError if a write failed."""
+        for fields in self.storage.flush() if wait else self.storage.completed():
+            self.report.event(CHECKPOINT, **fields)
+
+    def close(self) -> None:
+        """Wait for the save in flight on a path that may be failing already: a failed write
+        is logged, not raised; a completed one is reported."""
+        for fields in self.storage.close():
+            self.report.event(CHECKPOINT, **fields)

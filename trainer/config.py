@@ -35,12 +35,31 @@ class CheckpointConfig(_Section):
 
     dir: str = Field(
         "checkpoints",
-        description="Directory for checkpoints (a PVC mount on a cluster). Created if missing.",
+        description=(
+            "Where checkpoints go: a directory, created if missing (on a cluster a volume, needed"
+            " only where rank 0 runs), or `s3://bucket/prefix` (S3 or an S3-compatible server:"
+            " credentials, region and endpoint from the AWS_* variables; no volume)."
+        ),
     )
     every_steps: int = Field(
         100, ge=0, description="Write a checkpoint every N optimizer steps; 0 = only at the end."
     )
     keep: int = Field(3, ge=1, description="Keep the newest N checkpoints, delete older ones.")
+
+    @field_validator("dir")
+    @classmethod
+    def _dir_form(cls, v: str) -> str:
+        scheme, sep, rest = v.partition("://")
+        if not sep:
+            if not v.strip():
+                raise ValueError("must be a directory or `s3://bucket/prefix`")
+            return v
+        if scheme != "s3":
+            raise ValueError("must be a directory or `s3://bucket/prefix` (no other scheme)")
+        # S3's bucket naming rules: 3-63 of a-z 0-9 . -, starting and ending alphanumeric.
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", rest.partition("/")[0]):
+            raise ValueError("must name a bucket: `s3://bucket/prefix`, bucket 3-63 of a-z 0-9 . -")
+        return v
 
 
 class DDPConfig(_Section):

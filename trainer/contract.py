@@ -67,7 +67,8 @@ RESUME = "resume"
 TRAIN = "train"
 #: Rank 0: evaluation metrics (``step``, ``metrics``).
 EVAL = "eval"
-#: Rank 0: a checkpoint is complete and readable (``step``, ``path``).
+#: Rank 0: a checkpoint is complete and readable (``step``, ``path``; ``stall_s``: what the save
+#: cost the training step, ``write_s``: its background write until complete, ``bytes``).
 CHECKPOINT = "checkpoint"
 #: Rank 0: the run ended (``step``, ``reason``: one of ``DONE_REASONS``).
 DONE = "done"
@@ -178,6 +179,11 @@ LAUNCHER_PREFIXES = ("PET_", "TORCHELASTIC_")
 EXIT_FILE_ENV = "DDPJOB_EXIT_FILE"
 #: Under torchrun, how long (seconds) the group may take to form once the agents have met.
 JOIN_TIMEOUT_ENV = "DDPJOB_JOIN_TIMEOUT_S"
+#: The pods' termination grace period (seconds), rendered by the controller from the spec's
+#: ``grace_period_s``: the trainer warns once when a checkpoint write takes longer.
+GRACE_PERIOD_ENV = "DDPJOB_GRACE_PERIOD_S"
+#: Kubernetes' ``terminationGracePeriodSeconds`` when a pod sets none.
+KUBERNETES_DEFAULT_GRACE_PERIOD_S = 30
 
 
 def without_launcher(environ: dict[str, str]) -> dict[str, str]:

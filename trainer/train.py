@@ -25,7 +25,6 @@ import os
 import signal
 import socket
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -211,13 +210,13 @@ class Trainer:
         )
 
         # Checkpoints, and resume (which overrides RNG, data position and all state).
-        storage = CheckpointManager(cfg.checkpoint.dir, cfg.checkpoint.keep, env.is_main)
+        storage = CheckpointManager(cfg.checkpoint.dir, cfg.checkpoint.keep, env.is_main, dev)
         self.step = 0
         epoch, batch_in_epoch = 0, 0
         state, path, skipped = storage.load(cfg.resume)
         if state is not None:
             epoch, batch_in_epoch = self._restore(state, path)
-            self.report.event(RESUME, step=self.step, path=str(path), skipped=skipped)
+            self.report.event(RESUME, step=self.step, path=path, skipped=skipped)
             self.report.say(f"resumed from {path} at step {self.step}")
         elif skipped:
             self.report.event(RESUME, step=0, path=None, skipped=skipped)
@@ -257,7 +256,7 @@ class Trainer:
             "config": self.cfg.model_dump(mode="json"),
         }
 
-    def _restore(self, state: dict[str, Any], path: Path | None) -> tuple[int, int]:
+    def _restore(self, state: dict[str, Any], path: str | None) -> tuple[int, int]:
         """Load a checkpoint into every part; return the data position to continue from."""
         try:
             self.raw_model.load_state_dict(state["model"])
@@ -308,6 +307,9 @@ class Trainer:
             reason = self._loop()
             return reason
         finally:
+            # A run that ends on an error still finishes the write in flight: a complete
+            # checkpoint of a step every rank completed.
+            self.checkpointer.close()
             signal.signal(signal.SIGTERM, previous)
             # A run that did not complete (preempted: the pod's grace period is running, and
             # every other rank waits for this one in the barrier after fit) gives the progress
@@ -345,12 +347,15 @@ class Trainer:
                 reason = PREEMPTED
                 break
             if self.checkpointer.should_save(self.step):
-                self.checkpointer.save(self.step, self.state_dict())
+                self.checkpointer.save(self.step, self.state_dict)
+            self.checkpointer.report_completed()
 
         if reason == COMPLETED:
             self.evaluator.run(self.step)
         if reason != NONFINITE and self.checkpointer.should_save(self.step, last=True):
-            self.checkpointer.save(self.step, self.state_dict())
+            self.checkpointer.save(self.step, self.state_dict)
+        # Preempted or done: the last checkpoint is complete before the run says so and exits.
+        self.checkpointer.report_completed(wait=True)
         self._report_done(reason, time.perf_counter() - started)
         return reason
 

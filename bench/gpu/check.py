@@ -447,12 +447,12 @@ def _stop(proc: subprocess.Popen, grace_s: float = 30) -> None:
 
 def checkpoint_facts(ckpt_dir: Path) -> dict[str, Any] | None:
     """What the newest checkpoint says about the optimizer and the loss scaler."""
-    import torch
+    from trainer.checkpoint import read_path
 
-    files = sorted(ckpt_dir.glob("step_*.pt"))
+    files = sorted(p for p in ckpt_dir.glob("step_*") if (p / "manifest.json").is_file())
     if not files:
         return None
-    state = torch.load(files[-1], map_location="cpu", weights_only=True, mmap=True)
+    state = read_path(str(files[-1]))
     opt = state["optimizer"]
     counts = sorted({int(s["step"]) for s in opt["state"].values() if "step" in s})
     return {

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -135,18 +136,24 @@ def run(
     return Result(p.returncode, p.stdout, p.stderr)
 
 
-def run_pods(envs: list[dict[str, str]], args: list[str], timeout: float = 180) -> list[Result]:
-    """Start ``python -m trainer args`` once per env, all at once (the pods of one job)."""
+def run_pods(
+    envs: list[dict[str, str]],
+    args: list[str],
+    timeout: float = 180,
+    cwds: list[Path] | None = None,
+) -> list[Result]:
+    """Start ``python -m trainer args`` once per env, all at once (the pods of one job), each in
+    its own working directory if ``cwds`` says so."""
     procs = [
         subprocess.Popen(
             trainer_cmd(*args),
-            cwd=REPO,
+            cwd=cwd,
             env=env,
             text=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
-        for env in envs
+        for env, cwd in zip(envs, cwds or [REPO] * len(envs), strict=True)
     ]
     results = []
     for p in procs:
@@ -175,6 +182,36 @@ def common_args(tmp: Path, **overrides) -> list[str]:
     }
     args |= overrides
     return [f"{k}={v}" for k, v in args.items()]
+
+
+def checkpoints(ckpt_dir: Path) -> list[Path]:
+    """The step directories in a local ``checkpoint.dir``, oldest first."""
+    return sorted(p for p in ckpt_dir.glob("step_*") if p.is_dir())
+
+
+def read_checkpoint(path: Path) -> dict:
+    """A checkpoint's state (a step directory, checked against its manifest, or a .pt file)."""
+    from trainer.checkpoint import read_path
+
+    return read_path(str(path))
+
+
+@pytest.fixture(scope="session")
+def moto():
+    """moto's S3 server, one for the session (tests/trainer/s3.py)."""
+    from tests.trainer.s3 import MotoServer
+
+    with MotoServer() as server:
+        yield server
+
+
+@pytest.fixture
+def s3(moto, monkeypatch) -> str:
+    """A new bucket on moto's server, and this process's environment pointed at the server:
+    the bucket's ``s3://`` URL."""
+    for name, value in moto.env.items():
+        monkeypatch.setenv(name, value)
+    return moto.create_bucket(f"ckpt-{uuid.uuid4().hex[:12]}")
 
 
 @pytest.fixture

@@ -92,7 +92,7 @@ def test_unknown_nested_key_is_reported_with_its_path() -> None:
 def test_missing_resume_file_in_kubeflow_pod_is_exit_2() -> None:
     r = run(trainer_cmd("resume=/no/such/step_00000001.pt"), env=kubeflow_env(2, 2))
     assert r.rc == 2
-    assert "resume: no such checkpoint file (got /no/such/step_00000001.pt)" in r.stderr
+    assert "resume: no such checkpoint (got /no/such/step_00000001.pt)" in r.stderr
 
 
 def test_plain_exponent_is_a_number_but_a_quoted_one_stays_a_string() -> None:

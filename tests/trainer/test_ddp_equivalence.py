@@ -11,9 +11,11 @@ import torch.multiprocessing as mp
 
 from tests.trainer.conftest import (
     TEST_TASK,
+    checkpoints,
     common_args,
     free_port,
     one_of_two_ranks,
+    read_checkpoint,
     run,
     torchrun_cmd,
     trainer_cmd,
@@ -22,8 +24,7 @@ from trainer import distributed as trainer_dist
 
 
 def _final_params(ckpt_dir: Path) -> dict[str, torch.Tensor]:
-    (path,) = sorted(ckpt_dir.glob("step_*.pt"))[-1:]
-    return torch.load(path, weights_only=True)["model"]
+    return read_checkpoint(checkpoints(ckpt_dir)[-1])["model"]
 
 
 @pytest.mark.slow

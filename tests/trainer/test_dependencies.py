@@ -166,6 +166,6 @@ def test_trainer_extra_alone_trains_two_ranks_in_a_clean_venv(tmp_path: Path) ->
         (done,) = r.of("done")
         assert done["reason"] == "completed" and done["step"] == 4
         assert r.events[-1]["event"] == "done"
-        assert (work / "ckpt" / "step_00000004.pt").is_file()
+        assert (work / "ckpt" / "step_00000004" / "manifest.json").is_file()
     finally:
         shutil.rmtree(venv, ignore_errors=True)  # several GiB of torch and CUDA wheels

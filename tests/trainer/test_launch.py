@@ -80,8 +80,9 @@ def test_kubeflow_pod_with_nproc_per_node_relaunches_under_torchrun(tmp_path) ->
 def test_standalone_ignores_no_env_and_writes_no_stray_files(tmp_path) -> None:
     r = run(trainer_cmd(*common_args(tmp_path, max_steps=2, log_every=1)), env=base_env())
     assert r.rc == 0
-    files = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
-    assert files == ["step_00000002.pt"]  # the temp file was renamed, nothing left behind
+    files = sorted(str(p.relative_to(tmp_path / "ckpt")) for p in (tmp_path / "ckpt").rglob("*"))
+    # The temp file was renamed, and nothing else is left behind (the location's probe either).
+    assert files == ["step_00000002", "step_00000002/manifest.json", "step_00000002/state.pt"]
 
 
 def test_progress_bar_and_tensorboard_when_asked(tmp_path) -> None:

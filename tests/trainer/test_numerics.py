@@ -11,8 +11,10 @@ import torch
 
 from tests.trainer.conftest import (
     base_env,
+    checkpoints,
     common_args,
     kubeflow_env,
+    read_checkpoint,
     run,
     torchrun_cmd,
     trainer_cmd,
@@ -20,7 +22,7 @@ from tests.trainer.conftest import (
 
 
 def _last_ckpt(tmp: Path) -> dict:
-    return torch.load(sorted((tmp / "ckpt").glob("step_*.pt"))[-1], weights_only=True)
+    return read_checkpoint(checkpoints(tmp / "ckpt")[-1])
 
 
 def _dtypes(record_dir: Path) -> set[str]:
@@ -76,9 +78,7 @@ def test_ema_is_an_exponential_average_of_the_weights(tmp_path: Path) -> None:
         )
     )
     assert r.rc == 0, r.stderr[-2000:]
-    s1, s2, s3 = (
-        torch.load(tmp_path / "ckpt" / f"step_{i:08d}.pt", weights_only=True) for i in (1, 2, 3)
-    )
+    s1, s2, s3 = (read_checkpoint(tmp_path / "ckpt" / f"step_{i:08d}") for i in (1, 2, 3))
     w = "0.weight"
     torch.testing.assert_close(s1["ema"]["model"][w], s1["model"][w])  # first update copies
     want = 0.5 * s1["ema"]["model"][w] + 0.5 * s2["model"][w]
@@ -97,7 +97,7 @@ def test_nan_loss_stops_with_the_step_and_exit_1(tmp_path: Path) -> None:
     assert "step 3: loss is nan; stopping" in r.stdout
     done = r.of("done")[-1]
     assert done["reason"] == "nonfinite" and done["step"] == 3 and done["loss"] is None
-    assert not (tmp_path / "ckpt").exists() or not list((tmp_path / "ckpt").glob("*.pt"))
+    assert not (tmp_path / "ckpt").exists() or not list((tmp_path / "ckpt").iterdir())
 
 
 @pytest.mark.slow

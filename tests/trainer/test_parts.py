@@ -6,7 +6,6 @@ import io
 import itertools
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,6 @@ import torch
 from torch.utils.data import TensorDataset
 
 from tests.trainer.conftest import REPO, base_env
-from trainer.checkpoint import CheckpointManager
 from trainer.config import ConfigError
 from trainer.launch import needs_torchrun, torchrun_argv
 from trainer.loader import MicroBatches, build_loader
@@ -97,41 +95,6 @@ def test_batch_larger_than_the_shard_is_a_config_error() -> None:
             num_workers=0,
             pin_memory=False,
         )
-
-
-def _state(step: int) -> dict:
-    return {"model": {"w": torch.full((3,), float(step))}, "step": step}
-
-
-def test_checkpoint_save_is_atomic_and_keeps_the_last_k(tmp_path: Path) -> None:
-    mgr = CheckpointManager(tmp_path, keep=2, is_main=True)
-    for step in (1, 2, 3):
-        mgr.save(_state(step), step)
-    assert sorted(os.listdir(tmp_path)) == ["step_00000002.pt", "step_00000003.pt"]
-    state, path, skipped = mgr.load("auto")
-    assert state["step"] == 3 and path.name == "step_00000003.pt" and skipped == []
-
-
-def test_checkpoint_stale_temp_file_is_removed_and_never_read(tmp_path: Path) -> None:
-    (tmp_path / ".step_00000009.pt.tmp-123").write_bytes(b"half a file")
-    mgr = CheckpointManager(tmp_path, keep=3, is_main=True)
-    assert os.listdir(tmp_path) == []
-    assert mgr.load("auto") == (None, None, [])
-
-
-def test_checkpoint_falls_back_past_every_unreadable_file(tmp_path: Path) -> None:
-    mgr = CheckpointManager(tmp_path, keep=5, is_main=True)
-    for step in (1, 2, 3):
-        mgr.save(_state(step), step)
-    (tmp_path / "step_00000003.pt").write_bytes(b"")  # empty
-    p2 = tmp_path / "step_00000002.pt"
-    p2.write_bytes(p2.read_bytes()[:100])  # truncated
-    state, path, skipped = mgr.load("auto")
-    assert state["step"] == 1 and path.name == "step_00000001.pt"
-    assert [s.split(":")[0] for s in skipped] == [str(tmp_path / "step_00000003.pt"), str(p2)]
-    with pytest.raises(ConfigError, match="resume: cannot load"):  # named file: no fallback
-        mgr.load(str(p2))
-    assert mgr.load("never") == (None, None, [])
 
 
 def test_events_are_single_line_json_with_nan_as_null(monkeypatch) -> None:

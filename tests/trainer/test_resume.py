@@ -18,9 +18,11 @@ import torch
 from tests.trainer.conftest import (
     REPO,
     base_env,
+    checkpoints,
     common_args,
     kubeflow_env,
     parse_events,
+    read_checkpoint,
     run,
     torchrun_cmd,
     trainer_cmd,
@@ -89,19 +91,19 @@ def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(tmp_path: Path) ->
     # SIGKILL (not an exit of its own), only the step-n checkpoint exists, and no rank got
     # through all of its micro-batches.
     assert proc.returncode == -signal.SIGKILL
-    ckpts = sorted(p.name for p in (tmp_path / "resumed" / "ckpt").glob("step_*.pt"))
-    assert ckpts == [f"step_{n:08d}.pt"]
+    ckpts = [p.name for p in checkpoints(tmp_path / "resumed" / "ckpt")]
+    assert ckpts == [f"step_{n:08d}"]
     for rank in (0, 1):
         assert n * accum <= len(_records(tmp_path / "resumed" / "rec", rank)) < 2 * n * accum
 
     resumed = run(torchrun_cmd(2, *args("resumed")))
     assert resumed.rc == 0, resumed.stderr[-8000:]  # the rank's own error is above torchrun's
     (note,) = resumed.of("resume")
-    assert note["step"] == n and note["path"].endswith(f"step_{n:08d}.pt")
+    assert note["step"] == n and note["path"].endswith(f"step_{n:08d}")
 
-    final = sorted((tmp_path / "straight" / "ckpt").glob("step_*.pt"))[-1]
-    a = torch.load(final, weights_only=True)
-    b = torch.load(tmp_path / "resumed" / "ckpt" / final.name, weights_only=True)
+    final = checkpoints(tmp_path / "straight" / "ckpt")[-1]
+    a = read_checkpoint(final)
+    b = read_checkpoint(tmp_path / "resumed" / "ckpt" / final.name)
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), k  # bitwise, not allclose
     # Every rank's RNG is in the checkpoint, and they differ: each rank seeds with seed + rank.
@@ -146,7 +148,7 @@ def test_sigterm_checkpoints_exits_143_and_rerun_resumes(tmp_path: Path) -> None
     done = events[-1]
     assert done["event"] == "done" and done["reason"] == "preempted"
     assert 3 <= ckpt["step"] == done["step"] < 200
-    assert Path(ckpt["path"]).is_file()
+    assert (Path(ckpt["path"]) / "manifest.json").is_file()
 
     # log_every=1: one train event per step, whatever the parity of the preempted step (with
     # log_every=2 an odd step would also log the step after it).
@@ -172,21 +174,21 @@ def test_sigterm_standalone_exits_143(tmp_path: Path) -> None:
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 143
     assert parse_events(out)[-1]["reason"] == "preempted"
-    assert len(list((tmp_path / "ckpt").glob("step_*.pt"))) == 1
+    assert len(checkpoints(tmp_path / "ckpt")) == 1
 
 
 def test_truncated_newest_checkpoint_falls_back_to_previous(tmp_path: Path) -> None:
     first = run(trainer_cmd(*common_args(tmp_path, max_steps=6, **{"checkpoint.every_steps": 3})))
     assert first.rc == 0
-    newest = tmp_path / "ckpt" / "step_00000006.pt"
-    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # a torn write
+    newest = tmp_path / "ckpt" / "step_00000006" / "state.pt"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # damaged on disk
 
     again = run(trainer_cmd(*common_args(tmp_path, max_steps=8, **{"checkpoint.every_steps": 3})))
     assert again.rc == 0, again.stderr[-2000:]
     (note,) = again.of("resume")
-    assert note["step"] == 3 and note["path"].endswith("step_00000003.pt")
-    assert "step_00000006.pt: unreadable" in note["skipped"][0]
-    assert "step_00000006.pt: unreadable" in again.stderr  # and a human says so too
+    assert note["step"] == 3 and note["path"].endswith("step_00000003")
+    assert "step_00000006: unreadable (ValueError: state.pt has" in note["skipped"][0]
+    assert "step_00000006: unreadable" in again.stderr  # and a human says so too
     assert again.of("train")[0]["step"] == 4
 
 
@@ -200,8 +202,8 @@ def test_resume_never_starts_fresh_and_keep_prunes(tmp_path: Path) -> None:
     )
     assert r.rc == 0
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
-        "step_00000007.pt",
-        "step_00000008.pt",
+        "step_00000007",
+        "step_00000008",
     ]
     fresh = run(trainer_cmd(*common_args(tmp_path, max_steps=2, resume="never")))
     assert fresh.rc == 0 and fresh.of("resume") == []
@@ -218,9 +220,9 @@ def test_a_checkpoint_of_another_model_is_one_line_and_exit_2(tmp_path: Path) ->
     assert wider.rc == 2
     assert "Traceback" not in wider.stderr
     (line,) = [x for x in wider.stderr.splitlines() if x.startswith("resume:")]
-    assert "step_00000002.pt holds a model of another shape or version" in line
+    assert "step_00000002 holds a model of another shape or version" in line
     assert "resume=never" in line
-    assert (tmp_path / "ckpt" / "step_00000002.pt").exists()
+    assert (tmp_path / "ckpt" / "step_00000002" / "manifest.json").exists()
 
 
 @pytest.mark.slow
@@ -291,49 +293,65 @@ def _killpoints(*args: str) -> list[str]:
     return [sys.executable, "-m", "tests.trainer.killpoints", *args]
 
 
-def _read_kill_log(path: Path) -> tuple[list[tuple[int, int, str]], dict[int, str]]:
-    """The points a run passed, as (n, step, kind), and each saved step's fingerprint."""
+def _read_kill_log(path: Path) -> tuple[list[tuple[int, int, str, str]], dict[int, str]]:
+    """The points a run passed, as (n, step, kind, object), and each saved step's fingerprint."""
     points, states = [], {}
     for line in path.read_text().splitlines():
         word, *fields = line.split()
         if word == "point":
-            points.append((int(fields[0]), int(fields[1]), fields[2]))
+            points.append((int(fields[0]), int(fields[1]), fields[2], fields[3]))
         else:
             states[int(fields[0])] = fields[1]
     return points, states
+
+
+#: The point after which a step's checkpoint is complete: its manifest renamed into place.
+COMPLETE = ("replaced", "manifest.json")
 
 
 @pytest.mark.slow
 def test_sigkill_anywhere_inside_a_checkpoint_write_leaves_the_newest_complete_one(
     tmp_path: Path,
 ) -> None:
-    """The checkpoint promise, tested with real kills: a trainer SIGKILLed at 20 random points
-    inside its checkpoint writes (mid-chunk, before/after fsync, around the rename, while
-    pruning), then a fresh process opens each directory as a restarted pod would. It must load
-    the newest checkpoint whose write completed, intact, and the kill must have lost none of the
-    last ``keep`` good ones."""
-    keep, kills = 2, 20
+    """The checkpoint promise, tested with real kills: a trainer SIGKILLed at 24 random points
+    inside its background checkpoint writes (mid-chunk of the state or the manifest, before and
+    after fsync, around each rename, while pruning), its training thread wherever it had got
+    to; then a fresh process opens each directory as a restarted pod would. It must load the
+    newest checkpoint whose manifest was written, intact, the kill must have lost none of the
+    last ``keep`` good ones, and the restart leaves nothing else behind."""
+    keep, kills = 2, 24
     seed = int(os.environ.get("DDPJOB_KILL_SEED", time.time_ns() % 2**32))  # replay a failure
 
     extra = {"checkpoint.every_steps": 1, "checkpoint.keep": keep, "eval_batches": 1}
     trainer_args = common_args(tmp_path, max_steps=5, log_every=100, **extra)
 
-    # A full run counts the points (identical in every run: same data, same state sizes).
+    # A full run counts the points (identical in every run: same data, same state sizes, and
+    # one write at a time, in the writer thread).
     dry = run(_killpoints("run", str(tmp_path), "0", "--", *trainer_args))
     assert dry.rc == 0 and json.loads(dry.stdout) == {"0": 0}, dry.stderr[-2000:]
     plan, _ = _read_kill_log(tmp_path / "0" / "log")
-    by_kind: dict[str, list[int]] = {}
-    for n, _step, kind in plan:
-        by_kind.setdefault(kind, []).append(n)
-    assert set(by_kind) == {"write", "write_half", "fsync", "replace", "replaced", "unlink"}
-    assert len(by_kind["replaced"]) == 5 and len(by_kind["write"]) >= 5 * 4  # files, not a stub
-    # Random points taken from each kind in turn: the few points around the rename are hit as
-    # often as the hundreds of data writes (each kind at least 3 times).
+    pools: dict[str, list[int]] = {}
+    for n, _step, kind, name in plan:
+        # Each kind of point on each kind of object is a pool (a step's directory is one).
+        pools.setdefault(f"{kind} {name if name.endswith(('.pt', '.json')) else ''}", []).append(n)
+    assert {k.split()[0] for k in pools} == {
+        "write",
+        "write_half",
+        "fsync",
+        "replace",
+        "replaced",
+        "unlink",
+        "rmdir",
+    }
+    assert sum(1 for _, _, k, o in plan if (k, o) == COMPLETE) == 5
+    assert len(pools["write state.pt"]) >= 5 * 4  # files, not a stub
+    # Random points taken from each pool in turn: the few points around a rename are hit as
+    # often as the hundreds of data writes.
     rng = random.Random(seed)
-    pools = {kind: rng.sample(ns, len(ns)) for kind, ns in sorted(by_kind.items())}
+    shuffled = {key: rng.sample(ns, len(ns)) for key, ns in sorted(pools.items())}
     picks: list[int] = []
     while len(picks) < kills:
-        picks += [pool.pop() for pool in pools.values() if pool][: kills - len(picks)]
+        picks += [pool.pop() for pool in shuffled.values() if pool][: kills - len(picks)]
 
     kill_runs = _killpoints("run", str(tmp_path), *map(str, picks), "--", *trainer_args)
     killed = run(kill_runs, timeout=600)
@@ -345,26 +363,26 @@ def test_sigkill_anywhere_inside_a_checkpoint_write_leaves_the_newest_complete_o
     after = {Path(o["dir"]).parent.name: o for o in map(json.loads, loaded.stdout.splitlines())}
 
     for n in sorted(picks):
-        _, step, kind = plan[n - 1]
-        where = f"seed {seed}, killed at point {n} (step {step}, {kind})"
+        _, step, kind, name = plan[n - 1]
+        where = f"seed {seed}, killed at point {n} (step {step}, {kind} {name})"
         out = (tmp_path / str(n) / "out").read_text()
         assert statuses[n] == -signal.SIGKILL, f"{where}: {out[-2000:]}"
         passed, states = _read_kill_log(tmp_path / str(n) / "log")
         assert passed[-1] == plan[n - 1], where  # it died exactly there
-        completed = [s for _, s, k in passed if k == "replaced"]
+        completed = [s for _, s, k, o in passed if (k, o) == COMPLETE]
         got = after[str(n)]
-        assert got["skipped"] == [], where  # no torn file ever stood under a checkpoint name
+        assert got["skipped"] == [], where  # nothing damaged ever counted as complete
         on_disk = {int(name[5:13]): fp for name, fp in got["files"].items()}
         assert set(on_disk) <= set(completed), where
         assert set(completed[-keep:]) <= set(on_disk), f"{where}: a good checkpoint was lost"
         assert all(on_disk[s] == states[s] for s in on_disk), f"{where}: {got['files']}"
-        assert got["other"] == [], where  # the restart removed the dead writer's temp file
+        assert got["other"] == [], where  # the restart removed what the dead writer left
         if not completed:
             assert got["chosen"] is None, where
             continue
         newest = completed[-1]
         assert got["chosen"] == {
-            "name": f"step_{newest:08d}.pt",
+            "name": f"step_{newest:08d}",
             "step": newest,
             "fp": states[newest],
         }, where
