@@ -1,10 +1,11 @@
 """Run every benchmark, one after the other, each printing its own side-by-side ratios.
 
-    make bench                      # all nine
-    python bench/run.py trainjob    # one of: trainer controller cluster logs logs-all image local
-                                    #         trainjob queue
+    make bench                      # all ten
+    python bench/run.py trainjob    # one of: trainer checkpoint controller cluster logs logs-all
+                                    #         image local trainjob queue
 
-The trainer bench needs only CPU; the cluster, logs, logs-all, trainjob and queue benches reuse a
+The trainer and checkpoint benches need only CPU (the checkpoint bench starts moto's S3 server
+unless AWS_ENDPOINT_URL names one); the cluster, logs, logs-all, trainjob and queue benches reuse a
 live `make cluster-up` or start the local cluster themselves (logs-all and trainjob need its real
 node); the image bench needs root, podman and containerd; the local bench builds the trainer
 image when it is stale. Exit status: non-zero if any bench missed its target or failed.
@@ -19,6 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BENCHES = {
     "trainer": HERE / "trainer_bench.py",
+    "checkpoint": HERE / "checkpoint_bench.py",
     "controller": HERE / "controller_bench.py",
     "cluster": HERE / "cluster_bench.py",
     "logs": HERE / "logs_bench.py",
