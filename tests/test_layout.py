@@ -3,7 +3,7 @@
 Read from the sources (every ``import``, at module level or inside a function), so a lazy import
 counts as much as a top-level one: no cycle among our modules; nothing imports ``controller.cli``;
 only ``controller.kube`` imports the kubernetes client; ``controller.render`` is pure; the
-controller never imports torch; nothing outside tests/ imports tests/; nothing but tests imports
+controller never imports torch or boto3; nothing outside tests/ imports tests/; nothing but tests imports
 ``controller.generate``; localkube's rooms import downwards only and its builds no room; the
 product's image and lock (``tools``) import nothing of localkube.
 """
@@ -148,9 +148,14 @@ def test_the_api_layer_gives_no_advice():
         assert not any(d.startswith(("controller.cli.", "controller.jobs.")) for d in GRAPH[m]), m
 
 
-def test_the_controller_never_imports_torch():
+def test_the_controller_never_imports_torch_or_an_s3_client():
+    heavy = ("torch", "boto3", "botocore", "s3transfer")  # ddpjob[trainer]'s, not the laptop's
     for path in (REPO / "controller").rglob("*.py"):
-        assert not any(m == "torch" or m.startswith("torch.") for m in _imports(path)), path
+        assert not any(m.split(".")[0] in heavy for m in _imports(path)), path
+    # What the controller imports of the trainer (its config and contract) reaches neither.
+    for m in (m for m in GRAPH if m.startswith("controller")):
+        reached = {d for d in GRAPH[m] if d.startswith("trainer")}
+        assert reached <= {"trainer", "trainer.config", "trainer.contract"}, (m, reached)
 
 
 def test_nothing_outside_tests_imports_tests():
