@@ -2,8 +2,9 @@
 
 The operators' versions are the product's contract (``controller/kubeflow.py``: the versions
 ``doctor`` and the hints name), so the local cluster runs exactly those. The Go modules must
-require the same (``builds/go/go.mod``, ``builds/go-operators/go.mod``): ``builds.operators``
-checks at build time, ``tests/localkube/test_tools_unit.py`` without building.
+require the same (``builds/go/go.mod``, ``builds/go-operators/go.mod``, ``builds/go-s3/go.mod``):
+``builds.operators`` and ``builds.s3server`` check at build time,
+``tests/localkube/test_tools_unit.py`` and ``test_s3_unit.py`` without building.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ TRAINING_OPERATOR = kubeflow.OPERATOR_VERSION
 TRAINER = kubeflow.TRAINER_VERSION
 JOBSET = kubeflow.JOBSET_VERSION
 KUEUE = kubeflow.KUEUE_VERSION
+VERSITYGW = "v1.8.0"
 
 #: Built by the Kubernetes module (``builds/go``): the multi-call ``kube``, helm and CoreDNS.
 GO_TOOLS = {
@@ -35,6 +37,8 @@ OPERATORS = {
     "jobset": JOBSET,
     "kueue": KUEUE,
 }
+#: Built by the S3 server's module (``builds/go-s3``): the Versity S3 Gateway.
+S3_SERVER = {"versitygw": VERSITYGW}
 #: Every pin by name: recorded in the tools folder's name (its hash), build-times.json and the
 #: cluster's state file.
-VERSIONS = {**GO_TOOLS, **OPERATORS}
+VERSIONS = {**GO_TOOLS, **OPERATORS, **S3_SERVER}

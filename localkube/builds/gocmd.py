@@ -44,8 +44,9 @@ def module_download(module: str, cwd: Path = GO_DIR) -> dict:
     return json.loads(out.stdout)
 
 
-def run_go(args: list[str], log, cwd: Path = GO_DIR) -> float:
-    """Run one go command in the wrapper module (or ``cwd``); return its wall time in seconds."""
+def run_go(args: list[str], log, cwd: Path = GO_DIR, nice: int = 0) -> float:
+    """Run one go command in the wrapper module (or ``cwd``), at niceness ``nice`` (inherited by
+    the compilers it starts); return its wall time in seconds."""
     if shutil.which("go") is None:
         raise LocalkubeError(
             "localkube: the go command is missing (got no `go` on PATH). "
@@ -53,7 +54,8 @@ def run_go(args: list[str], log, cwd: Path = GO_DIR) -> float:
         )
     start = time.monotonic()
     print(f"[cluster] go {' '.join(args)}", file=log, flush=True)
-    proc = subprocess.run(["go", *args], cwd=cwd, env=_go_env(), capture_output=True, text=True)
+    argv = ["nice", "-n", str(nice), "go", *args] if nice else ["go", *args]
+    proc = subprocess.run(argv, cwd=cwd, env=_go_env(), capture_output=True, text=True)
     elapsed = time.monotonic() - start
     if proc.returncode != 0:
         raise LocalkubeError(

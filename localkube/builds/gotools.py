@@ -9,10 +9,12 @@ the client-go it was released with.
 
 The operators need k8s.io v0.36: a second module (``builds/go-operators``, see
 ``operators.py``) builds the training operator v1, Kubeflow Trainer v2, JobSet and Kueue into
-the same folder, with the manifests each installs. The versions: ``localkube/versions.py``.
+the same folder, with the manifests each installs. The S3 server (the Versity S3 Gateway) is a
+third module (``builds/go-s3``, see ``s3server.py``), built beside the others at a lower
+priority. The versions: ``localkube/versions.py``.
 
-The tools folder is versioned by the pinned versions plus a hash of both modules' sources, so a
-second ``build()`` builds nothing and a change to either builds into a fresh folder.
+The tools folder is versioned by the pinned versions plus a hash of the modules' sources, so a
+second ``build()`` builds nothing and a change to any builds into a fresh folder.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ import hashlib
 import json
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..versions import VERSIONS
-from . import operators
+from . import operators, s3server
 from .gocmd import GO_DIR, run_go
 
 #: Components linked into the multi-call binary ``kube``; each gets a symlink in ``bin/``.
@@ -55,6 +58,7 @@ def _source_hash() -> str:
         digest.update(path.read_bytes())
     digest.update(json.dumps(VERSIONS, sort_keys=True).encode())
     digest.update(operators.source_digest())
+    digest.update(s3server.source_digest())
     return digest.hexdigest()[:10]
 
 
@@ -80,7 +84,7 @@ def is_built() -> bool:
     names = [*KUBE_COMPONENTS, "kube", *OWN_BINARIES]
     if not all((root / "bin" / n).exists() for n in names):
         return False
-    return operators.is_built(root)
+    return operators.is_built(root) and s3server.is_built(root)
 
 
 def _ldflags() -> str:
@@ -121,9 +125,23 @@ def build(log=sys.stderr) -> dict[str, float]:
 
 
 def _build_locked(root: Path, log) -> dict[str, float]:
-    times: dict[str, float] = {}
     if is_built():
-        return times
+        return {}
+    # The S3 server's build shares no module with the others: it runs beside them, niced.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        s3 = pool.submit(s3server.build, root, log)
+        times = _build_kubernetes_and_operators(root, log)
+        times.update(s3.result())
+    record = root / "build-times.json"
+    old = json.loads(record.read_text()) if record.exists() else {}
+    old.update({k: round(v, 1) for k, v in times.items()})
+    record.write_text(json.dumps({"versions": VERSIONS, **old}, indent=2) + "\n")
+    print(f"[cluster] tools ready in {root}", file=log, flush=True)
+    return times
+
+
+def _build_kubernetes_and_operators(root: Path, log) -> dict[str, float]:
+    times: dict[str, float] = {}
     bindir = root / "bin"
     bindir.mkdir(parents=True, exist_ok=True)
     ldflags = _ldflags()
@@ -144,9 +162,4 @@ def _build_locked(root: Path, log) -> dict[str, float]:
             times[name] = run_go([*common, "-o", str(tmp), package], log, GO_DIR / module)
             tmp.rename(dest)
     times.update(operators.build(root, log))  # after kubectl: it renders their manifests
-    record = root / "build-times.json"
-    old = json.loads(record.read_text()) if record.exists() else {}
-    old.update({k: round(v, 1) for k, v in times.items()})
-    record.write_text(json.dumps({"versions": VERSIONS, **old}, indent=2) + "\n")
-    print(f"[cluster] tools ready in {root}", file=log, flush=True)
     return times
