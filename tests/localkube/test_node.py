@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from localkube.addons import s3
 from localkube.controlplane import bootstrap
 from localkube.handle import temporary_namespace, wait_until
 from localkube.node import host, images, kubelet
@@ -472,10 +473,13 @@ def test_killed_node_is_cleaned_up_by_the_next_up(real_node, ns):
 def test_cluster_down_restores_the_machine(real_node, ns):
     """`python -m localkube down` with a pod running: no bridge, veth, KUBE-*/CNI chains,
     /kubepods cgroups, pod mounts or log entries left; the sysctls the kubelet changed are back
-    to what they were before the node first started."""
+    to what they were before the node first started; the S3 server and its data gone."""
     rec = host.read_record()
     assert rec is not None, "no record of the machine before the node"
-    owner = real_node.control_plane.read_state()["owner"]
+    state = real_node.control_plane.read_state()
+    owner, s3_proc = state["owner"], state["processes"]["s3"]
+    s3_data = s3.data_dir(real_node.control_plane.state_dir)
+    assert (s3_data / "root" / s3.BUCKET).is_dir()
     before = rec["before"]
     create(
         real_node,
@@ -538,6 +542,9 @@ def test_cluster_down_restores_the_machine(real_node, ns):
         saved = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
         assert "KUBE-" not in saved and f'\\"{host.CNI_NETWORK}\\"' not in saved
         assert not any(p for p in _ps_node_processes())
+        assert proc_start_time(s3_proc["pid"]) != s3_proc["start"]
+        assert not s3_data.exists()
+        s3.preflight(real_node.control_plane.repo)  # its port is free again
     finally:
         _restart(real_node, owner)
 
