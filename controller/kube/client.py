@@ -108,6 +108,13 @@ class Cluster:
             raise translate(e, where, what, self.server) from None
         return json.loads(resp.data) if resp.data else {}
 
+    def list_at(
+        self, path: str, where: str, what: str, *, query: list[tuple[str, str]] | None = None
+    ) -> dict[str, Any]:
+        """The list at a raw collection ``path``, whole: its ``items`` and the
+        ``metadata.resourceVersion`` a watch starts from (``watch.py``); errors translated."""
+        return self._json("GET", path, where, what, query=query)
+
     # ------------------------------------------------------------------------------------
     # Discovery and checks
 

@@ -45,7 +45,7 @@ def watch(
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     """Yield ``(event_type, object)`` for the collection at ``path``, until ``deadline``.
 
-    ``cluster`` is the ``kube.client.Cluster`` (its ``_json``, ``transport``, ``server`` and
+    ``cluster`` is the ``kube.client.Cluster`` (its ``list_at``, ``transport``, ``server`` and
     ``notice``).
 
     Starts with a list (each item reported as ADDED, then ``(RESYNC, {"count": n})``), then
@@ -69,7 +69,7 @@ def watch(
     while deadline is None or time.monotonic() < deadline:
         try:
             if rv is None:
-                body = cluster._json("GET", path, where, kind, query=query or None)
+                body = cluster.list_at(path, where, kind, query=query or None)
                 outage.over()
                 rv = body.get("metadata", {}).get("resourceVersion")
                 items = body.get("items", [])
