@@ -74,7 +74,7 @@ def bench_wait(cluster_handle: Any, namespace: str, counter: RequestCounter) -> 
     from kubeflow.training import TrainingClient
     from kubernetes import client, config, watch
 
-    from controller.jobs.explain import job_terminal
+    from controller.jobs.read.explain import job_terminal
     from controller.jobs.wait import wait_for_job
     from controller.kube.client import Cluster
 

@@ -120,7 +120,7 @@ def follow_all(
 
 
 def run_job(handle: Any, ours: Any, namespace: str, name: str, lines: int) -> None:
-    from controller.jobs.apis import TRAINJOB_KIND
+    from controller.jobs.read.apis import TRAINJOB_KIND
     from controller.jobs.wait import wait_for_job
 
     ours.create_job(job_manifest(name, namespace, lines, handle.trainer_image()))

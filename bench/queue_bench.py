@@ -120,7 +120,7 @@ def submit_jobs(cluster: Any, namespace: str, total: int) -> float:
 
 
 def workload_states(cluster: Any, namespace: str) -> dict[str, int]:
-    from controller.jobs.queue import state
+    from controller.jobs.read.queue import state
 
     items = json.loads(cluster.kubectl("get", "workloads", "-n", namespace, "-o", "json").stdout)
     out: dict[str, int] = {}

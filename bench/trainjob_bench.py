@@ -90,7 +90,7 @@ def bench_wait(handle: Any, namespace: str, image: str, counter: RequestCounter)
     from kubeflow.trainer import TrainerClient
     from kubernetes import client, config, watch
 
-    from controller.jobs.apis import TRAINJOB_KIND
+    from controller.jobs.read.apis import TRAINJOB_KIND
     from controller.jobs.wait import wait_for_job
     from controller.kube.client import Cluster
     from controller.kubeflow import TRAINJOB
@@ -162,7 +162,7 @@ def bench_wait(handle: Any, namespace: str, image: str, counter: RequestCounter)
 
 def _rank0(handle: Any, name: str, namespace: str) -> dict[str, Any] | None:
     """Rank 0's pod once its trainer runs."""
-    from controller.jobs.apis import TRAINJOB_KIND
+    from controller.jobs.read.apis import TRAINJOB_KIND
 
     core = handle.core_api()
     resp = core.list_namespaced_pod(
@@ -176,8 +176,8 @@ def _rank0(handle: Any, name: str, namespace: str) -> dict[str, Any] | None:
 
 
 def bench_logs(handle: Any, namespace: str, image: str) -> dict[str, Any]:
-    from controller.jobs.apis import TRAINJOB_KIND
     from controller.jobs.follow import RankFollower
+    from controller.jobs.read.apis import TRAINJOB_KIND
     from controller.kube.client import Cluster
     from localkube.handle import wait_until
 

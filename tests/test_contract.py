@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.jobs.explain import latest_progress
-from controller.jobs.follow import _start_hostname
+from controller.jobs.read.loglines import start_hostname as _start_hostname
+from controller.jobs.read.trainer_events import latest_progress
 from controller.plot import train_series
 from controller.progress import Progress
 from trainer import contract
@@ -106,10 +106,10 @@ def test_a_line_that_only_looks_like_an_event_is_not_one():
 
 def test_exit_codes_mean_the_same_to_both_halves():
     """The controller's meanings and the operator's retry set are the trainer's own codes."""
-    from controller.jobs import explain, status
+    from controller.jobs.read import explain, history
 
     assert explain.EXIT_MEANINGS is contract.EXIT_MEANINGS
-    assert status.RETRYABLE_EXIT_CODES is contract.RETRYABLE_EXIT_CODES
+    assert history.RETRYABLE_EXIT_CODES is contract.RETRYABLE_EXIT_CODES
     assert contract.EXIT_PEER_LOST in contract.RETRYABLE_EXIT_CODES
     assert contract.EXIT_PREEMPTED in contract.RETRYABLE_EXIT_CODES
     assert contract.EXIT_CONFIG not in contract.RETRYABLE_EXIT_CODES

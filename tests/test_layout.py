@@ -148,6 +148,54 @@ def test_the_api_layer_gives_no_advice():
         assert not any(d.startswith(("controller.cli.", "controller.jobs.")) for d in GRAPH[m]), m
 
 
+#: controller.jobs in two rooms: the pure readers below, the modules that hold a Cluster above.
+PURE_JOBS = "controller.jobs.read"
+#: What the pure room may take from the API layer: the watch protocol's name, no call.
+PURE_FROM_KUBE = {"controller.kube.watch", "controller.kube.watch.RESYNC"}
+#: Modules that do I/O or keep time; the pure room reads what it is given.
+IO_MODULES = ("socket", "subprocess", "threading", "time", "urllib3", "kubernetes", "http")
+
+
+def _pure_jobs() -> list[str]:
+    return sorted(m for m in GRAPH if m == PURE_JOBS or m.startswith(PURE_JOBS + "."))
+
+
+def test_the_jobs_rooms_were_read():
+    """Guards the rules below against an empty room: the readers are below, and the modules
+    that call the cluster are above."""
+    assert {f"{PURE_JOBS}.{m}" for m in ("apis", "explain", "why", "queue", "view")} <= set(
+        _pure_jobs()
+    )
+    above = [m for m in GRAPH if m.startswith("controller.jobs.") and m not in _pure_jobs()]
+    assert {"controller.jobs.status", "controller.jobs.wait", "controller.jobs.follow"} <= set(
+        above
+    )
+    assert all("controller.kube.client" in GRAPH[m] for m in ("controller.jobs.watches",))
+
+
+def test_the_pure_readers_import_nothing_that_holds_a_cluster():
+    """``controller.jobs.read`` imports no module of ``controller.jobs`` outside it (those hold
+    a Cluster) and nothing of ``controller.kube`` but the watch protocol's ``RESYNC``: never the
+    client, even for a type."""
+    for m in _pure_jobs():
+        above = [d for d in GRAPH[m] if d.startswith("controller.jobs.") and d not in _pure_jobs()]
+        assert above == [], (m, above)
+        path = REPO / (m.replace(".", "/") + ".py")
+        if not path.exists():
+            path = REPO / m.replace(".", "/") / "__init__.py"
+        kube = {d for d in _imports(path) if d.split(".")[:2] == ["controller", "kube"]}
+        assert kube <= PURE_FROM_KUBE, (m, sorted(kube - PURE_FROM_KUBE))
+
+
+def test_the_pure_readers_do_no_io():
+    for m in _pure_jobs():
+        path = REPO / (m.replace(".", "/") + ".py")
+        if not path.exists():
+            path = REPO / m.replace(".", "/") / "__init__.py"
+        io = [d for d in _imports(path) if d.split(".")[0] in IO_MODULES]
+        assert io == [], (m, io)
+
+
 def test_the_controller_never_imports_torch_or_an_s3_client():
     heavy = ("torch", "boto3", "botocore", "s3transfer")  # ddpjob[trainer]'s, not the laptop's
     for path in (REPO / "controller").rglob("*.py"):

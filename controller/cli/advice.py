@@ -27,7 +27,7 @@ from controller.kubeflow import (
 )
 
 if TYPE_CHECKING:
-    from controller.jobs.apis import JobKind
+    from controller.jobs.read.apis import JobKind
 
 #: How every hint spells the CLI (`ddpjob`, the console script, is the same program).
 CLI = "python -m controller"
@@ -133,7 +133,7 @@ def kubectl_hints(
     Every pod named exists: an elastic job (Workers only, up to ``max_pods``) has no master,
     and which worker runs rank 0 is the rendezvous's choice, so its logs are named by label and
     ``logs -f`` (which finds rank 0) is offered beside them."""
-    from controller.jobs.apis import PYTORCHJOB_KIND
+    from controller.jobs.read.apis import PYTORCHJOB_KIND
 
     kind = kind or PYTORCHJOB_KIND
     if elastic:

@@ -26,8 +26,8 @@ from controller.cli.advice import CLI, kubectl_hints
 from controller.cli.spec_commands import add_spec_argument, load_spec
 
 if TYPE_CHECKING:
-    from controller.jobs.apis import JobKind
-    from controller.jobs.status import PodHistory
+    from controller.jobs.read.apis import JobKind
+    from controller.jobs.watches import PodHistory
     from controller.kube.client import Cluster
 
 
@@ -69,8 +69,8 @@ def _find(args: argparse.Namespace, cluster: Cluster, namespace: str) -> tuple[J
 def _announcer(cluster: Cluster):
     """``on_change`` for ``wait``: the job's condition, and where it stands in its Kueue queue
     while it waits there (a suspended job in a queue is queued, not failed)."""
-    from controller.jobs.explain import condition_message, job_condition
     from controller.jobs.queue import QueueNotes
+    from controller.jobs.read.explain import condition_message, job_condition
 
     notes = QueueNotes(cluster)
 
@@ -118,10 +118,10 @@ def _manifest(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from controller.errors import NotFound
-    from controller.jobs.apis import kind_of
     from controller.jobs.doctor import preflight
-    from controller.jobs.status import PodHistory
+    from controller.jobs.read.apis import kind_of
     from controller.jobs.wait import wait_deleted, wait_for_job
+    from controller.jobs.watches import PodHistory
 
     manifest = _manifest(args)
     kind = kind_of(manifest)
@@ -136,7 +136,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             pass
     if not args.no_preflight:
         preflight(cluster, manifest, force=args.force, say=_say)
-    from controller.jobs.explain import is_elastic, max_pods
+    from controller.jobs.read.explain import is_elastic, max_pods
 
     cluster.create_job(manifest)
     elastic = is_elastic(manifest)
@@ -194,8 +194,8 @@ def _follow_to_end(
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    from controller.jobs.status import PodHistory
     from controller.jobs.wait import wait_for_job
+    from controller.jobs.watches import PodHistory
 
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
@@ -218,7 +218,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     import json
 
     from controller.cli.table import format_table
-    from controller.jobs.explain import format_progress, format_reported
+    from controller.jobs.read.explain import format_progress, format_reported
     from controller.jobs.status import job_status
 
     cluster = _cluster(args)
@@ -230,7 +230,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     msg = f" ({st['message']})" if st["message"] else ""
     print(f"{st['kind']} {namespace}/{st['name']}: {st['condition']}{msg}, age {st['age']}")
     if st["queue"]:
-        from controller.jobs.queue import QueueView, preemption_line, summary
+        from controller.jobs.read.queue import QueueView, preemption_line, summary
 
         view = QueueView(**st["queue"])
         print(f"queue: {summary(view)}")
@@ -271,8 +271,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
     import time
 
     from controller.errors import NotFound, UserError
-    from controller.jobs.explain import is_elastic
-    from controller.jobs.follow import RankFollower, has_container
+    from controller.jobs.follow import RankFollower
+    from controller.jobs.read.explain import has_container, is_elastic
     from controller.jobs.wait import timeout_error
 
     since_time = _since_time(args.since)
@@ -370,7 +370,8 @@ def _print_log(
     """One pod's log (not followed), as it comes: memory stays flat whatever its size; each
     line after ``prefix``."""
     from controller.errors import ClusterError, Unreachable
-    from controller.jobs.why import job_events, pending_reason
+    from controller.jobs.read.explain import job_events
+    from controller.jobs.read.why import pending_reason
     from controller.kube.logstream import LogStreamBroken
 
     name = pod["metadata"]["name"]
@@ -412,8 +413,8 @@ def _rank_pod(
     """The pod of node ``rank`` (rank 0 of an elastic job: where the rendezvous put it; None
     when no worker's log shows it)."""
     from controller.errors import NotFound
-    from controller.jobs.explain import is_elastic
     from controller.jobs.rank0 import rank0_pod
+    from controller.jobs.read.explain import is_elastic
 
     name = job["metadata"]["name"]
     if rank == 0:
@@ -436,9 +437,9 @@ def _rank_pod(
 def cmd_list(args: argparse.Namespace) -> int:
     from controller.cli.table import format_table
     from controller.errors import NotFound
-    from controller.jobs.apis import KINDS
-    from controller.jobs.explain import age
-    from controller.jobs.queue import queue_name, queued
+    from controller.jobs.read.apis import KINDS
+    from controller.jobs.read.explain import age
+    from controller.jobs.read.queue import queue_name, queued
 
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
@@ -494,7 +495,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 def cmd_events(args: argparse.Namespace) -> int:
     from controller.cli.table import format_table
-    from controller.jobs.explain import age, sort_events
+    from controller.jobs.read.explain import age, sort_events
 
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)

@@ -1,3 +1,8 @@
-"""What a job is doing, on top of the API layer: status, wait, follow rank 0, explain a
-failure, doctor. ``explain.py`` is pure (API dicts in, words out); the rest call the cluster.
+"""What a job is doing, on top of the API layer, in two rooms.
+
+``read/`` is pure: API dicts and log lines in, words and records out, no ``Cluster`` and no I/O
+(the job APIs' adapters, why a job waits, why it failed, where it stands in its queue, log lines,
+the trainer's events, and :class:`~controller.jobs.read.view.JobView`, the one view of a job's
+watch stream). The modules here hold a ``Cluster`` and read through it: ``watches`` (the view,
+kept current), ``wait``, ``follow``, ``status``, ``rank0``, ``find``, ``queue``, ``doctor``.
 """

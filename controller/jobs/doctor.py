@@ -19,7 +19,7 @@ from decimal import Decimal
 from typing import Any
 
 from controller.errors import ClusterError, DdpjobError, Forbidden, NotFound, Refused, UserError
-from controller.jobs.apis import KINDS, PYTORCHJOB_KIND, TRAINJOB_KIND, JobKind, kind_of
+from controller.jobs.read.apis import KINDS, PYTORCHJOB_KIND, TRAINJOB_KIND, JobKind, kind_of
 from controller.kube.client import Cluster
 from controller.kubeflow import (
     CLUSTER_QUEUE,
@@ -626,7 +626,7 @@ def _check_integration(cluster: Cluster, manifest: dict[str, Any]) -> Check:
 
 
 def _check_local_queue(cluster: Cluster, manifest: dict[str, Any], queue: str) -> list[Check]:
-    from controller.jobs.queue import fmt_amount, manifest_requests, never_fits
+    from controller.jobs.read.queue import fmt_amount, manifest_requests, never_fits
 
     namespace = manifest["metadata"]["namespace"]
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from controller.errors import NotFound, UserError
-from controller.jobs.apis import KINDS, JobKind
+from controller.jobs.read.apis import KINDS, JobKind
 from controller.kube.client import Cluster
 
 

@@ -5,11 +5,12 @@ A container run is identified by (pod UID, restartCount): a pod the operator re-
 new UID and its log starts from line 0; a container restarted in place gets restartCount + 1
 and its predecessor's log stays readable with ``previous=true``. Within one run the log is
 streamed with timestamps; when a stream breaks (API server restart, network) it is re-opened
-from the second before the last line printed (``sinceTime``) and a ``LineCursor`` drops what was
-already printed: every line up to that last one, matched by its text and timestamp (a log's
-timestamps can go back, so time alone cannot tell). When a run ends its log is read once more
-without ``follow``, from that second on, so the tail the stream had not delivered yet is not
-lost; a run that had already ended when it was first seen is read that way only, once.
+from the second before the last line printed (``sinceTime``) and a ``LineCursor``
+(``controller.jobs.read.loglines``) drops what was already printed: every line up to that last
+one, matched by its text and timestamp (a log's timestamps can go back, so time alone cannot
+tell). When a run ends its log is read once more without ``follow``, from that second on, so
+the tail the stream had not delivered yet is not lost; a run that had already ended when it was
+first seen is read that way only, once.
 
 Lines travel in batches (what one network read delivered): one cursor step, one write and one
 flush per batch, and memory bounded by a batch whatever the log's length.
@@ -27,25 +28,24 @@ up to ``HELD_LINES``, and printed first.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from datetime import datetime, timedelta
 from typing import Any
 
 from controller.errors import ClusterError, Forbidden, NotFound, Unreachable
-from controller.jobs.apis import PYTORCHJOB_KIND, JobKind
-from controller.jobs.explain import container_status, job_terminal
 from controller.jobs.queue import QueueNotes
-from controller.jobs.watches import JobWatches
-from controller.jobs.why import Waiting, WaitNotes
+from controller.jobs.read.apis import PYTORCHJOB_KIND, JobKind
+from controller.jobs.read.explain import container_status, has_container, matches
+from controller.jobs.read.loglines import KUBELET_NO_LOG, LineCursor, start_hostname
+from controller.jobs.read.view import JOB, POD, JobView
+from controller.jobs.read.why import Waiting, WaitNotes
+from controller.jobs.watches import JobWatch
 from controller.kube.client import Cluster
 from controller.kube.logstream import LogStreamBroken
-from controller.kube.watch import RESYNC
 from controller.kubeflow import LABEL_REPLICA_TYPE
-from trainer.contract import START, is_event, parse_event
+from trainer.contract import START, is_event
 
 # After the job ended, wait this long for the followed container to be reported terminated.
 END_GRACE_S = 15.0
@@ -59,135 +59,6 @@ HELD_LINES = 1000
 # line was held back (or by the end of the job), rank 0 cannot be told: every worker is printed.
 # ddpjob's trainer prints it once the rendezvous is complete, seconds after torchrun's banner.
 FALLBACK_S = 30.0
-# What the kubelet sends as the log's whole body when the container's record is already gone
-# (kuberuntime_container.go GetContainerLogs): not a line the container printed. Seen when a
-# pod is deleted as its container ends (Kueue preempting a job: the operator suspends it and
-# deletes its pods) and the follower re-attaches or reads the run's end.
-# The kubelet's other answer then (pkg/kubelet/kuberuntime/logs, its log file already removed):
-# 'failed to try resolving symlinks in path "/var/log/pods/...": lstat ...: no such file ...'.
-KUBELET_NO_LOG = re.compile(
-    r"unable to retrieve container logs for \w+://[0-9a-f]+"
-    r'|failed to try resolving symlinks in path "/var/log/pods/[^"]+": .*'
-)
-
-
-def split_timestamp(line: str) -> tuple[tuple[str, int] | None, str]:
-    """``2026-01-02T03:04:05.123456789Z text`` -> (("2026-01-02T03:04:05", 123456789), "text").
-
-    The key sorts in time order whatever the fraction's width (Go trims trailing zeros in
-    RFC3339Nano). A line without a timestamp gives (None, line).
-    """
-    head, sep, rest = line.partition(" ")
-    if not sep or len(head) < 20 or head[4] != "-" or head[10] != "T" or not head.endswith("Z"):
-        return None, line
-    stamp = head[:-1]
-    seconds, _, frac = stamp.partition(".")
-    if not frac.isdigit() and frac:
-        return None, line
-    return (seconds, int((frac or "0").ljust(9, "0")[:9])), rest
-
-
-class LineCursor:
-    """What has been printed of one container run; ``take`` keeps the lines that are new.
-
-    Call ``restart_pass()`` before re-reading the run's log (from its beginning, or from
-    ``since()``), and ``end_pass()`` when a read that is not followed has delivered everything.
-
-    A re-read is matched by position, not by time. The lines printed are a prefix of the log
-    file, and the API server sends the lines from ``since()`` on in file order, so the lines of a
-    re-read up to the last one printed (``last``, timestamp included) were printed and every
-    line after it is new. Timestamps alone cannot say that: containerd stamps stdout and stderr
-    lines separately, so a line written later can carry an earlier time (a stderr line
-    written before a stdout line, stamped after it). ``since()`` is the second *before* the last
-    line printed, so a new line stamped up to a second before it is still sent.
-
-    Until ``last`` turns up, the lines of the pass are held back, not dropped: if the log was
-    rotated past ``last`` (the kubelet serves only the current file), ``last`` never comes, and
-    all that was read is new. That is known at a line stamped two seconds after ``last`` (no
-    earlier line is stamped that late) or at ``end_pass()``.
-
-    ``timestamps=False``: the log is read without timestamps (a third fewer bytes for the API
-    server to send) and a re-read from the beginning skips the lines already printed by count.
-    Only for a run that has ended: its log no longer grows or rotates.
-    """
-
-    def __init__(self, timestamps: bool = True) -> None:
-        self.timestamps = timestamps
-        self.count = 0  # lines printed from this run
-        self.last: str | None = None  # the last line printed, timestamp included
-        self.last_run = 0  # how many of the lines printed last are that same line
-        self._pass_lines = 0
-        self._searching = False  # this pass has not reached `last` yet
-        self._seen = 0  # lines equal to `last` in this pass so far
-        self._held: list[str] = []  # lines of this pass read while searching
-        self._bound: str | None = None  # a line stamped this second or later is after `last`
-
-    def restart_pass(self) -> None:
-        self._pass_lines = 0
-        self._seen = 0
-        self._held = []
-        self._searching = self.timestamps and self.count > 0
-        stamp = split_timestamp(self.last)[0] if self._searching and self.last else None
-        self._bound = _shift_second(stamp[0], 2) if stamp else None
-
-    def since(self) -> str | None:
-        """RFC 3339 second before the last line printed: a re-read from there misses nothing."""
-        stamp = split_timestamp(self.last)[0] if self.last is not None else None
-        return None if stamp is None else f"{_shift_second(stamp[0], -1)}Z"
-
-    def take(self, raw: list[str]) -> list[str]:
-        """The texts (timestamps cut off) of the lines in ``raw`` not printed before."""
-        if not self.timestamps:
-            skip = min(len(raw), max(0, self.count - self._pass_lines))
-            self._pass_lines += len(raw)
-            new = raw[skip:] if skip else raw
-            self.count += len(new)
-            return new
-        if not self._searching:
-            return self._print(raw)
-        for i, line in enumerate(raw):
-            if line == self.last:
-                self._seen += 1
-                if self._seen >= self.last_run:  # the last line printed: the rest is new
-                    self._searching, self._held = False, []
-                    return self._print(raw[i + 1 :])
-            elif self._bound is not None:
-                stamp = split_timestamp(line)[0]
-                if stamp is not None and stamp[0] >= self._bound:  # `last` is not in this log
-                    held, self._held, self._searching = self._held, [], False
-                    return self._print(held + raw[i:])
-            self._held.append(line)
-        return []
-
-    def end_pass(self) -> list[str]:
-        """The pass delivered all there is: if it never reached ``last``, what it held is new."""
-        held, self._held, self._searching = self._held, [], False
-        return self._print(held)
-
-    def _print(self, lines: list[str]) -> list[str]:
-        if not lines:
-            return []
-        last = lines[-1]
-        run = 1  # the lines at the end equal to the last one
-        while run < len(lines) and lines[-1 - run] == last:
-            run += 1
-        if run == len(lines) and last == self.last:
-            self.last_run += run
-        else:
-            self.last, self.last_run = last, run
-        self.count += len(lines)
-        if split_timestamp(lines[0])[0] is None or split_timestamp(last)[0] is None:
-            return [split_timestamp(line)[1] for line in lines]  # not timestamped: slowly
-        return [line.partition(" ")[2] for line in lines]
-
-
-def _shift_second(second: str, by: int) -> str:
-    """``2026-01-02T03:04:05`` moved by ``by`` seconds, in the same form."""
-    moved = datetime.strptime(second, _SECOND) + timedelta(seconds=by)
-    return moved.strftime(_SECOND)
-
-
-_SECOND = "%Y-%m-%dT%H:%M:%S"
 
 
 class _Run:
@@ -230,7 +101,7 @@ class RankFollower:
 
     ``emit(lines)`` gets the log lines (without their timestamps) in batches, from reader
     threads but never concurrently; ``say(text)`` gets status notes (why a pod does not run,
-    re-attaching). ``kind`` is the job's API (``controller.jobs.apis``): how to find the rank's
+    re-attaching). ``kind`` is the job's API (``controller.jobs.read.apis``): how to find the rank's
     pod and its container. ``elastic``: the job has Workers only and rank 0 (the only rank it can
     follow) is wherever the rendezvous put it; when no worker shows the trainer's ``start``
     event (a script of the user's own) every worker is followed instead (``FALLBACK_S``).
@@ -241,7 +112,7 @@ class RankFollower:
     ``since_time`` (RFC 3339, ``--since``): no line stamped before it.
 
     Why nothing runs is said as it changes, for every pod of the job (``why.WaitNotes``): the
-    job, all its pods and the namespace's events are watched (``JobWatches``).
+    job, all its pods and the namespace's events are watched (``JobWatch``), into :attr:`view`.
     """
 
     def __init__(
@@ -269,10 +140,9 @@ class RankFollower:
         self.latest: dict[str, _Run] = {}  # pod name -> its newest run
         self.lead: _Run | None = None  # elastic: the run printing as rank 0
         self.fallback = False  # elastic: no rank 0 found, every worker is printed
-        self.notes = WaitNotes(kind, job)
-        self.state: str | None = None  # the job's condition, as last seen
+        self.view = JobView(kind, job)  # the job, its pods and events, as watched
+        self.notes = WaitNotes(kind, job, view=self.view)
         self._emit_lock = threading.Lock()
-        self._listing = True  # the pod watch's first list has not ended: runs there already
         self._held_since: float | None = None  # elastic: when a line was first held back
         self.lines = 0
         self.queue_notes = QueueNotes(cluster)  # where the job waits in its Kueue queue
@@ -389,7 +259,7 @@ class RankFollower:
         out = [run.prefix + line for line in before] if self.fallback else before
         out += new[cut:]
         previous, self.lead = self.lead, run
-        where = _start_hostname(new[starts[-1]])
+        where = start_hostname(new[starts[-1]])
         self.say(
             f"logs: global rank 0 is in pod {run.pod}"
             + (f" (hostname {where})" if where and where != run.pod else "")
@@ -446,7 +316,8 @@ class RankFollower:
             restart,
             ended=ended,
             prefix=self._prefix(pod),
-            tail_lines=self.tail_lines if self._listing else None,
+            # --tail is for the runs there already: those the pods' first list brings
+            tail_lines=self.tail_lines if not self.view.pods_listed else None,
         )
         attempt = 1 + sum(1 for r in self.runs.values() if r.pod == run.pod or not self.every)
         self.runs[key] = run
@@ -535,83 +406,76 @@ class RankFollower:
 
     # -- main loop -------------------------------------------------------------------------
 
+    @property
+    def state(self) -> str | None:
+        """The job's condition, as last seen."""
+        return self.view.condition
+
     def waiting(self) -> list[Waiting]:
         """What keeps the job from running, as last seen (for a timeout's message)."""
         return self.notes.current()
 
     def follow(self, deadline: float | None = None) -> dict[str, Any] | None:
         """Follow until the job ends (returns the job) or ``deadline`` (returns None)."""
-        watches = JobWatches(
-            self.cluster, self.kind, self.job, self.namespace, deadline=deadline
-        ).start()
-        try:
-            return self._follow(watches, deadline)
-        finally:
-            watches.stop()
-            for run in self.runs.values():
-                run.stop.set()
-                if run.stream is not None:
-                    run.stream.close()
+        with JobWatch(self.cluster, self.view, self.namespace, deadline=deadline) as watch:
+            try:
+                return self._follow(watch)
+            finally:
+                for run in self.runs.values():
+                    run.stop.set()
+                    if run.stream is not None:
+                        run.stream.close()
 
-    def _follow(self, watches: JobWatches, deadline: float | None) -> dict[str, Any] | None:
-        job: dict[str, Any] | None = None
-        pods: dict[str, dict[str, Any]] = {}  # uid -> the followed pod as last seen
+    def _follow(self, watch: JobWatch) -> dict[str, Any] | None:
+        view = self.view
         ended_at: float | None = None
-        pods_listed = False  # the pod watch's first list has been seen
-        while True:
-            if deadline is not None and time.monotonic() >= deadline:
-                return None
-            item = watches.get(0.5 if ended_at is not None else 1.0)
-            what, etype, obj = item if item is not None else ("tick", "", {})
-            if what == "error":
-                raise obj["error"]
-            if what == "job" and (etype == "DELETED" or (etype == RESYNC and not obj["count"])):
+        while not watch.expired():
+            change = watch.next(until=time.monotonic() + (0.5 if ended_at is not None else 1.0))
+            if view.gone:
                 self._end_all()
                 raise NotFound(f"logs: job {self.namespace}/{self.job} was deleted")
-            if what == "job" and etype != RESYNC:
-                job = obj
-                self.notes.see_job(obj)
-                self.state = self.kind.condition(obj)
-                if job_terminal(obj) and ended_at is None:
+            if change is not None and change.what == JOB and view.job is not None:
+                if view.terminal and ended_at is None:
                     ended_at = time.monotonic()
-                note = self.queue_notes.see(obj)
+                note = self.queue_notes.see(view.job)
                 if note is not None:
                     self.say(f"logs: job {self.job}: {note}")
-            elif what == "pod" and etype == RESYNC:
-                pods_listed, self._listing = True, False
-            elif what == "pod":
-                self.notes.see_pod(etype, obj)
-                uid = obj["metadata"]["uid"]
-                if not self.follows(obj):
-                    pass
-                elif etype == "DELETED":
-                    pods.pop(uid, None)
-                    run = self.latest.get(obj["metadata"]["name"])
-                    if run is not None and run.uid == uid:
-                        self._finish(run)
-                else:
-                    pods[uid] = obj
-                    self._on_pod(obj)
-            elif what == "event" and etype != RESYNC:
-                self.notes.see_event(etype, obj)
+            elif change is not None and change.what == POD:
+                self._follow_pods()
             if ended_at is None:
                 # A queued job's reason is the queue line above (WaitNotes says no "held" line
                 # while Kueue holds it); its pods' reasons once it is admitted.
                 for line in self.notes.due(time.monotonic())[0]:
                     self.say(f"logs: {line}")
                 self._maybe_fall_back()
-            else:
-                settled = pods_listed and all(self._settled(p) for p in pods.values())
-                if settled or time.monotonic() - ended_at > END_GRACE_S:
-                    self._end_all()
-                    self._maybe_fall_back(ended=True)
-                    if not self.runs:  # say why nothing was printed
-                        whose = "of the job" if self.every else f"of rank {self.rank}"
-                        self.say(
-                            f"logs: the job ended and no pod {whose} is left to read "
-                            "(its pods were removed, e.g. by cleanPodPolicy or the TTL)"
-                        )
-                    return job
+                continue
+            settled = view.pods_listed and all(self._settled(p) for p in self._followed())
+            if settled or time.monotonic() - ended_at > END_GRACE_S:
+                self._end_all()
+                self._maybe_fall_back(ended=True)
+                if not self.runs:  # say why nothing was printed
+                    whose = "of the job" if self.every else f"of rank {self.rank}"
+                    self.say(
+                        f"logs: the job ended and no pod {whose} is left to read "
+                        "(its pods were removed, e.g. by cleanPodPolicy or the TTL)"
+                    )
+                return view.job
+        return None
+
+    def _followed(self) -> list[dict[str, Any]]:
+        """The pods of the job whose logs are followed, as last seen."""
+        return [p for p in self.view.pods.values() if self.follows(p)]
+
+    def _follow_pods(self) -> None:
+        """Runs follow the view's pods: a run whose pod is gone ends; a followed pod that has
+        started has a run, which ends with its container."""
+        followed = self._followed()
+        live = {p["metadata"]["uid"] for p in followed}
+        for run in list(self.latest.values()):
+            if run.uid not in live:
+                self._finish(run)  # its pod was deleted
+        for pod in followed:
+            self._on_pod(pod)
 
     def _settled(self, pod: dict[str, Any]) -> bool:
         """Nothing more will come from this pod: never started, ended, or its run finished."""
@@ -630,25 +494,6 @@ class RankFollower:
     def _end_all(self) -> None:
         for run in list(self.runs.values()):
             self._finish(run)
-
-
-def has_container(pod: dict[str, Any], name: str) -> bool:
-    """``pod`` runs a container ``name`` (a pod without a spec, as a test may write one, is
-    taken to)."""
-    containers = pod.get("spec", {}).get("containers")
-    return containers is None or any(c.get("name") == name for c in containers)
-
-
-def matches(selector: str, labels: dict[str, str]) -> bool:
-    """``labels`` satisfy an equality-based label selector (``a=b,c=d``)."""
-    pairs = (term.split("=", 1) for term in selector.split(",") if term)
-    return all(labels.get(key) == value for key, value in pairs)
-
-
-def _start_hostname(line: str) -> str:
-    """The ``hostname`` a start event names (trainers before it was added name none)."""
-    event = parse_event(line) or {}
-    return str(event.get("hostname") or "")
 
 
 def _started(pod: dict[str, Any]) -> bool:

@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from controller.errors import ClusterError
-from controller.jobs.apis import PYTORCHJOB_KIND, JobKind
-from controller.jobs.explain import is_elastic, node_rank
-from controller.jobs.follow import split_timestamp
+from controller.jobs.read.apis import PYTORCHJOB_KIND, JobKind
+from controller.jobs.read.explain import is_elastic, node_rank
+from controller.jobs.read.loglines import split_timestamp
 from controller.kube.client import Cluster
 from controller.kube.logstream import LogStreamBroken
 from controller.kubeflow import CONTAINER, LABEL_JOB_NAME, LABEL_REPLICA_TYPE

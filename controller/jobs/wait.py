@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from controller.errors import DdpjobError, NotFound
-from controller.jobs.apis import PYTORCHJOB_KIND, JobKind
-from controller.jobs.watches import JobWatches
-from controller.jobs.why import Waiting, WaitNotes
+from controller.jobs.read.apis import PYTORCHJOB_KIND, JobKind
+from controller.jobs.read.history import RunHistory
+from controller.jobs.read.view import JobView
+from controller.jobs.read.why import Waiting, WaitNotes
+from controller.jobs.watches import JobWatch
 from controller.kube.client import Cluster
 from controller.kube.watch import RESYNC
-
-if TYPE_CHECKING:
-    from controller.jobs.status import PodHistory
 
 
 def job_count(etype: str, obj: dict[str, Any]) -> int | None:
@@ -54,7 +53,7 @@ def wait_for_job(
     kind: JobKind = PYTORCHJOB_KIND,
     timeout_s: float | None = None,
     on_change: Callable[[dict[str, Any]], None] | None = None,
-    history: PodHistory | None = None,
+    history: RunHistory | None = None,
     say: Callable[[str], None] | None = None,
     where: str = "wait",
 ) -> dict[str, Any]:
@@ -62,54 +61,35 @@ def wait_for_job(
     WaitTimeout after ``timeout_s`` (with what keeps the job from running). ``on_change(job)``
     sees each new condition.
 
-    The job, its pods and the namespace's events are watched (``JobWatches``). With ``say``,
-    why the job does not run is said as it changes (``controller.jobs.why.WaitNotes``: a
-    problem at once, a step once it lasts). With ``history``, the pods are recorded meanwhile
-    (their last state and the log tail of each failed run), for the failure report once pods
-    are gone. ``where`` starts the timeout's message (the command).
+    The job, its pods and the namespace's events are watched (``JobWatch``) and the job's view
+    is tested after each change. With ``say``, why the job does not run is said as it changes
+    (``controller.jobs.read.why.WaitNotes``: a problem at once, a step once it lasts). With
+    ``history``, the pods are recorded meanwhile (their last state, and with a ``PodHistory``
+    the log tail of each failed run), for the failure report once pods are gone. ``where``
+    starts the timeout's message (the command).
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     last = None
-    seen = False
-    notes = WaitNotes(kind, name)
     next_note: float | None = None
-    watches = JobWatches(cluster, kind, name, namespace, deadline=deadline).start()
-    try:
-        while deadline is None or time.monotonic() < deadline:
-            waits = [t - time.monotonic() for t in (deadline, next_note) if t is not None]
-            item = watches.get(max(0.0, min(waits)) if waits else None)
-            if item is not None:
-                what, etype, obj = item
-                if what == "error":
-                    raise obj["error"]
-                if what == "job" and etype == RESYNC:
-                    if job_count(etype, obj) == 0:
-                        if not seen:
-                            cluster.get_job(name, namespace, api=kind.api)  # NotFound, as said
-                        raise NotFound(f"wait: job {namespace}/{name} was deleted before it ended")
-                elif what == "job":
-                    if etype == "DELETED":
-                        raise NotFound(f"wait: job {namespace}/{name} was deleted before it ended")
-                    seen = True
-                    notes.see_job(obj)
-                    cond = kind.condition(obj)
-                    if cond != last and on_change is not None:
-                        on_change(obj)
-                    last = cond
-                    if kind.terminal(obj):
-                        return obj
-                elif what == "pod" and etype != RESYNC:
-                    notes.see_pod(etype, obj)
-                    if history is not None:  # a deleted pod's last state too
-                        history.see(cluster, obj, namespace)
-                elif what == "event" and etype != RESYNC:
-                    notes.see_event(etype, obj)
+    view = JobView(kind, name, history=history)
+    notes = WaitNotes(kind, name, view=view)
+    with JobWatch(cluster, view, namespace, deadline=deadline) as watch:
+        while not watch.expired():
+            watch.next(until=next_note)
+            if view.gone:
+                if not view.seen:
+                    cluster.get_job(name, namespace, api=kind.api)  # NotFound, as said
+                raise NotFound(f"wait: job {namespace}/{name} was deleted before it ended")
+            if view.job is not None and view.condition != last:
+                last = view.condition
+                if on_change is not None:
+                    on_change(view.job)
+            if view.terminal:
+                return view.job
             if say is not None:
                 lines, next_note = notes.due(time.monotonic())
                 for line in lines:
                     say(f"job {name}: {line}")
-    finally:
-        watches.stop()
     raise timeout_error(where, namespace, name, timeout_s, last, notes.current())
 
 

@@ -208,7 +208,7 @@ def test_help_lists_every_command(capsys):
 
 def test_hints_after_submit_name_only_pods_that_exist():
     from controller.cli.advice import kubectl_hints
-    from controller.jobs.explain import is_elastic, max_pods
+    from controller.jobs.read.explain import is_elastic, max_pods
 
     fixed = render_pytorchjob(load_spec(QUICKSTART))
     elastic = render_pytorchjob(

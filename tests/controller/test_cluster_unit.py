@@ -197,7 +197,7 @@ def test_cluster_commands_import_without_kubernetes_and_torch():
             sys.modules[mod] = None
         import controller.cli.job_commands, controller.kube.client, controller.kube.watch
         import controller.kube.logstream, controller.jobs.follow, controller.jobs.doctor
-        import controller.jobs.wait, controller.jobs.explain, controller.jobs.status
+        import controller.jobs.wait, controller.jobs.read.explain, controller.jobs.status
         import controller.plot
         from controller.cli.main import build_parser
         build_parser().parse_args(["submit", "x.yaml", "--wait", "--follow"])

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.jobs.explain import (
+from controller.jobs.read.explain import (
     explain_failure,
     job_condition,
     job_terminal,
-    latest_progress,
     replica_rows,
 )
-from controller.jobs.why import pending_reason
+from controller.jobs.read.trainer_events import latest_progress
+from controller.jobs.read.why import pending_reason
 
 
 def pod(
@@ -298,7 +298,7 @@ Root Cause (first observed failure):
 
 
 def test_a_torchrun_failure_shows_the_workers_error_not_torchruns_summary():
-    from controller.jobs.explain import log_excerpt
+    from controller.jobs.read.explain import log_excerpt
 
     got = log_excerpt(TORCHRUN_TAIL, 20)
     assert got[-2] == "RuntimeError: injected failure at call 6 on rank 0"
@@ -313,7 +313,7 @@ def test_an_earlier_run_that_raised_is_named_over_later_runs_of_pods_restarted_i
     """A TrainJob's pods restart in place: rank 0 raised in its first run (and every run after),
     rank 1's torchrun later lost its rendezvous (exit 1, earlier than rank 0's *last* run). The
     history kept rank 0's first failed run: that is the one named, with the lines read then."""
-    from controller.jobs.status import PodHistory
+    from controller.jobs.watches import PodHistory
 
     def t(s: int) -> str:
         return f"2026-01-01T00:01:{s:02d}Z"

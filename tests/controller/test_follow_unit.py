@@ -580,7 +580,7 @@ def test_notes_say_why_another_pod_does_not_run():
 def test_a_trainjobs_initializer_pod_is_neither_rank_0_nor_one_of_every_rank():
     """A TrainJob's dataset or model initializer is a Job of the same JobSet with completion
     index 0 too, and no `node` container."""
-    from controller.jobs.apis import TRAINJOB_KIND
+    from controller.jobs.read.apis import TRAINJOB_KIND
     from controller.kubeflow import (
         LABEL_JOB_COMPLETION_INDEX,
         LABEL_JOBSET_NAME,

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from controller.errors import NotFound, UserError
-from controller.jobs.apis import PYTORCHJOB_KIND, TRAINJOB_KIND, kind_of
-from controller.jobs.explain import (
+from controller.jobs.find import find_job
+from controller.jobs.read.apis import PYTORCHJOB_KIND, TRAINJOB_KIND, kind_of
+from controller.jobs.read.explain import (
     container_status,
     explain_failure,
     job_condition,
@@ -23,8 +24,8 @@ from controller.jobs.explain import (
     replica_name,
     replica_rows,
 )
-from controller.jobs.find import find_job
-from controller.jobs.status import PodHistory, job_status
+from controller.jobs.status import job_status
+from controller.jobs.watches import PodHistory
 
 
 def trainjob(*conditions: dict[str, Any], jobs: list[dict] | None = None, **meta) -> dict:
@@ -285,7 +286,7 @@ def test_status_and_list_show_the_progress_the_trainjob_itself_reports(monkeypat
     node: test_trainjob.py's quickstart."""
     from controller.cli import job_commands
     from controller.cli.main import main
-    from controller.jobs.explain import format_reported
+    from controller.jobs.read.explain import format_reported
 
     reported = {
         "progressPercentage": 45,

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from controller.jobs.follow import LineCursor, split_timestamp
+from controller.jobs.read.loglines import LineCursor, split_timestamp
 
 
 def test_split_timestamp_orders_any_fraction_width():

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from controller.errors import NotFound
-from controller.jobs import queue as q
 from controller.jobs.doctor import FAIL, OK, queue_checks
+from controller.jobs.read import queue as q
 
 PREEMPTION = (
     "Preempted to accommodate a workload (UID: wl-urgent, JobUID: job-urgent) due to "

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from controller.jobs.apis import PYTORCHJOB_KIND, TrainJobKind
+from controller.jobs.read.apis import PYTORCHJOB_KIND, TrainJobKind
 from controller.jobs.wait import WaitTimeout, wait_deleted
 from controller.kube.watch import RESYNC
 

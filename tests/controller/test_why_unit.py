@@ -1,4 +1,4 @@
-"""Why a job does not run (``controller.jobs.why``), from API dicts shaped as the kubelet, the
+"""Why a job does not run (``controller.jobs.read.why``), from API dicts shaped as the kubelet, the
 scheduler and the operators write them (Kubernetes 1.33): each reason once, the registry's answer
 for a pull, the missing Secret, the scheduler's words; steps said only once they last. The same
 reasons on the real node: tests/e2e/test_why_it_waits.py."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.jobs.apis import PYTORCHJOB_KIND, TRAINJOB_KIND
+from controller.jobs.read.apis import PYTORCHJOB_KIND, TRAINJOB_KIND
+from controller.jobs.read.why import STEP_SAID_AFTER_S, WaitNotes, job_waiting, pod_waiting
 from controller.jobs.wait import timeout_error
-from controller.jobs.why import STEP_SAID_AFTER_S, WaitNotes, job_waiting, pod_waiting
 
 ANSWER = (
     'failed to pull and unpack image "localhost/nope:0.1": failed to resolve reference '

@@ -4,7 +4,7 @@ Pure functions, no API calls: the operators' conditions are generic ("1 Worker r
 failed", "jobset failed due to job node failing"), so the reason a job died or waits is read
 here from the pods' container states, pod conditions and events. Either API: a job dict is read
 by the adapter its apiVersion/kind names, a pod by the adapter its labels name
-(``controller.jobs.apis``).
+(``controller.jobs.read.apis``).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from controller.jobs.apis import KINDS, PYTORCHJOB_KIND, TRAINJOB_KIND, JobKind
+from controller.jobs.read.apis import KINDS, PYTORCHJOB_KIND, TRAINJOB_KIND, JobKind
 from controller.kubeflow import LABEL_JOBSET_NAME
-from trainer.contract import DONE, EXIT_KILLED, EXIT_MEANINGS, EXIT_PEER_LOST, TRAIN, parse_event
+from trainer.contract import EXIT_KILLED, EXIT_MEANINGS, EXIT_PEER_LOST
 
 #: The container runtime's reason for a container the kernel's OOM killer hit (the memory
 #: cgroup went over the container's limit). It comes with any exit code: the kernel kills one
@@ -117,6 +117,19 @@ def container_status(pod: dict[str, Any]) -> dict[str, Any]:
         if cs.get("name") == name:
             return cs
     return {}
+
+
+def has_container(pod: dict[str, Any], name: str) -> bool:
+    """``pod`` runs a container ``name`` (a pod without a spec, as a test may write one, is
+    taken to)."""
+    containers = pod.get("spec", {}).get("containers")
+    return containers is None or any(c.get("name") == name for c in containers)
+
+
+def matches(selector: str, labels: dict[str, str]) -> bool:
+    """``labels`` satisfy an equality-based label selector (``a=b,c=d``)."""
+    pairs = (term.split("=", 1) for term in selector.split(",") if term)
+    return all(labels.get(key) == value for key, value in pairs)
 
 
 def memory_limit(pod: dict[str, Any]) -> str | None:
@@ -226,7 +239,7 @@ def _waiting_reason(pod: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------------------
-# Events (why a job waits is read from them in controller.jobs.why)
+# Events (why a job waits is read from them in controller.jobs.read.why)
 
 
 def event_time(e: dict[str, Any]) -> str:
@@ -237,6 +250,17 @@ def event_time(e: dict[str, Any]) -> str:
         or e.get("metadata", {}).get("creationTimestamp")
         or ""
     )
+
+
+def job_events(job_name: str, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events of a job and of what its controllers made (pods, a JobSet, a Job): all are
+    named after the job."""
+    return [
+        e
+        for e in events
+        if (obj := e.get("involvedObject", {}).get("name", "")) == job_name
+        or obj.startswith(f"{job_name}-")
+    ]
 
 
 def sort_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -357,30 +381,7 @@ def explain_failure(job: dict[str, Any], pods: list[dict[str, Any]]) -> Failure:
 
 
 # ----------------------------------------------------------------------------------------
-# The trainer's JSON event lines
-
-
-def latest_progress(lines: list[str]) -> dict[str, Any] | None:
-    """The newest ``train`` (or ``done``) event among ``lines``, with an ETA added."""
-    latest = None
-    for line in lines:
-        ev = parse_event(line)
-        if ev and ev.get("event") in (TRAIN, DONE):
-            latest = ev
-    if latest is None:
-        return None
-    out = dict(latest)
-    step, max_steps = latest.get("step"), latest.get("max_steps")
-    rate = latest.get("steps_per_s")
-    if rate is None and latest.get("samples_per_s") and latest.get("global_batch_size"):
-        rate = latest["samples_per_s"] / latest["global_batch_size"]
-    if rate is None and latest.get("step_time_s"):
-        rate = 1.0 / latest["step_time_s"]
-    if latest.get("event") == DONE:
-        out["eta_s"] = 0.0
-    elif rate and step is not None and max_steps:
-        out["eta_s"] = max(0.0, (max_steps - step) / rate)
-    return out
+# Progress, as the commands show it
 
 
 def format_reported(ts: dict[str, Any]) -> str:

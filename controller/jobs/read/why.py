@@ -24,7 +24,7 @@ What a pod that does not run shows, and where (Kubernetes 1.33):
   ``recordAbnormalPods``). It is said as the pod's own reason would be, so the pod arriving a
   moment later is no change;
 - the job itself is suspended: its ``Suspended`` condition (a queue such as Kueue admits it by
-  resuming it); with Kueue's queue label, it is ``Queued`` (``controller.jobs.queue`` says
+  resuming it); with Kueue's queue label, it is ``Queued`` (``controller.jobs.read.queue`` says
   where it stands in that queue and what it waits for).
 
 A reason is a *problem* (said at once: it will not go away by itself) or a *step* on the way
@@ -37,9 +37,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from controller.jobs.apis import JobKind
-from controller.jobs.explain import container_status, event_time, node_rank, replica_name
-from controller.jobs.queue import queued
+from controller.jobs.read.apis import JobKind
+from controller.jobs.read.explain import container_status, event_time, node_rank, replica_name
+from controller.jobs.read.queue import queued
+from controller.jobs.read.view import EVENT, JOB, POD, JobView
 
 #: A step on the way (scheduling, pulling a big image) is said once it has lasted this long; a
 #: problem at once. Wait, follow and the timeout message read the same reasons.
@@ -341,17 +342,6 @@ def _made_pod(pod: str, reason: str, message: str) -> Waiting:
     )
 
 
-def job_events(job_name: str, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The events of a job and of what its controllers made (pods, a JobSet, a Job): all are
-    named after the job."""
-    return [
-        e
-        for e in events
-        if (obj := e.get("involvedObject", {}).get("name", "")) == job_name
-        or obj.startswith(f"{job_name}-")
-    ]
-
-
 def pending_reason(pod: dict[str, Any] | None, events: list[dict[str, Any]]) -> str:
     """Why ``pod`` (or, with ``pod=None``, the job: its Warning events) is not running, in one
     line; "" if nothing explains it."""
@@ -366,49 +356,47 @@ def pending_reason(pod: dict[str, Any] | None, events: list[dict[str, Any]]) -> 
 
 
 class WaitNotes:
-    """What to say about a waiting job, once per change: fed what the watches of the job, its
-    pods and the namespace's events see, :meth:`due` returns the lines to say now (a problem at
-    once, a step once its subject has waited ``step_after_s``) and when a step will be due.
+    """What to say about a waiting job, once per change: reading the job's view (its watches of
+    the job, its pods and the namespace's events), :meth:`due` returns the lines to say now (a
+    problem at once, a step once its subject has waited ``step_after_s``) and when a step will
+    be due.
 
     No clock of its own and no API: the caller passes ``now`` (``time.monotonic()``), so a test
-    can drive it."""
+    can drive it. Without a ``view`` it keeps one of its own, fed by ``see_job``, ``see_pod``
+    and ``see_event``."""
 
-    def __init__(self, kind: JobKind, name: str, *, step_after_s: float = STEP_SAID_AFTER_S):
+    def __init__(
+        self,
+        kind: JobKind,
+        name: str,
+        *,
+        step_after_s: float = STEP_SAID_AFTER_S,
+        view: JobView | None = None,
+    ):
         self.kind, self.name, self.step_after_s = kind, name, step_after_s
-        self.job: dict[str, Any] | None = None
-        self.pods: dict[str, dict[str, Any]] = {}  # uid -> the pod as last seen
-        self.events: dict[str, dict[str, Any]] = {}  # uid -> the event as last seen
+        self.view = view if view is not None else JobView(kind, name)
         self._since: dict[str, float] = {}  # subject -> when it was first seen waiting
         # subject -> the keys said while it waits: a reason is said once, even when the pod's
         # status flips away from it and back (the kubelet's events, then its status).
         self._said: dict[str, set[tuple[str, ...]]] = {}
 
-    def see_job(self, job: dict[str, Any] | None) -> None:
-        self.job = job
+    @property
+    def events(self) -> dict[str, dict[str, Any]]:
+        """The job's events in the view (uid -> the event as last seen)."""
+        return self.view.events
+
+    def see_job(self, job: dict[str, Any]) -> None:
+        self.view.apply(JOB, "MODIFIED", job)
 
     def see_pod(self, etype: str, pod: dict[str, Any]) -> None:
-        uid = pod.get("metadata", {}).get("uid", "")
-        if etype == "DELETED":
-            self.pods.pop(uid, None)
-        else:
-            self.pods[uid] = pod
+        self.view.apply(POD, etype, pod)
 
     def see_event(self, etype: str, event: dict[str, Any]) -> None:
-        if not job_events(self.name, [event]):
-            return  # another job's
-        uid = event.get("metadata", {}).get("uid", "")
-        if etype == "DELETED":
-            self.events.pop(uid, None)
-        else:
-            self.events[uid] = event
+        self.view.apply(EVENT, etype, event)  # another job's is not kept
 
     def current(self) -> list[Waiting]:
         """Everything that keeps the job from running, as known now."""
-        if self.job is None:
-            return []
-        return job_waiting(
-            self.kind, self.job, list(self.pods.values()), list(self.events.values())
-        )
+        return view_waiting(self.view)
 
     def due(self, now: float) -> tuple[list[str], float | None]:
         """The lines to say now (:meth:`Waiting.line`, and ``pod X runs now`` for a pod said
@@ -429,7 +417,7 @@ class WaitNotes:
                 next_at = at if next_at is None else min(next_at, at)
         running = {
             p["metadata"]["name"]
-            for p in self.pods.values()
+            for p in self.view.pods.values()
             if "running" in (container_status(p).get("state") or {})
         }
         for subject in [s for s in self._said if s not in subjects]:
@@ -438,3 +426,41 @@ class WaitNotes:
                 lines.append(f"pod {subject} runs now")
         self._since = {s: t for s, t in self._since.items() if s in subjects}
         return lines, next_at
+
+
+def view_waiting(view: JobView) -> list[Waiting]:
+    """Everything that keeps the job of ``view`` from running (:func:`job_waiting`)."""
+    if view.job is None:
+        return []
+    return job_waiting(view.kind, view.job, view.pod_list(), view.event_list())
+
+
+def not_started(view: JobView) -> tuple[list[dict[str, Any]], list[str]]:
+    """The job's Pending pods and its replicas without a pod, as ``status`` lists them: no
+    missing replica for a job that ended or is suspended on purpose (no pods is no news)."""
+    job = view.job or {}
+    pods = view.pod_list()
+    waiting = [p for p in pods if p.get("status", {}).get("phase") == "Pending"]
+    if view.terminal or view.condition == "Suspended":
+        return waiting, []
+    have = {view.kind.replica_name(p) for p in pods}
+    return waiting, [r for r in view.kind.expected_replicas(job) if r not in have]
+
+
+def pending(view: JobView) -> list[dict[str, str]]:
+    """Why each pending pod waits, and why each missing pod was not created (from the events of
+    the objects between the job and its pods: ``TrainJobResourcesCreationFailed``,
+    ``FailedCreate``, ...), for the pods not yet running (a running pod's restarts are the
+    replica table's): ``status``'s ``pending``."""
+    waiting, missing = not_started(view)
+    if view.job is None or not (waiting or missing):
+        return []
+    names = {p["metadata"]["name"] for p in waiting}
+    return [
+        {
+            "pod": view.kind.pod_name_of(view.name, w.subject) if w.missing else w.subject,
+            "reason": w.text(),
+        }
+        for w in view_waiting(view)
+        if w.pod in names or w.missing
+    ]

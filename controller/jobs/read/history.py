@@ -1,0 +1,98 @@
+"""What a job's pods went through while they were watched: the last state of every pod seen, and
+each container run that failed, with its log tail once someone has read it.
+
+A failed job's pods may be gone by the time it is explained (a TrainJob's Job deletes its active
+pods when it fails; an operator deletes and re-creates a pod after a retryable exit), or restarted
+in place so that the log now holds a later run: what was seen when it happened stands in for
+them. Pure bookkeeping: reading the tail is the caller's (``controller.jobs.status.PodHistory``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.jobs.read.explain import last_termination, log_excerpt, pod_kind, termination_run
+from trainer.contract import RETRYABLE_EXIT_CODES
+
+#: Log lines shown for a failed replica.
+DEFAULT_TAIL_LINES = 20
+#: Lines read for it: torchrun's traceback and summary (about 30 lines) may follow the error.
+READ_TAIL_LINES = 200
+
+#: A container run: (pod UID, restartCount of that run).
+RunKey = tuple[str, int]
+
+
+class FailedRun:
+    """A run of the training container that ended with a non-zero code: the pod as seen then,
+    which run it was, and whether its log is the container's ``previous`` one."""
+
+    def __init__(self, pod: dict[str, Any], key: RunKey, previous: bool):
+        self.pod, self.key, self.previous = pod, key, previous
+
+    @property
+    def pod_name(self) -> str:
+        return self.pod["metadata"]["name"]
+
+    @property
+    def container(self) -> str:
+        return pod_kind(self.pod).container
+
+
+class RunHistory:
+    """The last state of every pod seen, each failed container run in the order seen, and the
+    log tails kept for them."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, dict[str, Any]] = {}  # uid -> the pod as last seen
+        self.tails: dict[str, list[str]] = {}  # pod name -> last lines of its failed run
+        self.failed: list[dict[str, Any]] = []  # the pod as seen when a run failed, in order
+        self.run_tails: dict[RunKey, list[str]] = {}  # (uid, run) -> its last lines
+        self._failed_runs: set[RunKey] = set()
+
+    def record(self, pod: dict[str, Any]) -> FailedRun | None:
+        """Record ``pod`` (a deleted pod's last state too); the run that just failed, if its
+        training container shows a failure not recorded before."""
+        meta = pod.get("metadata", {})
+        self.pods[meta.get("uid", meta.get("name", "?"))] = pod
+        term = last_termination(pod)
+        if not term or term.get("exitCode", 0) == 0:
+            return None
+        key, previous = termination_run(pod)
+        if key in self._failed_runs:
+            return None
+        self._failed_runs.add(key)
+        self.failed.append(pod)
+        return FailedRun(pod, key, previous)
+
+    def keep_tail(self, run: FailedRun, text: str) -> None:
+        """Keep the failed run's log (``text``, as read when it failed): its telling lines."""
+        self.tails[run.pod_name] = self.run_tails[run.key] = log_excerpt(text, DEFAULT_TAIL_LINES)
+
+    def earlier_errors(self) -> list[dict[str, Any]]:
+        """The pods as they were when a run of theirs failed with a code no operator retries
+        (not 130/137/138/143): a rank that raised. Restarted in place (a TrainJob's pods,
+        ``restart_policy: OnFailure``), its later runs may end otherwise, and a peer's later
+        failure (torchrun losing its rendezvous) may look like the first."""
+        return [
+            p
+            for p in self.failed
+            if last_termination(p).get("exitCode") not in RETRYABLE_EXIT_CODES
+        ]
+
+    def with_gone(self, live: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``live`` plus the last seen state of pods whose replica has no live pod now."""
+        have = {pod_kind(p).replica_name(p) for p in live}
+        gone = [
+            p
+            for p in self.pods.values()
+            if pod_kind(p).replica_name(p) not in have
+            and p.get("metadata", {}).get("uid") not in {q["metadata"].get("uid") for q in live}
+        ]
+        latest: dict[str, dict[str, Any]] = {}
+        for p in gone:  # one per replica: the pod seen last
+            latest[pod_kind(p).replica_name(p)] = p
+        return [*live, *latest.values()]
+
+    def tail(self, pod_name: str) -> list[str] | None:
+        return self.tails.get(pod_name)

@@ -1,0 +1,85 @@
+"""What the trainer says about a job in its events: one JSON object per line of a pod's log
+(``trainer/contract.py``), rank 0's about the job, any rank's about itself.
+
+:class:`TrainerEvents` keeps the newest event of each name (and, for the events a rank writes
+about itself, the newest per rank); whoever reads a log of the job feeds it lines, and what shows
+the job reads it. Progress (``train``/``done``) is read here; the last ``checkpoint``, a
+``stuck`` rank and a ``straggler`` are the same kind of read (:meth:`TrainerEvents.newest`,
+:meth:`TrainerEvents.of_ranks`).
+
+Pure: lines in, dicts out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainer.contract import DONE, RANK_EVENTS, TRAIN, parse_event
+
+
+class TrainerEvents:
+    """The newest event of each name seen in the job's logs, in the order they were fed."""
+
+    def __init__(self) -> None:
+        self._seq = 0
+        # event name -> (order seen, the event, the pod whose log had it, if known)
+        self._newest: dict[str, tuple[int, dict[str, Any], str | None]] = {}
+        # a rank's own events (RANK_EVENTS): event name -> rank -> the newest
+        self._by_rank: dict[str, dict[int, dict[str, Any]]] = {}
+
+    def see_lines(self, lines: list[str], pod: str | None = None) -> None:
+        """Read the events among ``lines`` (plain lines are skipped), in order; ``pod``: whose
+        log they are from."""
+        for line in lines:
+            event = parse_event(line)
+            if event is not None:
+                self.see(event, pod)
+
+    def see(self, event: dict[str, Any], pod: str | None = None) -> None:
+        self._seq += 1
+        name = event["event"]
+        self._newest[name] = (self._seq, event, pod)
+        if name in RANK_EVENTS and isinstance(event.get("rank"), int):
+            self._by_rank.setdefault(name, {})[event["rank"]] = event
+
+    def newest(self, *names: str) -> dict[str, Any] | None:
+        """The newest event among those named ``names`` (None: none seen)."""
+        seen = [self._newest[n] for n in names if n in self._newest]
+        return max(seen, key=lambda s: s[0])[1] if seen else None
+
+    def pod_of(self, name: str) -> str | None:
+        """The pod whose log had the newest event ``name``, where known."""
+        found = self._newest.get(name)
+        return found[2] if found is not None else None
+
+    def of_ranks(self, name: str) -> dict[int, dict[str, Any]]:
+        """A rank's own events ``name`` (one of ``RANK_EVENTS``): the newest per rank."""
+        return dict(self._by_rank.get(name, {}))
+
+    def progress(self) -> dict[str, Any] | None:
+        """The newest ``train`` (or ``done``) event, with an ETA added (``eta_s``)."""
+        latest = self.newest(TRAIN, DONE)
+        return None if latest is None else with_eta(latest)
+
+
+def with_eta(event: dict[str, Any]) -> dict[str, Any]:
+    """A ``train`` or ``done`` event with ``eta_s``, where its rate and ``max_steps`` tell."""
+    out = dict(event)
+    step, max_steps = event.get("step"), event.get("max_steps")
+    rate = event.get("steps_per_s")
+    if rate is None and event.get("samples_per_s") and event.get("global_batch_size"):
+        rate = event["samples_per_s"] / event["global_batch_size"]
+    if rate is None and event.get("step_time_s"):
+        rate = 1.0 / event["step_time_s"]
+    if event.get("event") == DONE:
+        out["eta_s"] = 0.0
+    elif rate and step is not None and max_steps:
+        out["eta_s"] = max(0.0, (max_steps - step) / rate)
+    return out
+
+
+def latest_progress(lines: list[str]) -> dict[str, Any] | None:
+    """The newest ``train`` (or ``done``) event among ``lines``, with an ETA added."""
+    events = TrainerEvents()
+    events.see_lines(lines)
+    return events.progress()
