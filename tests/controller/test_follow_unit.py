@@ -1,13 +1,19 @@
 """RankFollower against an in-memory stand-in for the API (no threads of a real cluster): a
 stream that breaks mid-run, a pod re-created under the same name, a job that ends. Every line
-is printed once, in order. The real thing runs in tests/e2e/test_recovery.py."""
+is printed once, in order. The real thing runs in tests/e2e/test_recovery.py.
+
+The follower's reader threads and main loop run beside the test: where the order of what the
+test does and what the follower has done matters, the test waits until the follower shows it
+(``until``), never for a while."""
 
 from __future__ import annotations
 
+import copy
 import json
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,6 +23,14 @@ from controller.jobs.follow import RankFollower
 from controller.kube.logstream import LogStreamBroken
 from controller.kube.watch import RESYNC
 from controller.kubeflow import LABEL_JOB_NAME, LABEL_REPLICA_INDEX, LABEL_REPLICA_TYPE
+
+
+def until(done: Callable[[], bool], what: str = "the follower") -> None:
+    """Wait until ``done()``; the 20 s bound only ends a test that fails."""
+    deadline = time.monotonic() + 20
+    while not done():
+        assert time.monotonic() < deadline, f"{what} did not get there"
+        time.sleep(0.01)
 
 
 def stamp(i: int) -> str:
@@ -37,6 +51,9 @@ class FakeCluster:
         self.clock = 0
         self.opened: list[tuple[str, bool, str | None]] = []  # (pod, follow, since_time)
         self.tails: list[int | None] = []  # tailLines of each stream opened
+        self.sent = dict.fromkeys(self.queues, 0)  # changes put, by watch
+        self.taken = dict.fromkeys(self.queues, 0)  # changes the follower's watch took in
+        self.listed: set[str] = set()  # the watches past their first list
 
     # the test drives these
     def pod_event(self, etype: str, name: str, uid: str, state: str) -> None:
@@ -56,14 +73,30 @@ class FakeCluster:
             else:
                 self.pods[name] = pod
                 self.files.setdefault(uid, [])
-        self.queues["pod"].put((etype, pod))
+        self.put("pod", etype, pod)
 
     def job_event(self, condition: str) -> None:
         job = {
             "metadata": {"name": "j"},
             "status": {"conditions": [{"type": condition, "status": "True"}]},
         }
-        self.queues["job"].put(("MODIFIED", job))
+        # The operator changes the job after it saw its pods change: the follower takes in the
+        # pods' changes first, as two watches seconds apart would deliver them.
+        with self.cond:
+            if "pod" in self.listed:
+                took = self.cond.wait_for(lambda: self.taken["pod"] >= self.sent["pod"], 20)
+                assert took, "the follower's pod watch took nothing in"
+        self.put("job", "MODIFIED", job)
+
+    def put(self, kind: str, etype: str, obj: dict[str, Any]) -> None:
+        with self.cond:
+            self.sent[kind] += 1
+        self.queues[kind].put((etype, obj))
+
+    def _took(self, kind: str) -> None:
+        with self.cond:
+            self.taken[kind] += 1
+            self.cond.notify_all()
 
     def print(self, uid: str, text: str) -> None:
         with self.cond:
@@ -74,14 +107,20 @@ class FakeCluster:
     # what RankFollower calls
     def watch(self, kind: str, namespace: str, **_: Any):
         # Like a real watch: what exists is listed first (as ADDED), then RESYNC, then changes.
+        # A change is taken in once the reader asks for the next one.
         while True:
             try:
-                yield self.queues[kind].get_nowait()
+                change = self.queues[kind].get_nowait()
             except queue.Empty:
                 break
+            yield change
+            self._took(kind)
+        with self.cond:
+            self.listed.add(kind)
         yield RESYNC, {"count": 1}
         while True:
             yield self.queues[kind].get()
+            self._took(kind)
 
     def get_pod(self, name: str, namespace: str) -> dict[str, Any]:
         with self.cond:
@@ -183,14 +222,12 @@ def test_follow_through_a_broken_stream_and_a_recreated_pod():
     t.start()
     for i in range(6):
         c.print("a", f"attempt 1 line {i}")
-    time.sleep(0.5)
+    until(lambda: len(out) == 6)  # streamed, through the break
     c.pod_event("MODIFIED", "j-master-0", "a", "terminated")  # killed: exit 137
-    time.sleep(0.2)
     c.pod_event("DELETED", "j-master-0", "a", "terminated")
     c.pod_event("ADDED", "j-master-0", "b", "running")  # the operator re-creates it
     for i in range(4):
         c.print("b", f"attempt 2 line {i}")
-    time.sleep(0.3)
     c.pod_event("MODIFIED", "j-master-0", "b", "terminated")
     c.job_event("Succeeded")
     t.join(timeout=20)
@@ -212,7 +249,7 @@ def test_lines_written_after_the_stream_closed_come_from_the_final_read():
     t = threading.Thread(target=lambda: follower.follow(time.monotonic() + 30))
     t.start()
     c.print("a", "one")
-    time.sleep(0.3)
+    until(lambda: out == ["one"])
     c.break_once["a"] = 1  # the next re-attach would break; the final read must not need it
     with c.cond:  # a line lands while no stream delivers it
         c.files["a"].append(f"{stamp(99)} two")
@@ -224,8 +261,8 @@ def test_lines_written_after_the_stream_closed_come_from_the_final_read():
 
 def test_the_kubelets_no_log_message_is_not_printed_as_a_line():
     """A pod deleted as its container ends (Kueue preempting the job): the kubelet answers the
-    final read with ``unable to retrieve container logs for containerd://<id>`` as the body.
-    Seen in tests/e2e/test_queue.py's followed log between the two runs; not the container's."""
+    final read with ``unable to retrieve container logs for containerd://<id>`` as the body
+    (tests/e2e/test_queue.py's followed log between the two runs has it); not the container's."""
     c = FakeCluster()
     out: list[str] = []
     follower = RankFollower(c, "ns", "j", 0, out.extend, lambda s: None)
@@ -233,10 +270,10 @@ def test_the_kubelets_no_log_message_is_not_printed_as_a_line():
     t = threading.Thread(target=lambda: follower.follow(time.monotonic() + 30))
     t.start()
     c.print("a", "one")
-    time.sleep(0.3)
+    until(lambda: out == ["one"])
     with c.cond:  # what the kubelet sends once the container's record is gone: no timestamp
         c.files["a"].append("unable to retrieve container logs for containerd://2a060431db15")
-        c.files["a"].append(  # and its other answer, once the log file is gone (ci3)
+        c.files["a"].append(  # and its other answer, once the log file is gone
             'failed to try resolving symlinks in path "/var/log/pods/q_low-master-0_2c1d/'
             'pytorch/0.log": lstat /var/log/pods/q_low-master-0_2c1d/pytorch/0.log: no such '
             "file or directory"
@@ -280,7 +317,7 @@ def test_a_broken_stream_reattaches_from_the_second_before_the_last_line_printed
     c.break_once["a"] = 8
     for i in range(6):
         c.print("a", f"late {i}")
-    time.sleep(0.5)
+    until(lambda: len(out) == 11)  # streamed, through the break
     c.pod_event("MODIFIED", "j-master-0", "a", "terminated")
     c.job_event("Succeeded")
     t.join(timeout=20)
@@ -312,7 +349,7 @@ def test_elastic_prints_the_worker_whose_log_starts_the_trainer():
     for i in range(3):
         c.print("b", f"train {i}")
         c.print("a", f"[rank 1] quiet {i}")
-    time.sleep(0.5)
+    until(lambda: len(out) == 5)  # streamed
     for name, uid in (("j-worker-0", "a"), ("j-worker-1", "b")):
         c.pod_event("MODIFIED", name, uid, "terminated")
     c.job_event("Succeeded")
@@ -334,14 +371,12 @@ def test_elastic_follows_rank_0_to_another_worker_after_a_new_rendezvous():
     t, _ = _follow_in_thread(follower)
     c.print("b", _start("j-worker-1"))
     c.print("b", "epoch 1 on worker 1")
-    time.sleep(0.3)
     c.print("b", "[rank 1] now a follower")  # the rendezvous ran again: worker 0 is rank 0
-    time.sleep(0.3)
+    until(lambda: out[-1:] == ["[rank 1] now a follower"])
     c.print("a", _start("j-worker-0"))
-    time.sleep(0.3)
+    until(lambda: out[-1:] == [_start("j-worker-0")])
     c.print("a", "epoch 2 on worker 0")
     c.print("b", "[rank 1] still a follower")
-    time.sleep(0.3)
     for name, uid in (("j-worker-0", "a"), ("j-worker-1", "b")):
         c.pod_event("MODIFIED", name, uid, "terminated")
     c.job_event("Succeeded")
@@ -402,14 +437,12 @@ def test_every_rank_each_line_after_its_rank_each_pod_in_order_through_a_recreat
         c.print("m", f"m {i}")
         c.print("w1", f"w {i}")
         c.print("x", f"x {i}")
-    time.sleep(0.5)
+    until(lambda: len(out) == 15)  # streamed, worker 0 through a break
     c.pod_event("MODIFIED", "j-worker-0", "w1", "terminated")  # killed, re-created
-    time.sleep(0.2)
     c.pod_event("DELETED", "j-worker-0", "w1", "terminated")
     c.pod_event("ADDED", "j-worker-0", "w2", "running")
     for i in range(3):
         c.print("w2", f"w again {i}")
-    time.sleep(0.5)
     for name, uid in (("j-master-0", "m"), ("j-worker-0", "w2"), ("j-worker-1", "x")):
         c.pod_event("MODIFIED", name, uid, "terminated")
     c.job_event("Succeeded")
@@ -435,15 +468,14 @@ def test_tail_gives_the_last_lines_of_each_run_already_there_then_follows():
         c.print("a", f"old {i}")
     out: list[str] = []
     t, _ = _follow_in_thread(RankFollower(c, "ns", "j", 0, out.extend, print, tail_lines=3))
-    time.sleep(0.3)
+    until(lambda: out == ["old 7", "old 8", "old 9"])  # the stream is open: a new line is new
     c.print("a", "new 0")
-    time.sleep(0.3)
+    until(lambda: out[-1:] == ["new 0"])
     c.pod_event("MODIFIED", "j-master-0", "a", "terminated")
     c.pod_event("DELETED", "j-master-0", "a", "terminated")
     c.pod_event("ADDED", "j-master-0", "b", "running")  # a later run: read whole
     for i in range(4):
         c.print("b", f"run 2 line {i}")
-    time.sleep(0.3)
     c.pod_event("MODIFIED", "j-master-0", "b", "terminated")
     c.job_event("Succeeded")
     t.join(timeout=20)
@@ -479,7 +511,6 @@ def test_elastic_without_a_start_event_prints_every_worker_at_the_end():
     t, result = _follow_in_thread(follower)
     c.print("b", "I am rank 1")
     c.print("a", "I am rank 0")
-    time.sleep(0.5)
     for name, uid in (("j-worker-0", "a"), ("j-worker-1", "b")):
         c.pod_event("MODIFIED", name, uid, "terminated")
     c.job_event("Succeeded")
@@ -492,7 +523,8 @@ def test_elastic_without_a_start_event_prints_every_worker_at_the_end():
 def test_elastic_falls_back_while_it_runs_and_returns_to_rank_0_when_it_shows(monkeypatch):
     from controller.jobs import follow
 
-    monkeypatch.setattr(follow, "FALLBACK_S", 0.5)
+    # No wait for the fall-back: it comes at the follower's next turn once a line is held back.
+    monkeypatch.setattr(follow, "FALLBACK_S", 0.0)
     c = FakeCluster()
     out: list[str] = []
     notes: list[str] = []
@@ -501,15 +533,13 @@ def test_elastic_falls_back_while_it_runs_and_returns_to_rank_0_when_it_shows(mo
     c.pod_event("ADDED", "j-worker-1", "b", "running")
     t, _ = _follow_in_thread(follower)
     c.print("a", "banner 0")
-    time.sleep(2.0)  # past FALLBACK_S: every worker from here
+    until(lambda: out == ["[j-worker-0] banner 0"])  # fallen back: every worker from here
     c.print("b", "banner 1")
-    time.sleep(0.3)
     c.print("b", "more on 1")
     c.print("b", _start("j-worker-1"))  # the trainer after all: rank 0 alone from here
-    time.sleep(0.3)
+    until(lambda: _start("j-worker-1") in out)
     c.print("a", "[rank 1] quiet")
     c.print("b", "train 1")
-    time.sleep(0.5)
     for name, uid in (("j-worker-0", "a"), ("j-worker-1", "b")):
         c.pod_event("MODIFIED", name, uid, "terminated")
     c.job_event("Succeeded")
@@ -529,15 +559,14 @@ def test_notes_say_why_another_pod_does_not_run():
     c = FakeCluster()
     notes: list[str] = []
     follower = RankFollower(c, "ns", "j", 0, lambda lines: None, notes.append)
-    c.queues["job"].put(
-        (
-            "ADDED",
-            {
-                "metadata": {"name": "j", "creationTimestamp": "2026-01-01T00:00:00Z"},
-                "spec": {"pytorchReplicaSpecs": {"Master": {}, "Worker": {"replicas": 1}}},
-                "status": {},
-            },
-        )
+    c.put(
+        "job",
+        "ADDED",
+        {
+            "metadata": {"name": "j", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"pytorchReplicaSpecs": {"Master": {}, "Worker": {"replicas": 1}}},
+            "status": {},
+        },
     )
     c.pod_event("ADDED", "j-master-0", "a", "running")
     worker = {
@@ -562,11 +591,13 @@ def test_notes_say_why_another_pod_does_not_run():
             ],
         },
     }
-    c.queues["pod"].put(("ADDED", worker))
+    c.put("pod", "ADDED", worker)
     t, _ = _follow_in_thread(follower)
-    time.sleep(0.5)
-    c.queues["pod"].put(("MODIFIED", worker))
-    time.sleep(0.5)
+    until(lambda: any("j-worker-0" in n for n in notes))
+    again = copy.deepcopy(worker)  # the kubelet retrying: the same reason
+    c.put("pod", "MODIFIED", again)
+    # Seen (the notes are said in the same turn, before the next change is read):
+    until(lambda: follower.view.pods.get("w") is again)
     c.pod_event("MODIFIED", "j-master-0", "a", "terminated")
     c.job_event("Failed")
     t.join(timeout=20)

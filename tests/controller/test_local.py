@@ -165,18 +165,22 @@ def test_each_node_of_a_trainjob_sees_exactly_the_trainer_v2_env(tmp_path, monke
                        "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": port}  # fmt: skip
 
 
-# Rank 1 fails with exit 3; rank 0 would run for a minute but records the SIGTERM it gets.
+# Rank 1 fails with exit 3 once rank 0 has its SIGTERM handler (rank 0 says so in a file);
+# rank 0 would run for a minute but records the SIGTERM it gets.
 FAILING = """
     import os, signal, sys, time
     rank = int(os.environ["RANK"])
+    ready = os.environ["MARKER"] + ".ready"
     if rank == 1:
         print("rank 1: about to fail", flush=True)
-        time.sleep(0.5)
+        while not os.path.exists(ready):
+            time.sleep(0.01)
         sys.exit(3)
     def on_term(signum, frame):
         open(os.environ["MARKER"], "w").write("SIGTERM")
         sys.exit(143)
     signal.signal(signal.SIGTERM, {handler})
+    open(ready, "w").close()
     print("rank 0: training", flush=True)
     time.sleep(60)
 """
@@ -185,10 +189,8 @@ FAILING = """
 def test_a_failing_rank_stops_the_others_and_reports_its_exit_code(tmp_path):
     marker = tmp_path / "rank0-got-sigterm"
     spec = spec_running(FAILING.format(handler="on_term"), nodes=2, env={"MARKER": str(marker)})
-    started = time.monotonic()
     with pytest.raises(JobFailed) as info:
         run_local(spec, logs_dir=tmp_path, grace_s=10)
-    assert time.monotonic() - started < 20  # not the 60 s rank 0 would have run
     message = str(info.value)
     assert message.startswith("rank 1 exited with code 3 after ")
     assert "stopped the other ranks (exit codes 0: 143, 1: 3)" in message
@@ -200,10 +202,9 @@ def test_a_failing_rank_stops_the_others_and_reports_its_exit_code(tmp_path):
 def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
     spec = spec_running(FAILING.format(handler="signal.SIG_IGN"), nodes=2,
                         env={"MARKER": str(tmp_path / "m")})  # fmt: skip
-    started = time.monotonic()
+    # 137: killed when the grace period ran out (its minute of sleep would have ended 0)
     with pytest.raises(JobFailed, match=r"exit codes 0: 137, 1: 3"):
         run_local(spec, logs_dir=tmp_path, grace_s=1.0)
-    assert time.monotonic() - started < 15
 
 
 def test_ctrl_c_stops_every_rank_and_exits_130(tmp_path, write_spec):

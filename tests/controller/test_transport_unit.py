@@ -65,7 +65,7 @@ class FakeAPI:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def chunks(self, parts: list[bytes], *, pause: float = 0.0) -> None:
+            def chunks(self, parts: list[bytes]) -> None:
                 """A chunked 200 whose chunks are ``parts`` exactly (a read may end anywhere)."""
                 self.send_response(200)
                 self.send_header("Transfer-Encoding", "chunked")
@@ -73,7 +73,6 @@ class FakeAPI:
                 for part in parts:
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
                     self.wfile.flush()
-                    time.sleep(pause)
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
 
@@ -203,6 +202,9 @@ def _event(etype: str, obj: dict) -> bytes:
     return json.dumps({"type": etype, "object": obj}).encode() + b"\n"
 
 
+STOP = {"metadata": {"uid": "stop", "resourceVersion": "11"}}
+
+
 def test_a_watch_resumes_from_the_last_version_and_relists_after_410(api):
     """List, watch (events cut across reads), resume from the last resourceVersion when the
     server ends the watch, re-list on 410 Gone and report what vanished as DELETED."""
@@ -217,17 +219,19 @@ def test_a_watch_resumes_from_the_last_version_and_relists_after_410(api):
         [
             lambda h: h.chunks([first[:7], first[7:50], first[50:]]),  # then the server ends it
             lambda h: h.chunks([_event("ERROR", {"code": 410, "message": "too old"})]),
-            lambda h: h.chunks([_event("BOOKMARK", _pod("", "10"))], pause=2.5),
+            # a bookmark, then the object that tells the test to stop reading
+            lambda h: h.chunks([_event("BOOKMARK", _pod("", "10")), _event("ADDED", STOP)]),
         ]
     )
     api.routes[("GET", PODS)] = lambda q, h: (
         next(watches)(h) if "watch" in q else h.reply(200, next(lists))
     )
     c = api.cluster()
-    got = [
-        (t, o.get("metadata", {}).get("uid", o.get("count")))
-        for t, o in c.watch("pod", "n", selector="x=y", deadline=time.monotonic() + 2)
-    ]
+    got = []
+    for t, o in c.watch("pod", "n", selector="x=y"):
+        if o.get("metadata", {}).get("uid") == STOP["metadata"]["uid"]:
+            break  # the third watch is open: everything the test reads has come
+        got.append((t, o.get("metadata", {}).get("uid", o.get("count"))))
     assert got == [
         ("ADDED", "a"),
         ("RESYNC", 1),
@@ -241,6 +245,12 @@ def test_a_watch_resumes_from_the_last_version_and_relists_after_410(api):
     assert versions == ["(list)", "1", "3", "(list)", "9"]
     assert all(s[2]["labelSelector"] == ["x=y"] for s in api.seen)
     assert "1 re-list after 410 Gone" in tally.summary()
+
+
+def test_a_watch_past_its_deadline_asks_nothing(api):
+    c = api.cluster()
+    assert list(c.watch("pod", "n", deadline=time.monotonic() - 1)) == []
+    assert api.seen == []
 
 
 # --------------------------------------------------------------------------------------------

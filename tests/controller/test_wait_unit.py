@@ -5,7 +5,6 @@ timeout names the reason. The real thing: tests/e2e/test_why_it_waits.py."""
 from __future__ import annotations
 
 import queue
-import threading
 import time
 from typing import Any
 
@@ -16,8 +15,8 @@ from controller.kube.watch import RESYNC
 
 
 class FakeWatches:
-    """``watch(kind, ...)``: what was put before the call is listed (then RESYNC), then each
-    later put, until the deadline."""
+    """``watch(kind, ...)``: the first thing put of each kind is listed (then RESYNC), then
+    each later put, until the deadline."""
 
     def __init__(self) -> None:
         self.queues = {k: queue.Queue() for k in ("job", "pod", "event")}
@@ -29,7 +28,7 @@ class FakeWatches:
     def watch(self, kind: str, namespace: str, *, deadline: float | None = None, **_: Any):
         self.watched.append(kind)
         q = self.queues[kind]
-        while not q.empty():
+        if not q.empty():
             yield q.get()
         yield RESYNC, {"count": 1}
         while deadline is None or time.monotonic() < deadline:
@@ -72,16 +71,13 @@ def test_a_stuck_job_is_said_once_and_the_timeout_names_why():
     c.put("job", "ADDED", JOB)
     pull = {"reason": "ErrImagePull", "message": "pull access denied"}
     c.put("pod", "ADDED", _pod(pull))
+    for i in range(10):  # the kubelet retrying: the same answer, other words
+        back_off = {"reason": "ImagePullBackOff", "message": "Back-off: ErrImagePull: pull "
+                    "access denied"}  # fmt: skip
+        c.put("pod", "MODIFIED", _pod(back_off if i % 2 else pull))
     said: list[str] = []
-
-    def retries() -> None:  # the kubelet retrying: the same answer, other words
-        for i in range(10):
-            back_off = {"reason": "ImagePullBackOff", "message": "Back-off: ErrImagePull: pull "
-                        "access denied"}  # fmt: skip
-            c.put("pod", "MODIFIED", _pod(back_off if i % 2 else pull))
-            time.sleep(0.1)
-
-    threading.Thread(target=retries, daemon=True).start()
+    # Every change is queued before the wait starts: the 2 s only end a wait that has read them
+    # all (milliseconds of work, however loaded the machine).
     with pytest.raises(WaitTimeout) as err:
         wait_for_job(c, "j", "ns", timeout_s=2.0, say=said.append)
     assert said == [
@@ -99,15 +95,16 @@ def test_a_job_that_ends_is_returned_and_a_pod_that_runs_is_said_to():
     c.put("pod", "ADDED", _pod({"reason": "CreateContainerConfigError", "message": "no"}))
     said: list[str] = []
 
-    def fixed() -> None:
-        time.sleep(0.3)
-        c.put("pod", "MODIFIED", _pod(None))
-        time.sleep(0.3)
-        done = {**JOB, "status": {"conditions": [{"type": "Succeeded", "status": "True"}]}}
-        c.put("job", "MODIFIED", done)
+    def say(line: str) -> None:
+        """The next change comes once the wait has said the last: each is seen in turn."""
+        said.append(line)
+        if "CreateContainerConfigError" in line:
+            c.put("pod", "MODIFIED", _pod(None))  # fixed: it runs
+        elif line.endswith("runs now"):
+            done = {**JOB, "status": {"conditions": [{"type": "Succeeded", "status": "True"}]}}
+            c.put("job", "MODIFIED", done)
 
-    threading.Thread(target=fixed, daemon=True).start()
-    job = wait_for_job(c, "j", "ns", timeout_s=20, say=said.append)
+    job = wait_for_job(c, "j", "ns", timeout_s=20, say=say)
     assert job["status"]["conditions"][0]["type"] == "Succeeded"
     assert said == [
         "job j: pod j-master-0 is not running: CreateContainerConfigError: no",

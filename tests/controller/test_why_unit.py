@@ -266,9 +266,9 @@ def test_notes_say_a_problem_at_once_and_once_per_change():
 
 
 def test_a_reason_is_said_once_while_its_pod_waits_though_the_pod_flips_away_and_back():
-    """ci26: `wait` said the missing Secret's CreateContainerConfigError twice. A pod whose
-    status shows the container creating again, with the kubelet's Warning event beside it, is
-    another reason for a moment (the event's); the pod's own reason coming back is not news."""
+    """A missing Secret's CreateContainerConfigError is said once. A pod whose status shows the
+    container creating again, with the kubelet's Warning event beside it, is another reason for
+    a moment (the event's); the pod's own reason coming back is not news."""
     notes = WaitNotes(PYTORCHJOB_KIND, "j")
     notes.see_job(job())
     config = {"reason": "CreateContainerConfigError", "message": 'secret "s" not found'}
@@ -329,9 +329,9 @@ def test_a_timeout_says_first_what_keeps_the_job_from_running():
 
 
 def test_a_pod_the_operator_has_seen_before_our_watch_is_said_once_as_the_pod_says_it():
-    """ci (stop 27): the PyTorchJob's ``Error pod X condition message`` event came before the
-    follower's pod watch brought the pod, and the reason was said as a replica without a pod,
-    then again as the pod's. The operator's event names the pod: it is that pod's reason."""
+    """The PyTorchJob's ``Error pod X condition message`` event can come before the follower's
+    pod watch brings the pod. The operator's event names the pod: it is that pod's reason, said
+    once, not as a replica without a pod and then again as the pod's."""
     message = "0/3 nodes are available: 1 Insufficient cpu, 2 node(s) had untolerated taint."
     told = event(
         "j",
