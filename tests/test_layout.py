@@ -196,6 +196,28 @@ def test_the_pure_readers_do_no_io():
         assert io == [], (m, io)
 
 
+def test_every_import_of_our_own_modules_names_one_that_exists():
+    """A module that moves leaves no import of its old path behind, a lazy one included (the
+    graph above keeps only the imports it can resolve)."""
+    missing = []
+    for path in [p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            missing += [
+                (str(path.relative_to(REPO)), n)
+                for n in names
+                if n.split(".")[0] in PACKAGES
+                and n not in GRAPH
+                and not (REPO / n.replace(".", "/")).is_dir()  # a namespace package
+            ]
+    assert missing == [], missing
+
+
 def test_the_controller_never_imports_torch_or_an_s3_client():
     heavy = ("torch", "boto3", "botocore", "s3transfer")  # ddpjob[trainer]'s, not the laptop's
     for path in (REPO / "controller").rglob("*.py"):

@@ -537,7 +537,7 @@ def cmd_events(args: argparse.Namespace) -> int:
 def _twin(cluster: Cluster, kind: JobKind, name: str, namespace: str) -> bool:
     """Whether ``namespace/name`` is also a job of another API than ``kind``'s."""
     from controller.errors import NotFound
-    from controller.jobs.apis import KINDS
+    from controller.jobs.read.apis import KINDS
 
     for other in KINDS.values():
         if other is kind:
