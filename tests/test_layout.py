@@ -3,9 +3,10 @@
 Read from the sources (every ``import``, at module level or inside a function), so a lazy import
 counts as much as a top-level one: no cycle among our modules; nothing imports ``controller.cli``;
 only ``controller.kube`` imports the kubernetes client; ``controller.render`` is pure; the
-controller never imports torch or boto3; nothing outside tests/ imports tests/; nothing but tests imports
-``controller.generate``; localkube's rooms import downwards only and its builds no room; the
-product's image and lock (``tools``) import nothing of localkube.
+controller never imports torch or boto3; nothing outside tests/ imports tests/; nothing but
+tests imports ``controller.generate``; localkube's rooms import downwards only and its builds no
+room; the product's image and lock (``tools``) import nothing of localkube; ``controller.jobs.read``
+imports nothing that holds a Cluster.
 """
 
 from __future__ import annotations
