@@ -32,6 +32,7 @@ from tools.cache import short_digest
 from tools.podman import ImageError, build_once, podman_build, require, run
 
 from .. import versions
+from ..procs import LocalkubeError
 from .gocmd import module_download
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -246,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     build = {"pause": pause_image, "init": init_image, "trainer": trainer_image}[args.image]
     try:
         print(build())
-    except ImageError as exc:
+    except (ImageError, LocalkubeError) as exc:
         print(exc, file=sys.stderr)
         return 1
     return 0
