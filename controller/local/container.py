@@ -230,10 +230,13 @@ def gpu_slices(spec: JobSpec, host_gpus: int) -> list[list[int]]:
 
 def checkpoint_note(spec: JobSpec, workdir: str, volumes: list[Mount]) -> str | None:
     """A note when the trainer's checkpoints would land in no volume (lost with the container,
-    as in a pod without a PVC); None when they do or the spec's own args decide."""
+    as in a pod without a PVC); None when they do, go to object storage (``s3://``), or the
+    spec's own args decide."""
     if spec.args is not None:
         return None
     configured = spec.trainer.checkpoint.dir
+    if "://" in configured:
+        return None
     path = PurePosixPath(workdir) / configured  # an absolute dir stays itself
     for m in volumes:
         target = PurePosixPath(m.target)

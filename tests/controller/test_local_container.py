@@ -159,6 +159,8 @@ def test_a_checkpoint_dir_on_no_volume_is_noted(tmp_path):
     note = checkpoint_note(relative, "/workspace", [ckpt])
     assert note and "runs/x (/workspace/runs/x in the container) is on no volume" in note
     assert checkpoint_note(validate_spec(minimal(args=["x=1"])), "/workspace", []) is None
+    on_s3 = validate_spec(minimal(trainer={"checkpoint": {"dir": "s3://ckpt/run"}}))
+    assert checkpoint_note(on_s3, "/workspace", []) is None
 
 
 def test_owners_are_alive_while_their_process_runs():
