@@ -17,6 +17,7 @@ from trainer import checkpoint
 from trainer.checkpoint import CheckpointError, CheckpointManager, read_path, scan
 from trainer.config import ConfigError
 from trainer.contract import GRACE_PERIOD_ENV
+from trainer.storage import LocalStore
 
 
 def _state(step: int, n: int = 1000) -> dict:
@@ -252,3 +253,21 @@ def test_a_location_that_cannot_be_written_is_a_config_error(s3, tmp_path: Path)
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match=r"cannot write, read and delete in .*/file/ckpt \("):
         CheckpointManager(tmp_path / "file" / "ckpt", keep=3, is_main=True)
+
+
+def test_a_location_that_lists_but_refuses_writes_is_a_config_error(tmp_path, monkeypatch):
+    """A read-only volume (or a key allowed to list, not to put): the probe's write says so at
+    start, not the first save's, an hour later."""
+
+    class ReadOnly(LocalStore):
+        def write(self, name, produce):
+            raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(checkpoint, "open_store", lambda location: ReadOnly(Path(location)))
+    with pytest.raises(ConfigError) as e:
+        CheckpointManager(tmp_path, keep=3, is_main=True)
+    (line,) = e.value.problems
+    assert line.startswith(
+        f"checkpoint.dir: cannot write, read and delete in {tmp_path} "
+        "(OSError: [Errno 30] Read-only file system)"
+    )

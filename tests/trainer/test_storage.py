@@ -77,11 +77,20 @@ def test_an_s3_object_streams_up_as_multipart_parts(s3, moto, monkeypatch) -> No
     assert moto.open_uploads(s3[len("s3://") :]) == []
 
 
-def test_a_failed_upload_stops_its_producer_instead_of_hanging(s3, monkeypatch) -> None:
-    """The bucket is gone: the upload fails, and the producer, which writes far more than the
-    pipe and the in-memory parts hold, gets the error instead of blocking forever."""
+@pytest.mark.parametrize("failure", ["no bucket", "before reading"])
+def test_a_failed_upload_stops_its_producer_instead_of_hanging(s3, monkeypatch, failure) -> None:
+    """The upload fails (the bucket is gone; or the transfer gives up before it reads a byte),
+    and the producer, which writes far more than the pipe and the in-memory parts hold, gets
+    the error instead of blocking forever."""
     monkeypatch.setattr(storage, "PART_BYTES", 5 * MiB)
     store = S3Store("s3://no-such-bucket-here/p")
+    if failure == "before reading":
+        store = S3Store(s3 + "/p")
+
+        def refuse(*args, **kwargs):
+            raise ValueError("the transfer gave up")
+
+        monkeypatch.setattr(store.client, "upload_fileobj", refuse)
     outcome: list[BaseException] = []
 
     def write() -> None:
@@ -95,7 +104,8 @@ def test_a_failed_upload_stops_its_producer_instead_of_hanging(s3, monkeypatch) 
     writer.join(timeout=120)
     assert not writer.is_alive(), "the producer is still blocked on the pipe"
     (error,) = outcome
-    assert isinstance(error, StorageError) and error.detail.startswith("NoSuchBucket"), error
+    answer = "NoSuchBucket" if failure == "no bucket" else "ValueError: the transfer gave up"
+    assert isinstance(error, StorageError) and error.detail.startswith(answer), error
 
 
 def test_remove_partial_clears_temp_files_and_open_uploads(s3, moto, tmp_path: Path) -> None:
