@@ -42,6 +42,7 @@ from trainer.contract import (
     EXIT_OK,
     EXIT_PEER_LOST,
     EXIT_PREEMPTED,
+    EXIT_STALE_RENDEZVOUS,
     LOCAL_RANK,
     PEER_LOST,
     PREEMPTED,
@@ -70,14 +71,15 @@ def exit_preempted() -> NoReturn:
 
 def relaunch_exit_code(rc: int, worker_codes: list[int]) -> int:
     """The pod's exit code after torchrun: a worker's real failure beats a retryable one (the
-    peers of a crashed rank only lost a peer), and a retryable one beats torchrun's plain 1."""
+    peers of a crashed rank only lost a peer), and a retryable one beats torchrun's plain 1. A
+    rendezvous still stale after the last attempt is a lost peer to the operator."""
     if rc == 0:
         return 0
     permanent = [c for c in worker_codes if c in (EXIT_FAILED, EXIT_CONFIG)]
     if permanent:
         return permanent[0]
     if worker_codes:
-        return worker_codes[0]
+        return EXIT_PEER_LOST if worker_codes[0] == EXIT_STALE_RENDEZVOUS else worker_codes[0]
     return rc
 
 
@@ -103,26 +105,41 @@ def relaunch_under_torchrun(argv: list[str]) -> int:
     SIGTERM/SIGINT are forwarded (torchrun passes them on to the workers, which checkpoint and
     exit 143). torchrun itself reports a signalled shutdown as a plain failure, so a forwarded
     SIGTERM followed by a non-zero exit is reported as 143: retryable, as preemption should be.
+    When the workers found the rendezvous they were started from already over
+    (``EXIT_STALE_RENDEZVOUS``, see ``trainer.distributed._join_watchdog``), torchrun starts
+    again here, at once, instead of the container restarting.
     """
-    from trainer.launch import torchrun_argv
+    from trainer.launch import RENDEZVOUS_ATTEMPTS, rendezvous_was_stale, torchrun_argv
 
     exit_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"ddpjob-exit-{os.getpid()}"
-    exit_file.unlink(missing_ok=True)
-    proc = subprocess.Popen(torchrun_argv(argv), env={**os.environ, EXIT_FILE_ENV: str(exit_file)})
     received: list[int] = []
+    proc: subprocess.Popen | None = None
 
     def forward(signum: int, frame) -> None:
         received.append(signum)
-        proc.send_signal(signum)
+        if proc is not None:
+            proc.send_signal(signum)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    rc = proc.wait()
-    try:
-        codes = [int(line) for line in exit_file.read_text().split()]
-        exit_file.unlink()
-    except (OSError, ValueError):
-        codes = []
+    for attempt in range(1, RENDEZVOUS_ATTEMPTS + 1):
+        exit_file.unlink(missing_ok=True)
+        env = {**os.environ, EXIT_FILE_ENV: str(exit_file)}
+        proc = subprocess.Popen(torchrun_argv(argv), env=env)
+        rc = proc.wait()
+        try:
+            codes = [int(line) for line in exit_file.read_text().split()]
+            exit_file.unlink()
+        except (OSError, ValueError):
+            codes = []
+        if received or not rendezvous_was_stale(codes) or attempt == RENDEZVOUS_ATTEMPTS:
+            break
+        print(
+            f"torchrun's workers found their rendezvous already over; starting torchrun again "
+            f"(attempt {attempt + 1} of {RENDEZVOUS_ATTEMPTS})",
+            file=sys.stderr,
+            flush=True,
+        )
     if rc != 0 and signal.SIGTERM in received:
         exit_preempted()
     rc = rc if rc >= 0 else 128 - rc  # killed by a signal: the shell's convention

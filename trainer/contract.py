@@ -34,6 +34,10 @@ EXIT_KILLED = 137
 EXIT_PEER_LOST = 138
 #: SIGTERM: preempted or deleted; the last checkpoint is complete before the exit.
 EXIT_PREEMPTED = 143
+#: A worker of the pod's own torchrun found the rendezvous it was started from already over (the
+#: store that placed its agent is gone or was replaced): the pod's launcher starts torchrun again
+#: at once. A worker's code only, never a container's (EX_TEMPFAIL, sysexits.h).
+EXIT_STALE_RENDEZVOUS = 75
 
 #: What each exit code means, said when a container ended with it (128 + signal number for the
 #: signals).
@@ -145,6 +149,8 @@ LOCAL_RANK = "LOCAL_RANK"
 LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 #: torchrun's agent, set on the workers it starts.
 TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+#: The agent's own rank among the agents (the node rank under the static rendezvous).
+GROUP_RANK = "GROUP_RANK"
 TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 #: torchrun's own settings, read from ``PET_<OPTION>``: the PyTorchJob operator sets the first
 #: three beside the master's; Kubeflow Trainer v2 sets only these five.

@@ -8,17 +8,22 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import socket
 import sys
 import threading
+import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 
 from trainer.contract import (
     EXIT_PEER_LOST,
+    EXIT_STALE_RENDEZVOUS,
+    GROUP_RANK,
     JOIN_TIMEOUT_ENV,
     LOCAL_RANK,
     MASTER_ADDR,
@@ -27,7 +32,7 @@ from trainer.contract import (
     TORCHELASTIC_RUN_ID,
     WORLD_SIZE,
 )
-from trainer.launch import record_exit
+from trainer.launch import record_exit, under_own_static_torchrun
 
 log = logging.getLogger(__name__)
 
@@ -83,57 +88,130 @@ def setup(device: str = "auto", backend: str = "auto", timeout_s: int = 600) -> 
         chosen = backend if backend != "auto" else ("nccl" if use_cuda else "gloo")
         # Before the group exists, or teardown() cannot free it: see _import_before_init.
         _import_before_init()
-        formed = _join_watchdog(rank)
-        dist.init_process_group(
-            backend=chosen,
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-            device_id=dev if chosen == "nccl" else None,
-        )
-        formed.set()
+        _join(rank, world_size, chosen, datetime.timedelta(seconds=timeout_s), dev)
     return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=dev)
 
 
 #: Under torchrun, how long the group may take to form once the agents have met (seconds).
 JOIN_TIMEOUT_S = 180
+#: How often a joining worker checks that its agent's store still holds its place (seconds).
+PLACE_CHECK_S = 1.0
+#: Where torch's agent keeps each node's ranks, under the run id
+#: (``SimpleElasticAgent._assign_worker_ranks``, torch 2.15): a name that is not torch's sends
+#: every worker away, which tests/trainer/test_launch.py's TrainJob runs would show.
+ASSIGNED_RANKS_KEY = "torchelastic/assigned_ranks/"
 
 
-def _join_watchdog(rank: int) -> threading.Event:
-    """Under torchrun's agent, end the process (exit 138, retryable) if the group has not formed
-    within ``$DDPJOB_JOIN_TIMEOUT_S`` (default :data:`JOIN_TIMEOUT_S`); set the returned event
-    once it has.
+def _join(
+    rank: int, world_size: int, backend: str, timeout: datetime.timedelta, dev: torch.device
+) -> None:
+    """Join the process group, watched by :func:`_join_watchdog`. Under this pod's own torchrun
+    the join ends with a barrier, and a join that fails because a peer is gone means that the
+    rendezvous it came from is over (exit ``EXIT_STALE_RENDEZVOUS``)."""
+    placed = _placement_check()
+    formed = _join_watchdog(rank, placed)
+    try:
+        dist.init_process_group(
+            backend=backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
+            device_id=dev if backend == "nccl" else None,
+        )
+        if placed is not None:
+            # Every rank of this group answers now: a group formed around a worker of the last
+            # one, still answering from a store that is going away, fails here, before any work.
+            dist.barrier()
+    except Exception as e:
+        if placed is not None and is_peer_lost(e):
+            _leave_stale_rendezvous(rank, f"{type(e).__name__}: {str(e)[:200]}")
+        raise
+    formed.set()
 
-    Every agent has met before any worker starts, so every worker follows within seconds. One
-    that waits far longer met a store that is gone: a TrainJob pod restarted in place (kill -9,
-    OOM) starts its agent within a second, while the master pod's old agent, whose TCPStore
-    answers at the same name and address, takes seconds to notice the lost peer and exit. The
-    new agent reads the old rendezvous' rank assignment from it and starts its worker; the
-    master's new agent then waits for an agent that will never come, and this worker for a
-    rank 0 that never starts, for the 10-minute group timeout and the 15-minute rendezvous
-    timeout. Exiting lets the kubelet restart this container, whose agent then meets the
-    master's new one. (A PyTorchJob pod without torchrun has no agent: its worker's wait for
+
+def _join_watchdog(rank: int, placed: Callable[[], bool | None] | None) -> threading.Event:
+    """Under torchrun's agent, end the process if the group cannot form; set the returned event
+    once it has formed.
+
+    torchrun's static rendezvous has no rounds. ``StaticTCPRendezvous.next_rendezvous`` connects
+    to whatever TCPStore answers at the master's address, and ``_assign_worker_ranks`` then
+    reads this node's ranks from the key the master's agent wrote for the last group and never
+    deletes. A container restarted in place (kill -9, OOM) starts its agent within seconds; if
+    the master's agent whose worker is losing this peer still serves the store, the new agent
+    reads the old ranks at once and starts its worker. The master's next agent, on a fresh store,
+    waits for this node's role, which went to the old one: no group can form.
+
+    So under this pod's own torchrun (``placed``, see :func:`_placement_check`), a worker checks
+    that the store answering at MASTER_ADDR:MASTER_PORT holds its node's ranks, first and every
+    :data:`PLACE_CHECK_S` until the group forms. Nothing answering, or a store without them,
+    means that the round it was started from is over: it exits ``EXIT_STALE_RENDEZVOUS`` and the
+    pod's launcher starts torchrun again, whose agent meets the master's current one. Past
+    ``$DDPJOB_JOIN_TIMEOUT_S`` (default :data:`JOIN_TIMEOUT_S`) it exits 138 (retryable),
+    whatever the cause. (A PyTorchJob pod without torchrun has no agent: its worker's wait for
     its peers is the rendezvous itself, which an image pull may make long.)"""
     done = threading.Event()
     if TORCHELASTIC_RUN_ID not in os.environ:
         return done
     limit = float(os.environ.get(JOIN_TIMEOUT_ENV) or JOIN_TIMEOUT_S)
+    deadline = time.monotonic() + limit
+    if placed is not None and placed() is False:
+        _leave_stale_rendezvous(rank, "its node's ranks are not in the store")
 
     def watch() -> None:
-        if not done.wait(limit):
-            print(
-                f"[rank {rank}] the process group did not form within {limit:.0f} s of torchrun's "
-                "rendezvous: a peer's agent met a store that was going away (a container "
-                "restarted in place while the master's old one was still exiting); exiting 138 "
-                "so this container restarts and meets the master's new agent",
-                file=sys.stderr,
-                flush=True,
-            )
-            # The re-launching parent exits with the worker's code.
-            os._exit(record_exit(EXIT_PEER_LOST))
+        while not done.wait(PLACE_CHECK_S if placed is not None else limit):
+            if placed is not None and placed() is False and not done.is_set():
+                _leave_stale_rendezvous(rank, "its node's ranks are not in the store")
+            if time.monotonic() >= deadline and not done.is_set():
+                print(
+                    f"[rank {rank}] the process group did not form within {limit:.0f} s of "
+                    f"torchrun's rendezvous; exiting {EXIT_PEER_LOST} so this container restarts",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                # The re-launching parent exits with the worker's code.
+                os._exit(record_exit(EXIT_PEER_LOST))
 
     threading.Thread(target=watch, name="ddpjob-join-watchdog", daemon=True).start()
     return done
+
+
+def _placement_check() -> Callable[[], bool | None] | None:
+    """A check that the store which placed this worker's agent still holds its node's ranks:
+    True (it does), False (nothing answers there, or a store without them: the round is over),
+    None (no answer in time: unknown). None instead of a check where there is nothing to check:
+    not this pod's own static torchrun, or torch's fast path, which writes no ranks."""
+    if not under_own_static_torchrun() or os.environ.get("TORCH_ELASTIC_WORKER_IDENTICAL") == "1":
+        return None
+    addr, port = os.environ[MASTER_ADDR], int(os.environ[MASTER_PORT])
+    run_id, key = os.environ[TORCHELASTIC_RUN_ID], ASSIGNED_RANKS_KEY + os.environ[GROUP_RANK]
+
+    def check() -> bool | None:
+        try:
+            # A bare connection first: a TCPStore client retries a refused one until its timeout.
+            socket.create_connection((addr, port), timeout=10).close()
+        except OSError:
+            return False
+        try:
+            client = dist.TCPStore(
+                addr, port, is_master=False, timeout=datetime.timedelta(seconds=30),
+                wait_for_workers=False,
+            )  # fmt: skip
+            return dist.PrefixStore(run_id, client).check([key])
+        except dist.DistError:
+            return None
+
+    return check
+
+
+def _leave_stale_rendezvous(rank: int, why: str) -> NoReturn:
+    print(
+        f"[rank {rank}] torchrun's agent was placed by a rendezvous that is over ({why}; store "
+        f"{os.environ[MASTER_ADDR]}:{os.environ[MASTER_PORT]}); exiting {EXIT_STALE_RENDEZVOUS} "
+        "so that torchrun starts again and joins the current one",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(record_exit(EXIT_STALE_RENDEZVOUS))
 
 
 # What a collective raises when another rank died (gloo closes the socket; the TCPStore on the

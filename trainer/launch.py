@@ -25,6 +25,7 @@ import sys
 
 from trainer.contract import (
     EXIT_FILE_ENV,
+    EXIT_STALE_RENDEZVOUS,
     LOCAL_RANK,
     MASTER_ADDR,
     MASTER_PORT,
@@ -40,6 +41,11 @@ from trainer.contract import (
 
 # Values of nprocPerNode that torchrun resolves itself (e.g. "gpu" = one process per GPU).
 _SYMBOLIC_NPROC = ("auto", "gpu", "cpu", "xpu")
+
+#: How many times in a row a pod's launcher starts torchrun, as long as its workers find the
+#: rendezvous they were started from already over (``EXIT_STALE_RENDEZVOUS``); after that it
+#: exits 138 and the container restarts.
+RENDEZVOUS_ATTEMPTS = 5
 
 
 def nproc_per_node_from_env() -> str:
@@ -109,6 +115,19 @@ def torchrun_argv(trainer_args: list[str]) -> list[str]:
         "trainer",
         *trainer_args,
     ]
+
+
+def under_own_static_torchrun() -> bool:
+    """True in a worker of the torchrun this pod's launcher started with the static rendezvous
+    (:func:`torchrun_argv` for anything but an elastic job): the only torchrun that is given
+    ``EXIT_FILE_ENV``, and the one that starts again on ``EXIT_STALE_RENDEZVOUS``."""
+    return bool(os.environ.get(EXIT_FILE_ENV)) and not elastic()
+
+
+def rendezvous_was_stale(worker_codes: list[int]) -> bool:
+    """True when torchrun ended because its workers found their rendezvous already over (every
+    code the workers recorded says so): starting torchrun again joins the current one."""
+    return bool(worker_codes) and all(c == EXIT_STALE_RENDEZVOUS for c in worker_codes)
 
 
 def record_exit(code: int) -> int:

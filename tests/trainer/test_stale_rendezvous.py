@@ -1,0 +1,189 @@
+"""A TrainJob node restarted in place while the master's previous torchrun agent still serves the
+store (``trainer.distributed._join_watchdog``), with real processes: each pod's container is
+``python -m trainer`` with a TrainJob's five variables, which starts the real torchrun; the test
+plays the kubelet (a container that ends is started again in the same pod) and forces the one
+ordering that makes the restarted agent read the last group's ranks, rather than leaving it to
+chance:
+
+1. the master's worker is stopped (SIGSTOP), so it cannot notice its lost peer and its agent goes
+   on serving the store;
+2. the other pod is killed whole (-9) and started again: its new agent meets that store, reads
+   the ranks the master's agent wrote for the last group and starts its worker;
+3. that worker is held where the case wants it: before it touches anything (the store it will
+   reach is the master's next one), or connected to the old store (which then goes away under
+   it);
+4. the master's worker goes on, loses its peer, exits 138; its container is started again and
+   its new agent serves a new store; the held worker is let go.
+
+The restarted pod must then join the master's new agent without its container ending again:
+its workers see that the rendezvous they were started from is over, and its launcher starts
+torchrun again at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.trainer.conftest import REPO, common_args, parse_events, trainer_cmd, trainjob_envs
+from trainer.contract import EXIT_PEER_LOST, EXIT_STALE_RENDEZVOUS, JOIN_TIMEOUT_ENV
+
+MAX_STEPS = 60
+
+# Holds a torchrun worker (LOCAL_RANK is set only there) at interpreter start until GATE exists.
+GATE_SITECUSTOMIZE = """\
+import os, time
+if "LOCAL_RANK" in os.environ:
+    while not os.path.exists(os.environ["TEST_GATE"]):
+        time.sleep(0.05)
+"""
+
+
+class Pod:
+    """One pod's container, run after run: the launcher and everything it starts. torchrun puts
+    its workers in sessions of their own, so a kill ends the whole tree, as a container's PID
+    namespace ends."""
+
+    def __init__(self, name: str, env: dict[str, str], args: list[str], logs: Path):
+        self.name, self.env, self.args, self.logs = name, env, args, logs
+        self.runs: list[subprocess.Popen] = []
+
+    @property
+    def proc(self) -> subprocess.Popen:
+        return self.runs[-1]
+
+    def start(self, **env: str) -> None:
+        n = len(self.runs)
+        with (
+            open(self.logs / f"{self.name}.{n}.out", "w") as out,
+            open(self.logs / f"{self.name}.{n}.err", "w") as err,
+        ):
+            self.runs.append(
+                subprocess.Popen(
+                    trainer_cmd(*self.args), cwd=REPO, env=self.env | env, stdout=out, stderr=err
+                )
+            )
+
+    def out(self, run: int) -> str:
+        return (self.logs / f"{self.name}.{run}.out").read_text()
+
+    def err(self, run: int) -> str:
+        return (self.logs / f"{self.name}.{run}.err").read_text()
+
+    def tree(self) -> list[psutil.Process]:
+        try:
+            launcher = psutil.Process(self.proc.pid)
+            return [launcher, *launcher.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def worker(self) -> psutil.Process | None:
+        """The agent's worker, once the agent has started it."""
+        agents = [p for p in self.tree() if "torch.distributed.run" in p.cmdline()]
+        children = agents[0].children() if agents else []
+        return children[0] if children else None
+
+    def kill(self) -> None:
+        procs = self.tree()
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=60)
+        psutil.wait_procs(procs, timeout=60)
+
+
+def _until(what: str, pred, timeout: float = 300):
+    deadline = time.monotonic() + timeout
+    while not (value := pred()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+    return value
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def _connected(proc: psutil.Process, port: int) -> bool:
+    return any(c.raddr and c.raddr.port == port for c in proc.net_connections())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("held", ["before the store", "on the old store"])
+def test_a_node_restarted_while_the_master_agent_exits_joins_without_another_restart(
+    tmp_path: Path, held: str
+) -> None:
+    envs = trainjob_envs(2, "1")
+    port = int(envs[0]["PET_MASTER_PORT"])
+    for env in envs:
+        # Far above what the rejoin takes here: a worker rescued by the watchdog exits 138.
+        env[JOIN_TIMEOUT_ENV] = "120"
+    args = common_args(
+        tmp_path,
+        max_steps=MAX_STEPS,
+        log_every=5,
+        **{"task_args.sleep_s": 0.1, "checkpoint.every_steps": 10},
+    )
+    gate = tmp_path / "gate"
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(GATE_SITECUSTOMIZE)
+    master, node = (Pod(n, e, args, tmp_path) for n, e in (("master", envs[0]), ("node", envs[1])))
+    try:
+        master.start()
+        node.start()
+        saved = lambda: [e for e in parse_events(master.out(0)) if e["event"] == "checkpoint"]  # noqa: E731
+        _until("a checkpoint", saved)
+        old_worker = master.worker()
+        old_worker.suspend()
+        node.kill()
+        node.start(PYTHONPATH=str(tmp_path / "site"), TEST_GATE=str(gate))
+        held_worker = _until("the restarted node's worker", node.worker)
+        # Its agent started it, so it read this node's ranks from the old store.
+        if held == "on the old store":
+            gate.touch()
+            _until("the worker on the old store", lambda: _connected(held_worker, port))
+        old_worker.resume()
+        assert master.proc.wait(timeout=120) == EXIT_PEER_LOST, master.err(0)[-3000:]
+        master.start()  # the kubelet restarts the master's container in place
+        _until("the master's new store", lambda: _listening(port))
+        if held == "before the store":
+            assert not _connected(held_worker, port)
+            gate.touch()
+        assert node.proc.wait(timeout=600) == 0, node.err(1)[-5000:]
+        assert master.proc.wait(timeout=600) == 0, master.err(1)[-5000:]
+    finally:
+        for pod in (master, node):
+            if pod.runs and pod.proc.poll() is None:
+                pod.kill()
+
+    assert [p.returncode for p in master.runs] == [EXIT_PEER_LOST, 0]
+    assert [p.returncode for p in node.runs] == [-signal.SIGKILL, 0]  # no third container run
+    stderr = node.err(1)
+    assert stderr.count("placed by a rendezvous that is over") == 1, stderr[-5000:]
+    assert stderr.count("starting torchrun again (attempt 2 of 5)") == 1, stderr[-5000:]
+    assert "did not form within" not in stderr
+    events = parse_events(master.out(1))
+    (resumed,) = [e for e in events if e["event"] == "resume"]
+    assert 10 <= resumed["step"] < MAX_STEPS
+    done = [e for e in events if e["event"] == "done"]
+    assert [(d["reason"], d["step"]) for d in done] == [("completed", MAX_STEPS)]
+
+
+def test_a_rendezvous_still_stale_after_the_last_attempt_is_a_lost_peer_to_the_operator() -> None:
+    from trainer.__main__ import relaunch_exit_code
+    from trainer.launch import rendezvous_was_stale
+
+    assert rendezvous_was_stale([EXIT_STALE_RENDEZVOUS, EXIT_STALE_RENDEZVOUS])
+    assert not rendezvous_was_stale([EXIT_STALE_RENDEZVOUS, EXIT_PEER_LOST])
+    assert not rendezvous_was_stale([])
+    assert relaunch_exit_code(1, [EXIT_STALE_RENDEZVOUS]) == EXIT_PEER_LOST
+    assert relaunch_exit_code(1, [EXIT_STALE_RENDEZVOUS, 1]) == 1
