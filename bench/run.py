@@ -1,14 +1,15 @@
 """Run every benchmark, one after the other, each printing its own side-by-side ratios.
 
-    make bench                      # all ten
+    make bench                      # all eleven
     python bench/run.py trainjob    # one of: trainer checkpoint controller cluster logs logs-all
-                                    #         image local trainjob queue
+                                    #         image local trainjob queue recovery
 
 The trainer and checkpoint benches need only CPU (the checkpoint bench starts moto's S3 server
-unless AWS_ENDPOINT_URL names one); the cluster, logs, logs-all, trainjob and queue benches reuse a
-live `make cluster-up` or start the local cluster themselves (logs-all and trainjob need its real
-node); the image bench needs root, podman and containerd; the local bench builds the trainer
-image when it is stale. Exit status: non-zero if any bench missed its target or failed.
+unless AWS_ENDPOINT_URL names one); the cluster, logs, logs-all, trainjob, queue and recovery
+benches reuse a live `make cluster-up` or start the local cluster themselves (logs-all, trainjob
+and recovery need its real node); the image bench needs root, podman and containerd; the local
+bench builds the trainer image when it is stale. Exit status: non-zero if any bench missed its
+target or failed.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ BENCHES = {
     "local": HERE / "local_bench.py",
     "trainjob": HERE / "trainjob_bench.py",
     "queue": HERE / "queue_bench.py",
+    "recovery": HERE / "recovery_bench.py",
 }
 
 
