@@ -23,14 +23,16 @@ log follower's delay is in it.
   10 s doubling to 5 min on a default one), which a second kill would measure instead of the
   job.
 
-Where the time goes, per kill (seconds after it): both containers running again (the later
-``startedAt``, whole seconds); both torchrun agents started (their first INFO line: the
-launcher and torchrun's import of torch); rank 0's agent through its rendezvous; rank 0's
-``resume`` (the workers' import of torch, ``init_process_group``, the checkpoint read); its first
-step. A TrainJob kill whose restarted node met the master's previous store (its launcher said it
-started torchrun again) is marked ``stale``. With ``--stale`` every TrainJob kill does: rank 0's
-worker is held (SIGSTOP) from just before the kill until rank 1's restarted agent has started its
-worker, so that agent reads the last group's ranks from the store rank 0's agent still serves.
+Where the time goes, per kill (seconds after it): a PyTorchJob's two pods created again (the
+later ``creationTimestamp``); both containers running again (the later ``startedAt``; whole
+seconds, both); both torchrun agents started (their first INFO line: the launcher and
+torchrun's import of torch); rank 0's agent through its rendezvous; rank 0's ``resume`` (the
+workers' import of torch and of torch._dynamo, which DDP's constructor imports,
+``init_process_group``, the checkpoint read); its first step. A TrainJob kill whose restarted
+node met the master's previous store (its launcher said it started torchrun again) is marked
+``stale``. With ``--stale`` every TrainJob kill does: rank 0's worker is held (SIGSTOP) from just
+before the kill until rank 1's restarted agent has started its worker, so that agent reads the
+last group's ranks from the store rank 0's agent still serves.
 
 Targets, per API: p50 <= 20 s, max <= 45 s. Exit status 1 if either is missed.
 """
@@ -134,7 +136,7 @@ class Job:
     """One job on the node: its pods by node rank, rank 0's stamped log, the kill."""
 
     def __init__(self, handle: Any, api: str, name: str, namespace: str) -> None:
-        from controller.jobs.apis import KINDS
+        from controller.jobs.read.apis import KINDS
 
         self.handle, self.api, self.name, self.namespace = handle, api, name, namespace
         self.kind = KINDS[api]
@@ -156,6 +158,15 @@ class Job:
             ):
                 return pod
         return None
+
+    def created_at(self, rank: int) -> float | None:
+        """When the pod of ``rank`` now running was created (whole seconds)."""
+        pod = self.running(rank)
+        return (
+            datetime.fromisoformat(pod["metadata"]["creationTimestamp"]).timestamp()
+            if pod
+            else None
+        )
 
     def started_at(self, rank: int) -> float | None:
         """When the running container of ``rank`` started (whole seconds), if it runs."""
@@ -246,6 +257,7 @@ def recovery(job: Job, killed_at: float) -> dict[str, Any]:
             return {
                 "step_s": steps[0] - killed_at,
                 "resumed_s": back[0] - killed_at,
+                "created_s": _latest(job.created_at(0), job.created_at(1), killed_at),
                 "running_s": _latest(job.started_at(0), job.started_at(1), killed_at),
                 "agents_s": None if None in agents else max(agents),
                 "rendezvous_s": first(rank0, RENDEZVOUS_DONE),
@@ -325,8 +337,9 @@ def _fmt(x: float | None) -> str:
 
 
 def _row_text(n: int, r: dict[str, Any]) -> str:
+    created = f"both created {_fmt(r['created_s'])}  " if r["created_s"] is not None else ""
     return (
-        f"  kill {n:2d} {r['job']:14s} both running {_fmt(r['running_s'])}  agents "
+        f"  kill {n:2d} {r['job']:14s} {created}both running {_fmt(r['running_s'])}  agents "
         f"{_fmt(r['agents_s'])}  rendezvous {_fmt(r['rendezvous_s'])}  resumed "
         f"{_fmt(r['resumed_s'])}  next step {_fmt(r['step_s'])}{'  stale' if r['stale'] else ''}"
     )

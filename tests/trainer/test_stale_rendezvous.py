@@ -73,6 +73,9 @@ class Pod:
     def out(self, run: int) -> str:
         return (self.logs / f"{self.name}.{run}.out").read_text()
 
+    def events(self, run: int) -> list[dict]:
+        return parse_events(self.out(run))
+
     def err(self, run: int) -> str:
         return (self.logs / f"{self.name}.{run}.err").read_text()
 
@@ -140,8 +143,7 @@ def test_a_node_restarted_while_the_master_agent_exits_joins_without_another_res
     try:
         master.start()
         node.start()
-        saved = lambda: [e for e in parse_events(master.out(0)) if e["event"] == "checkpoint"]  # noqa: E731
-        _until("a checkpoint", saved)
+        _until("a checkpoint", lambda: "checkpoint" in [e["event"] for e in master.events(0)])
         old_worker = master.worker()
         old_worker.suspend()
         node.kill()
@@ -171,7 +173,7 @@ def test_a_node_restarted_while_the_master_agent_exits_joins_without_another_res
     assert stderr.count("placed by a rendezvous that is over") == 1, stderr[-5000:]
     assert stderr.count("starting torchrun again (attempt 2 of 5)") == 1, stderr[-5000:]
     assert "did not form within" not in stderr
-    events = parse_events(master.out(1))
+    events = master.events(1)
     (resumed,) = [e for e in events if e["event"] == "resume"]
     assert 10 <= resumed["step"] < MAX_STEPS
     done = [e for e in events if e["event"] == "done"]
