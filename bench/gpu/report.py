@@ -7,6 +7,12 @@ on hand-made inputs as well as on a real CPU dry run.
 A check is ``pass``, ``fail`` or ``skip``, with one line of ``why`` and the readings it rests on
 in ``evidence``. The report is ``ok`` when no check failed; ``python bench/gpu/check.py`` then
 exits 0, otherwise 1.
+
+Speed is reported, not judged, and only where it was measured: a run's tokens/s comes from a run
+that completed, over at least ``MIN_TIMED_WINDOWS`` log windows after its warm-up window (which
+holds the compilation). Anything less (a run cut off by the time budget, a crash, too few
+windows) leaves its tokens/s, and every ratio that needs it, null, with ``not_measured`` saying
+why: a ratio is never read off a compile-laden or truncated window.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ LOSS_AGREEMENT_RTOL = 0.10
 # The trainer runs each compared with nanoGPT's model and loop at the same settings:
 # (trainer run, baseline run).
 COMPARISONS = (("compile", "baseline"), ("fill", "baseline_fill"))
+# A run's speed is measured over at least this many log windows after its warm-up window.
+MIN_TIMED_WINDOWS = 3
 # The runs of nanoGPT's loop (bench/gpu/baseline.py), not of the trainer: no MFU goal for them.
 BARE_RUNS = ("baseline", "baseline_fill", "ours_in_bare")
 # The four runs at the fill size that split the gap: each swaps the model or the loop alone.
@@ -108,9 +116,18 @@ class Run(_Model):
     not_run: str | None = Field(description="Why it was not started (budget, a failed input).")
     window_losses: list[float | None] = Field(description="Mean loss of each `train` window.")
     tokens_per_s: float | None = Field(
-        description="Global tokens/s over the windows after warm-up (lm runs)."
+        description=(
+            "Global tokens/s over the windows after warm-up (lm runs); null when not measured."
+        )
     )
     step_time_s: float | None = Field(description="Mean step time over the same windows.")
+    timed_windows: int = Field(description="Log windows after warm-up that were timed.")
+    not_measured: str | None = Field(
+        description=(
+            "Why tokens_per_s is null: the run did not complete, or it has fewer than "
+            "MIN_TIMED_WINDOWS windows after warm-up. Null when measured."
+        )
+    )
     flops_per_token: int | None = Field(description="Model FLOPs per token (lm runs).")
     achieved_tflops: float | None = Field(description="flops_per_token x tokens_per_s / 1e12.")
     mfu: float | None = Field(description="achieved over world_size x the peak dense bf16 rate.")
@@ -131,6 +148,12 @@ class Machine(_Model):
     torch: str = Field(description="torch.__version__.")
     cuda: str | None = Field(description="The CUDA torch was built with.")
     nccl: str | None = Field(description="The NCCL torch was built with.")
+    sdpa_priority: list[str] = Field(
+        description=(
+            "The order in which torch tries SDPA's kernels by default (the first one that "
+            "takes the inputs runs)."
+        )
+    )
     python: str = Field(description="Python version.")
     packages: dict[str, str | None] = Field(
         description="Versions of the packages the trainer imports (null = missing)."
@@ -168,6 +191,7 @@ class Comparison(_Model):
     ratio: float | None = Field(description="trainer_tokens_per_s / baseline_tokens_per_s.")
     trainer_mfu: float | None = Field(description="The trainer run's MFU.")
     baseline_mfu: float | None = Field(description="The baseline run's MFU (same formula).")
+    not_measured: str | None = Field(description="Why ratio is null; null when measured.")
 
 
 class Split(_Model):
@@ -191,12 +215,33 @@ class Split(_Model):
     loop_with_nanogpt_model: float | None = Field(
         description="nano_in_trainer / baseline_fill: the two loops, both with nanoGPT's model."
     )
+    not_measured: str | None = Field(
+        description="Why a ratio is null (each run it lacks, and why); null when all are measured."
+    )
+
+
+class Edge(_Model):
+    """One trainer setting beyond nanoGPT, measured against the trainer without it and against
+    nanoGPT's model and loop, at one size, in the same run."""
+
+    run: str = Field(description="The run with the setting.")
+    setting: str = Field(description="The trainer setting it adds to its base run (key=value).")
+    base_run: str = Field(description="The trainer run without it (compile or fill).")
+    baseline_run: str = Field(description="nanoGPT's model and loop at the same size.")
+    tokens_per_s: float | None = Field(description="The run's tokens/s.")
+    base_tokens_per_s: float | None = Field(description="The base run's tokens/s.")
+    gain: float | None = Field(description="tokens_per_s / base_tokens_per_s: above 1 it helps.")
+    ratio: float | None = Field(description="tokens_per_s / the baseline run's tokens/s.")
+    not_measured: str | None = Field(description="Why gain or ratio is null; null when measured.")
 
 
 class Baseline(_Model):
-    """ddpjob's trainer against nanoGPT (issue 22's targets)."""
+    """ddpjob's trainer against nanoGPT, with the targets it is held to."""
 
     what: str = Field(description="What the baseline is and how it is measured.")
+    measured_on: str = Field(
+        description="The GPU, torch and CUDA every speed figure of this report comes from."
+    )
     goal_ratio: float = Field(description="The trainer/baseline tokens/s to reach at each size.")
     goal_mfu: float = Field(description="The trainer's MFU to reach at the fill size.")
     comparisons: list[Comparison] = Field(description="One per size compared.")
@@ -210,7 +255,10 @@ class Report(_Model):
     """What ``python bench/gpu/check.py`` prints: one JSON object."""
 
     report: Literal["ddpjob gpu_check"] = Field(description="What this object is.")
-    schema_version: Literal[1] = Field(description="Bumped when a field changes meaning.")
+    schema_version: Literal[2] = Field(description="Bumped when a field changes meaning.")
+    mode: Literal["full", "speed"] = Field(
+        description="full: every check; speed (--speed): the speed figures and the edges only."
+    )
     ok: bool = Field(description="No check failed (the exit code is 0 exactly then).")
     dry_run: bool = Field(description="True for --cpu-dry-run: the GPU-only checks are skipped.")
     command: str = Field(description="The gpu_check command line.")
@@ -220,6 +268,7 @@ class Report(_Model):
     peak: Peak
     mfu: Mfu
     baseline: Baseline
+    edges: list[Edge] = Field(description="Each setting beyond nanoGPT that was asked for.")
     checks: Checks
     runs: dict[str, Run] = Field(description="Each trainer run by scenario name.")
 
@@ -265,32 +314,52 @@ class RunResult:
 class Throughput:
     tokens_per_s: float | None
     step_time_s: float | None
+    timed_windows: int = 0
+    not_measured: str | None = None
 
 
 def throughput(result: RunResult) -> Throughput:
     """Global tokens/s and step time over the ``train`` windows that start after warm-up.
 
     Each event covers the steps since the previous one; the windows are weighted by their time
-    (total tokens over total seconds). If warm-up leaves no window, all windows count.
+    (total tokens over total seconds). Measured only for a run that completed with at least
+    ``MIN_TIMED_WINDOWS`` windows after warm-up; otherwise both figures are None and
+    ``not_measured`` says why. The warm-up window is never used in its place.
     """
     start = result.first("start")
     prev = start["step"] if start else 0
     first_step = prev
-    windows = []
+    timed = []
     for e in result.of("train"):
         n = e["step"] - prev
-        if n > 0 and e.get("step_time_s"):
-            windows.append((prev, n, e["step_time_s"] * n, e.get("tokens_per_s")))
+        if n > 0 and prev >= first_step + result.warmup_steps:
+            timed.append((n, e.get("step_time_s"), e.get("tokens_per_s")))
         prev = e["step"]
-    after = [w for w in windows if w[0] >= first_step + result.warmup_steps] or windows
-    if not after:
-        return Throughput(None, None)
-    seconds = sum(w[2] for w in after)
-    steps = sum(w[1] for w in after)
-    if any(w[3] is None for w in after):
-        return Throughput(None, seconds / steps)
-    tokens = sum(w[3] * w[2] for w in after)
-    return Throughput(tokens / seconds, seconds / steps)
+    count = len(timed)
+    if result.not_run:
+        return Throughput(None, None, count, f"not run: {result.not_run}")
+    if not result.completed:
+        done = result.first("done") or {}
+        why = f"exit {result.exit_code}, reason {done.get('reason')}"
+        if result.stderr_tail.startswith("stopped"):
+            why = result.stderr_tail
+        return Throughput(None, None, count, f"the run did not complete ({why})")
+    if count < MIN_TIMED_WINDOWS:
+        return Throughput(
+            None,
+            None,
+            count,
+            f"{count} timed window(s) after the {result.warmup_steps} warm-up steps; "
+            f"a speed needs {MIN_TIMED_WINDOWS}",
+        )
+    if any(not t for _, t, _ in timed):
+        return Throughput(None, None, count, "a timed window has no step_time_s")
+    seconds = sum(n * t for n, t, _ in timed)
+    steps = sum(n for n, _, _ in timed)
+    if any(tps is None for _, _, tps in timed):
+        return Throughput(None, seconds / steps, count, "the run reports no tokens_per_s")
+    tokens = sum(tps * n * t for n, t, tps in timed)
+    return Throughput(tokens / seconds, seconds / steps, count)
 
 
 def summarize(result: RunResult, peak_tflops: float | None) -> Run:
@@ -318,6 +387,8 @@ def summarize(result: RunResult, peak_tflops: float | None) -> Run:
         window_losses=result.window_losses(),
         tokens_per_s=tp.tokens_per_s,
         step_time_s=tp.step_time_s,
+        timed_windows=tp.timed_windows,
+        not_measured=tp.not_measured,
         flops_per_token=result.flops_per_token,
         achieved_tflops=achieved,
         mfu=mfu_value,
@@ -467,9 +538,11 @@ def check_tf32(runs: dict[str, RunResult], dry_run: bool) -> Check:
         return _skip("CPU dry run: TF32 is a tensor-core mode")
     if (problem := _missing(runs, "fp32", "tf32")) is not None:
         return problem
-    off, on = throughput(runs["fp32"]).tokens_per_s, throughput(runs["tf32"]).tokens_per_s
+    tp = {n: throughput(runs[n]) for n in ("fp32", "tf32")}
+    off, on = tp["fp32"].tokens_per_s, tp["tf32"].tokens_per_s
     if not off or not on:
-        return _fail("no tokens_per_s from the fp32 or tf32 run")
+        why = "; ".join(f"{n}: {t.not_measured}" for n, t in tp.items() if t.not_measured)
+        return _fail(f"no tokens_per_s from the fp32 or tf32 run ({why})")
     ratio = on / off
     evidence = dict(fp32_tokens_per_s=off, tf32_tokens_per_s=on, speedup=ratio)
     if ratio < TF32_MIN_SPEEDUP:
@@ -484,6 +557,10 @@ def check_compile(runs: dict[str, RunResult]) -> Check:
     if trained.status != "pass":
         return trained
     r = runs["compile"]
+    if trained.evidence.get("compile") is False:
+        return _skip(
+            "compile=false was given: the compile run trained uncompiled", **trained.evidence
+        )
     evidence = dict(trained.evidence, inductor_graphs=r.inductor_graphs)
     on = throughput(r).tokens_per_s
     eager = runs.get("bf16")
@@ -669,15 +746,33 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
 
-def baseline_summary(runs: dict[str, Run]) -> Baseline:
-    """The trainer against nanoGPT at each size, and the split, from the runs' own figures."""
+def _unmeasured(runs: dict[str, Run], *names: str) -> str | None:
+    """Why a figure that needs ``names`` cannot be given (each run that lacks a speed, and
+    why), or None when every one of them was measured."""
+    why = []
+    for name in names:
+        run = runs.get(name)
+        if run is None:
+            why.append(f"{name}: not selected")
+        elif run.tokens_per_s is None:
+            why.append(f"{name}: {run.not_measured or 'no tokens_per_s'}")
+    return "; ".join(why) or None
+
+
+def _speed(runs: dict[str, Run], name: str) -> float | None:
+    run = runs.get(name)
+    return run.tokens_per_s if run is not None else None
+
+
+def baseline_summary(runs: dict[str, Run], measured_on: str) -> Baseline:
+    """The trainer against nanoGPT at each size, and the split, from the runs' own figures.
+    A ratio is given only where both of its runs were measured (see ``throughput``)."""
     comparisons = []
     for trainer, base in COMPARISONS:
         t, b = runs.get(trainer), runs.get(base)
         if t is None and b is None:
             continue
-        tps = t.tokens_per_s if t else None
-        bps = b.tokens_per_s if b else None
+        tps, bps = _speed(runs, trainer), _speed(runs, base)
         comparisons.append(
             Comparison(
                 trainer_run=trainer,
@@ -687,15 +782,17 @@ def baseline_summary(runs: dict[str, Run]) -> Baseline:
                 ratio=_ratio(tps, bps),
                 trainer_mfu=t.mfu if t else None,
                 baseline_mfu=b.mfu if b else None,
+                not_measured=_unmeasured(runs, trainer, base),
             )
         )
-    tps = {n: runs[n].tokens_per_s if n in runs else None for n in SPLIT_RUNS}
+    tps = {n: _speed(runs, n) for n in SPLIT_RUNS}
     split = Split(
         tokens_per_s=tps,
         model=_ratio(tps["ours_in_bare"], tps["baseline_fill"]),
         loop=_ratio(tps["fill"], tps["ours_in_bare"]),
         model_in_our_loop=_ratio(tps["fill"], tps["nano_in_trainer"]),
         loop_with_nanogpt_model=_ratio(tps["nano_in_trainer"], tps["baseline_fill"]),
+        not_measured=_unmeasured(runs, *SPLIT_RUNS),
     )
     fill_mfu = runs["fill"].mfu if "fill" in runs else None
     met = (
@@ -706,9 +803,42 @@ def baseline_summary(runs: dict[str, Run]) -> Baseline:
     )
     return Baseline(
         what=BASELINE_WHAT,
+        measured_on=measured_on,
         goal_ratio=BASELINE_GOAL_RATIO,
         goal_mfu=MFU_GOAL,
         comparisons=comparisons,
         split=split,
         goal_met=met,
     )
+
+
+@dataclass(frozen=True)
+class EdgeSpec:
+    """A run that adds one trainer setting to a trainer run (``base``) at one size."""
+
+    run: str
+    base: str
+    baseline: str
+    setting: str
+
+
+def edge_summary(runs: dict[str, Run], specs: list[EdgeSpec]) -> list[Edge]:
+    """Each edge's gain over its base run and its ratio to the baseline, where measured."""
+    edges = []
+    for spec in specs:
+        tps = _speed(runs, spec.run)
+        base = _speed(runs, spec.base)
+        edges.append(
+            Edge(
+                run=spec.run,
+                setting=spec.setting,
+                base_run=spec.base,
+                baseline_run=spec.baseline,
+                tokens_per_s=tps,
+                base_tokens_per_s=base,
+                gain=_ratio(tps, base),
+                ratio=_ratio(tps, _speed(runs, spec.baseline)),
+                not_measured=_unmeasured(runs, spec.run, spec.base, spec.baseline),
+            )
+        )
+    return edges

@@ -38,34 +38,147 @@ def test_throughput_weights_windows_by_time_and_drops_warm_up() -> None:
             _train(10, 4.0, 2.0, 1_000.0),
             _train(20, 3.0, 0.1, 20_000.0),  # 1 s, 20,000 tokens
             _train(30, 2.5, 0.3, 10_000.0),  # 3 s, 30,000 tokens
+            _train(40, 2.4, 0.1, 30_000.0),  # 1 s, 30,000 tokens
         ],
         warmup_steps=10,
     )
     tp = rep.throughput(r)
-    assert tp.tokens_per_s == pytest.approx(50_000 / 4)  # total tokens over total seconds
-    assert tp.step_time_s == pytest.approx(4 / 20)
+    assert tp.tokens_per_s == pytest.approx(80_000 / 5)  # total tokens over total seconds
+    assert tp.step_time_s == pytest.approx(5 / 30)
+    assert (tp.timed_windows, tp.not_measured) == (3, None)
 
 
 def test_throughput_of_a_resumed_run_counts_from_its_start_step() -> None:
     start = {"event": "start", "step": 40, "world_size": 1, "device": "cuda:0", "config": {}}
-    r = rep.RunResult(
-        name="resume",
-        exit_code=0,
-        events=[start, _train(45, 2.0, 1.0, 100.0), _train(50, 2.0, 0.5, 300.0)],
-        warmup_steps=5,
-    )
-    # The first window (41-45) is warm-up; only 46-50 counts.
+    windows = [_train(45, 2.0, 1.0, 100.0)] + [_train(s, 2.0, 0.5, 300.0) for s in (50, 55, 60)]
+    done = {"event": "done", "step": 60, "reason": "completed"}
+    r = rep.RunResult(name="resume", exit_code=0, events=[start, *windows, done], warmup_steps=5)
+    # The first window (41-45) is warm-up; only 46-60 counts.
     assert rep.throughput(r).tokens_per_s == pytest.approx(300.0)
 
 
+# A compile-laden warm-up window, then fast ones: what a run cut off by the budget leaves.
+COMPILED = [_train(10, 4.0, 6.0, 4_000.0), _train(20, 3.0, 0.4, 60_000.0)]
+
+
+@pytest.mark.parametrize(
+    ("run", "why"),
+    [
+        # Stopped by the time budget after one timed window: no done event, no exit code.
+        (
+            rep.RunResult(
+                "baseline_fill",
+                exit_code=None,
+                events=[_run("x", COMPILED).events[0], *COMPILED],
+                stderr_tail="stopped after 95s (the time budget)",
+                warmup_steps=10,
+            ),
+            "did not complete (stopped after 95s (the time budget))",
+        ),
+        # Stopped during the warm-up window: only the compile-laden window exists.
+        (
+            rep.RunResult(
+                "baseline_fill",
+                exit_code=None,
+                events=[_run("x", COMPILED).events[0], COMPILED[0]],
+                stderr_tail="stopped after 60s (the time budget)",
+                warmup_steps=10,
+            ),
+            "did not complete",
+        ),
+        # Crashed after its windows: a speed from a failed run is not a figure either.
+        (
+            rep.RunResult(
+                "fill",
+                exit_code=1,
+                events=[_run("x", COMPILED).events[0], *COMPILED, _train(30, 3.0, 0.4, 6e4)],
+                stderr_tail="CUDA error: out of memory",
+                warmup_steps=10,
+            ),
+            "did not complete (exit 1, reason None)",
+        ),
+        # Completed, but with too few windows after warm-up to be a measurement.
+        (_run("fill", COMPILED, warmup_steps=10), "1 timed window(s) after the 10 warm-up"),
+        (rep.RunResult("fill", not_run="time budget spent"), "not run: time budget spent"),
+    ],
+)
+def test_a_run_without_enough_timed_windows_has_no_speed(run: rep.RunResult, why: str) -> None:
+    """No fallback to the compile-laden first window and no speed from a run that did not
+    complete: either would overstate or understate a ratio many times over."""
+    tp = rep.throughput(run)
+    assert (tp.tokens_per_s, tp.step_time_s) == (None, None)
+    assert why in tp.not_measured
+    summary = rep.summarize(run, peak_tflops=989.0)
+    assert summary.tokens_per_s is None and summary.mfu is None
+    assert why in summary.not_measured
+
+
+def test_a_truncated_run_gives_no_ratio() -> None:
+    """The trainer measured in full against a baseline the budget cut off after its first timed
+    window: no ratio (it would read 60,000 / 4,000 = 15x off the warm-up window alone), and the
+    report says which run lacks a speed and why."""
+    windows = [_train(s, 3.0, 0.4, 62_000.0) for s in (20, 30, 40)]
+    fill = _run("fill", [COMPILED[0], *windows], warmup_steps=10)
+    cut = rep.RunResult(
+        "baseline_fill",
+        exit_code=None,
+        events=[_run("x", []).events[0], *COMPILED],
+        stderr_tail="stopped after 95s (the time budget)",
+        warmup_steps=10,
+    )
+    runs = {r.name: rep.summarize(r, 989.0) for r in (fill, cut)}
+    assert runs["fill"].tokens_per_s == pytest.approx(62_000.0)
+    b = rep.baseline_summary(runs, "H100, torch 2.11.0, CUDA 13.0")
+    (comparison,) = b.comparisons
+    assert comparison.ratio is None and comparison.baseline_tokens_per_s is None
+    assert comparison.not_measured.startswith("baseline_fill: the run did not complete")
+    assert not b.goal_met and b.measured_on == "H100, torch 2.11.0, CUDA 13.0"
+    assert b.split.model is None and "baseline_fill: the run did not complete" in (
+        b.split.not_measured
+    )
+
+
+def _measured(name: str, tokens_per_s: float, **kw) -> rep.RunResult:
+    windows = [_train(10, 4.0, 6.0, 1.0)]
+    windows += [_train(s, 3.0, 0.4, tokens_per_s) for s in (20, 30, 40)]
+    return _run(name, windows, warmup_steps=10, **kw)
+
+
 def test_summarize_computes_mfu_from_the_runs_own_numbers() -> None:
-    r = _run("fill", [_train(10, 3.0, 1.0, 1.0), _train(20, 2.0, 1.0, 494_500.0)], warmup_steps=10)
+    r = _measured("fill", 494_500.0)
     r.flops_per_token = 1_000_000_000
     run = rep.summarize(r, peak_tflops=989.0)
     assert run.tokens_per_s == pytest.approx(494_500.0)
     assert run.achieved_tflops == pytest.approx(494.5)
     assert run.mfu == pytest.approx(0.5)
+    assert (run.timed_windows, run.not_measured) == (3, None)
     assert rep.summarize(r, peak_tflops=None).mfu is None
+
+
+def test_edges_are_measured_against_their_base_run_and_the_baseline() -> None:
+    results = {
+        "compile": _measured("compile", 500_000.0),
+        "baseline": _measured("baseline", 480_000.0),
+        "compile_clip": _measured("compile_clip", 510_000.0),
+        "compile_cudnn": rep.RunResult(
+            "compile_cudnn", exit_code=1, stderr_tail="RuntimeError: No available kernel"
+        ),
+    }
+    runs = {n: rep.summarize(r, 989.0) for n, r in results.items()}
+    specs = [
+        rep.EdgeSpec("compile_clip", "compile", "baseline", "fused_clip=true"),
+        rep.EdgeSpec("compile_cudnn", "compile", "baseline", "attention=cudnn"),
+        rep.EdgeSpec("fill_clip", "fill", "baseline_fill", "fused_clip=true"),
+    ]
+    clip, cudnn, fill = rep.edge_summary(runs, specs)
+    assert clip.gain == pytest.approx(1.02) and clip.ratio == pytest.approx(510 / 480)
+    assert clip.not_measured is None and clip.setting == "fused_clip=true"
+    assert cudnn.gain is None and cudnn.ratio is None
+    assert cudnn.not_measured == "compile_cudnn: the run did not complete (exit 1, reason None)"
+    assert (fill.gain, fill.ratio) == (None, None)
+    assert fill.not_measured == (
+        "fill_clip: not selected; fill: not selected; baseline_fill: not selected"
+    )
 
 
 def _fp16(scales: dict[int, float], optimizer_steps: int, grad_norm_at_3=None) -> rep.RunResult:
@@ -157,14 +270,14 @@ def test_nvml_fails_on_a_train_event_without_the_readings() -> None:
 
 def test_tf32_must_be_faster_than_plain_fp32() -> None:
     def pair(tf32_tokens_per_s: float) -> dict[str, rep.RunResult]:
-        return {
-            "fp32": _run("fp32", [_train(10, 3.0, 0.1, 1_000.0)]),
-            "tf32": _run("tf32", [_train(10, 3.0, 0.1, tf32_tokens_per_s)]),
-        }
+        return {"fp32": _measured("fp32", 1_000.0), "tf32": _measured("tf32", tf32_tokens_per_s)}
 
     assert rep.check_tf32(pair(3_000.0), dry_run=False).status == "pass"
     assert rep.check_tf32(pair(1_050.0), dry_run=False).status == "fail"  # the switch did nothing
     assert rep.check_tf32(pair(1_050.0), dry_run=True).status == "skip"
+    cut = pair(3_000.0) | {"tf32": _run("tf32", COMPILED, warmup_steps=10)}
+    c = rep.check_tf32(cut, dry_run=False)
+    assert c.status == "fail" and "tf32: 1 timed window(s)" in c.why
 
 
 def test_a_check_that_raises_fails_instead_of_losing_the_report() -> None:
@@ -197,7 +310,9 @@ def test_docs_describe_every_field_of_the_report() -> None:
     """docs/gpu.md's field reference names each field in backticks; a new field must be added
     there too."""
     documented = set(re.findall(r"`([a-z_0-9]+)`", (REPO / "docs" / "gpu.md").read_text()))
-    fields = _fields(rep.Report) | _fields(rep.Run) | set(rep.Checks.model_fields)
+    fields = (
+        _fields(rep.Report) | _fields(rep.Run) | _fields(rep.Edge) | set(rep.Checks.model_fields)
+    )
     assert fields - documented == set()
 
 
@@ -207,7 +322,7 @@ def _tps(tokens_per_s: float | None, mfu: float | None = None) -> rep.Run:
     return rep.Run(
         **fields
         | {"command": "x", "wall_s": 1.0, "window_losses": [], "tokens_per_s": tokens_per_s}
-        | {"mfu": mfu}
+        | {"mfu": mfu, "timed_windows": 3}
     )
 
 
@@ -220,7 +335,7 @@ def test_baseline_ratios_and_split_are_read_off_the_runs() -> None:
         "ours_in_bare": _tps(68_000.0, 0.55),
         "nano_in_trainer": _tps(72_000.0, 0.58),
     }
-    b = rep.baseline_summary(runs)
+    b = rep.baseline_summary(runs, "GPU")
     by_run = {c.trainer_run: c for c in b.comparisons}
     assert by_run["compile"].ratio == pytest.approx(1.12)
     assert by_run["fill"].ratio == pytest.approx(72 / 68)
@@ -232,12 +347,12 @@ def test_baseline_ratios_and_split_are_read_off_the_runs() -> None:
     assert b.goal_met and (b.goal_ratio, b.goal_mfu) == (1.05, 0.57)
     # Below the ratio at one size, or below the MFU goal: not met.
     slow = runs | {"compile": _tps(510_000.0, 0.32)}
-    assert not rep.baseline_summary(slow).goal_met
+    assert not rep.baseline_summary(slow, "GPU").goal_met
     low_mfu = runs | {"fill": _tps(72_000.0, 0.50)}
-    assert not rep.baseline_summary(low_mfu).goal_met
+    assert not rep.baseline_summary(low_mfu, "GPU").goal_met
     # A baseline that did not run leaves its ratio empty and the goal unmet.
     missing = {k: v for k, v in runs.items() if k != "baseline_fill"}
-    b = rep.baseline_summary(missing)
+    b = rep.baseline_summary(missing, "GPU")
     assert {c.trainer_run: c.ratio for c in b.comparisons}["fill"] is None
     assert b.split.model is None and b.split.loop is not None and not b.goal_met
 
