@@ -4,11 +4,12 @@ Runbook (docs/gpu.md has every step)::
 
     make gpu-wheels                # here, once: .whl/ holds what the GPU machine's image lacks
     # on the GPU machine, from the repo root (the device tool's run, carry [".whl"]):
+    bash bench/gpu/speed.sh        # the one call: --speed, the report in $OUT/speed.json
     . bench/gpu/env.sh && python3 bench/gpu/check.py --log $OUT/gpu_check.log \
-        | tee $OUT/gpu_report.json
+        | tee $OUT/gpu_report.json                                        # the full check
 
+    python bench/gpu/check.py --cpu-dry-run --speed compile=false         # the speed mode on CPU
     python bench/gpu/check.py --cpu-dry-run --only fp32,bf16,fp16,resume   # the harness on CPU
-    python bench/gpu/check.py --cpu-dry-run --only fill,baseline_fill,ours_in_bare compile=false
     python bench/gpu/check.py --only fill --fill-size medium              # another MFU size
     python bench/gpu/check.py --schema                                    # the report's schema
 
@@ -21,7 +22,7 @@ with ``backend=nccl``, read through its JSON-lines events, its checkpoint and NC
     compile  bf16 + compile=true                    resume   bf16's checkpoint, trained on
     fill     bf16 + compile at --fill-size (MFU)    syncbn   vision, 2 GPUs, sync_batchnorm
 
-and the baseline, each run with its trainer twin's settings (``python -m bench.gpu.baseline``:
+the baseline, each run with its trainer twin's settings (``python -m bench.gpu.baseline``:
 nanoGPT's training loop, written in bench/gpu/, with nanoGPT's model or ours):
 
     baseline        nanoGPT's model and loop, as ``compile``   (the ratio at --size)
@@ -29,16 +30,20 @@ nanoGPT's training loop, written in bench/gpu/, with nanoGPT's model or ours):
     ours_in_bare    the lm task's model in nanoGPT's loop, as ``fill``      } the split
     nano_in_trainer nanoGPT's model in the trainer (a task plug-in), as ``fill`` }
 
---size defaults to small (GPT-2 small's shape), --fill-size to large at batch 24: the fill that
-met the 45% MFU goal on an H100 (48.9-49.2%, docs/gpu.md). The whole default run took 398.5 s
-there, inside the default --budget-s 540, before the baseline runs were added (they should
-add about 140-270 s, an estimate; what the budget cannot start is reported not_run). The CPU
-dry run uses tiny for both. Trainer settings given as key=value reach the baseline runs too.
+and the edges, each a trainer run with one setting beyond nanoGPT added to ``compile`` (at
+--size) or ``fill`` (at --fill-size), measured against both: see ``EDGES``.
+
+``--speed`` runs what the speed figures need and nothing else, most wanted first: compile,
+baseline, fill, baseline_fill (the ratio at both sizes, both MFUs), then the edges while the
+budget lasts (``--budget-s``, default 450 with --speed: ``RUN_S`` says what each run needs).
+The full check (no --speed) runs every scenario but the edges in 540 s. The CPU dry run uses
+the size tiny for both.
 
 In this process: the GPU's name (-> its peak dense bf16 FLOP/s), an 8192^3 bf16 matmul timed
 (the reachable ceiling), and the lm model's forward+backward with SDPA limited to the flash
-kernel. stdout carries the report alone; progress goes to stderr; ``--log`` keeps every run's
-output. A time budget (--budget-s) leaves room to print the report inside one device call.
+kernel, then to cuDNN's, beside the kernel torch picks by default. stdout carries the report
+alone; progress goes to stderr; ``--log`` keeps every run's output; ``--out`` holds the report
+as it stands after every run, so a call cut off still leaves what it measured.
 
 Exit codes: 0 no check failed, 1 a check failed, 2 bad arguments, 3 no CUDA GPU here,
 4 a package the trainer needs is missing (install the wheels: bench/gpu/env.sh).
@@ -77,9 +82,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_GPU, EXIT_MISSING = 0, 1, 2, 3, 4
 
 # Model shapes for the lm task (its own knobs: task_args) and the per-GPU batch. `small` and
 # `medium` are GPT-2 small's and medium's shapes at a 1024 context; the shipped corpus has 53
-# windows of 1024, enough for these batches. `large` (the default fill) runs at batch 24: on an
-# H100 it reached 49.2% MFU in 65.2 GiB, against 47.3% at batch 16 (docs/gpu.md, "Results").
-# `tiny` is the CPU dry run's.
+# windows of 1024, enough for these batches. `large` runs at batch 24, where it filled an H100's
+# memory best (docs/gpu.md, "Results"). `tiny` is the CPU dry run's.
 SIZES: dict[str, tuple[dict[str, int], int]] = {
     "tiny": ({"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32}, 8),
     "small": ({"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024}, 32),
@@ -102,6 +106,19 @@ SCENARIOS = (
     "nano_in_trainer",
     "syncbn",
 )
+# The edges beyond nanoGPT: run -> (the trainer run it adds one setting to, that setting).
+# Each is measured against that run and against nanoGPT at the same size, in the same call.
+EDGES: dict[str, tuple[str, dict[str, Any]]] = {
+    "compile_clip": ("compile", {"fused_clip": True}),
+    "compile_cudnn": ("compile", {"attention": "cudnn"}),
+    "fill_clip": ("fill", {"fused_clip": True}),
+    "compile_graphs": ("compile", {"compile_mode": "reduce-overhead"}),
+    "compile_autotune": ("compile", {"compile_mode": "max-autotune-no-cudagraphs"}),
+    "fill_cudnn": ("fill", {"attention": "cudnn"}),
+}
+# --speed: the four runs of the two ratios, the trainer's run first at each size, then the
+# edges, cheapest first (the budget leaves the last ones not_run).
+SPEED = ("compile", "baseline", "fill", "baseline_fill", *EDGES)
 NEEDS = {"resume": "bf16"}  # resume trains on from bf16's checkpoint
 # The runs measured against a trainer run: each takes that run's settings (size, batch,
 # precision, compile, steps), so the two differ only in model or loop.
@@ -113,13 +130,41 @@ TWIN = {
 }
 # The runs of nanoGPT's loop (python -m bench.gpu.baseline), and whose model each trains.
 BARE = {"baseline": "nanogpt", "baseline_fill": "nanogpt", "ours_in_bare": "ddpjob"}
+# nanoGPT's model and loop at each trainer run's size: what the trainer is measured against.
+BASELINE_OF = {"compile": "baseline", "fill": "baseline_fill"}
 NANOGPT_TASK = "bench.gpu.nanogpt:build"
 # A run that compiles the very graphs an earlier one compiled (the same model called the same
 # way, at the same shapes) reuses that run's Inductor cache: the second compile of a `large`
-# model then costs seconds, not a minute, which keeps the default run inside one device call.
-SHARED_CACHE = {"ours_in_bare": "fill", "nano_in_trainer": "baseline_fill"}
+# model then costs seconds, not a minute. The clipping edge changes the optimizer, not the
+# model's graphs.
+SHARED_CACHE = {
+    "ours_in_bare": "fill",
+    "nano_in_trainer": "baseline_fill",
+    "compile_clip": "compile",
+    "fill_clip": "fill",
+}
+# About how long one run takes on an H100 or H200, from its start to its exit (wall_s in a
+# report): start-up, compilation in the warm-up window, the timed steps, and for the trainer
+# its final eval (which compiles the forward again under no_grad) and checkpoint. A run is
+# started only with this much of the budget left. `small` and `large` trainer runs are the
+# 2026-11-22 H100 runs (82.5 s, 171.8 s); nanoGPT's loop's are estimates (no baseline run has
+# been timed on a GPU yet): the trainer's less its final eval and checkpoint, which it lacks.
+RUN_S: dict[str, dict[str, float]] = {
+    "tiny": {"trainer": 45, "bare": 45},
+    "small": {"trainer": 85, "bare": 55},
+    "medium": {"trainer": 135, "bare": 85},
+    "large": {"trainer": 175, "bare": 110},
+}
+SPEED_BUDGET_S = 450  # --speed's default --budget-s: RUN_S's four runs and the probes
+FULL_BUDGET_S = 540
+# A run still going when the budget is spent gets SIGTERM, then SIGKILL this much later. The
+# full check lets the trainer write its checkpoint; --speed needs nothing more from the run.
+STOP_GRACE_S = {"full": 30.0, "speed": 10.0}
+# What a device call spends around check.py's budget: bench/gpu/env.sh installing the wheels
+# and Python starting. The one call's timeout_s (docs/gpu.md) covers SETUP_S + the budget +
+# the stop grace, with room to spare.
+SETUP_S = 20.0
 OVERFLOW_AT_STEP = 3
-MIN_RUN_S = 45  # below this much budget left, a scenario is not started
 PACKAGES = ("torch", "pydantic", "pydantic-core", "typing-extensions", "PyYAML", "nvidia-ml-py")
 FLOPS_FORMULA = "6 * (12 * n_layer * n_embd^2 + n_embd * vocab) + 12 * n_layer * seq_len * n_embd"
 FLOPS_CONVENTION = (
@@ -140,15 +185,29 @@ class _Parser(argparse.ArgumentParser):
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = _Parser(prog="python bench/gpu/check.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", help=f"comma-separated scenarios (default all): {','.join(SCENARIOS)}")
+    p.add_argument(
+        "--only",
+        help=f"comma-separated scenarios (default: all of the mode's): {','.join(SCENARIOS)}, "
+        f"and the edges {','.join(EDGES)}",
+    )
+    p.add_argument(
+        "--speed",
+        action="store_true",
+        help=f"the speed figures only: {','.join(SPEED)}, while the budget lasts",
+    )
     p.add_argument(
         "--size", help=f"lm model size for the scenarios (default small): {', '.join(SIZES)}"
     )
     p.add_argument("--fill-size", help="lm model size for the fill (MFU) scenario (default large)")
     p.add_argument("--steps", type=int, default=40, help="optimizer steps per run (>= 8)")
     p.add_argument("--peak-tflops", type=float, help="peak dense bf16 TFLOP/s (else the table)")
-    p.add_argument("--budget-s", type=float, default=540, help="stop starting runs after this")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        help=f"stop starting runs after this (default {FULL_BUDGET_S}, {SPEED_BUDGET_S} --speed)",
+    )
     p.add_argument("--log", help="write every run's command, stdout, stderr and NCCL log here")
+    p.add_argument("--out", help="write the report here too, after every run (a partial one)")
     p.add_argument("--cpu-dry-run", action="store_true", help="run the harness on CPU (gloo)")
     p.add_argument("--schema", action="store_true", help="print the report's JSON Schema")
     p.add_argument(
@@ -162,13 +221,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if not re.fullmatch(r"[A-Za-z_][\w.]*=.*", item):
             raise UsageError(f"{item}: expected a trainer key=value (got {item!r})")
 
+    order = SPEED if args.speed else (*SCENARIOS, *EDGES)
     only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else []
-    unknown = [s for s in only if s not in SCENARIOS]
+    unknown = [s for s in only if s not in order]
     if unknown:
         raise UsageError(
-            f"--only: unknown scenario (got {unknown[0]}). Choose from {', '.join(SCENARIOS)}"
+            f"--only: unknown scenario{' for --speed' if args.speed else ''} (got {unknown[0]}). "
+            f"Choose from {', '.join(order)}"
         )
-    args.only = [s for s in SCENARIOS if s in only] if only else list(SCENARIOS)
+    default = SPEED if args.speed else SCENARIOS
+    args.only = [s for s in order if s in only] if only else list(default)
     for s in args.only:
         if s in NEEDS and NEEDS[s] not in args.only:
             raise UsageError(
@@ -184,6 +246,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         raise UsageError(f"--steps: must be >= 8 (got {args.steps})")
     if args.peak_tflops is not None and not args.peak_tflops > 0:
         raise UsageError(f"--peak-tflops: must be > 0 (got {args.peak_tflops})")
+    if args.budget_s is None:
+        args.budget_s = SPEED_BUDGET_S if args.speed else FULL_BUDGET_S
     if not args.budget_s > 0:
         raise UsageError(f"--budget-s: must be > 0 (got {args.budget_s})")
     return args
@@ -213,8 +277,17 @@ class Plan:
         return self.work / name
 
     def size_of(self, name: str) -> str:
-        name = TWIN.get(name, name)
+        name = self.base_of(name)
         return self.args.fill_size if name == "fill" else self.args.size
+
+    @staticmethod
+    def base_of(name: str) -> str:
+        """The trainer run whose settings ``name`` takes (itself for a run of its own)."""
+        return EDGES[name][0] if name in EDGES else TWIN.get(name, name)
+
+    def needs_s(self, name: str) -> float:
+        """About how long the run takes on a GPU (RUN_S): less budget left, it is not started."""
+        return RUN_S[self.size_of(name)]["bare" if name in BARE else "trainer"]
 
     def common(self, name: str) -> dict[str, Any]:
         return {
@@ -244,6 +317,11 @@ class Plan:
 
     def overrides(self, name: str) -> tuple[dict[str, Any], int]:
         """(key=value overrides, processes) for one scenario."""
+        if name in EDGES:  # its base run's settings and one more, its own directory
+            base, setting = EDGES[name]
+            o, _ = self.overrides(base)
+            o |= setting | {"checkpoint.dir": str(self.run_dir(name) / "ckpt")}
+            return o, 1
         if name in TWIN:  # its twin's settings, its own directory
             o, _ = self.overrides(TWIN[name])
             o["checkpoint.dir"] = str(self.run_dir(name) / "ckpt")
@@ -375,7 +453,7 @@ def run_scenario(name: str, plan: Plan, timeout_s: float, log) -> Any:
         try:
             result.exit_code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _stop(proc)
+            _stop(proc, STOP_GRACE_S["speed" if plan.args.speed else "full"])
             result.stderr_tail = f"stopped after {timeout_s:.0f}s (the time budget)"
     result.wall_s = time.monotonic() - started
     stdout = (run_dir / "stdout").read_text(errors="replace")
@@ -489,6 +567,7 @@ def machine_info(dry_run: bool) -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "nccl": None,
+        "sdpa_priority": sdpa_priority(),
         "python": platform.python_version(),
         "packages": {d: _version(d) for d in PACKAGES},
     }
@@ -531,8 +610,21 @@ def measure_matmul_tflops(n: int = 8192, reps: int = 10) -> float:
     return 2 * n**3 / statistics.median(times) / 1e12
 
 
-def probe_flash(size: str, device: str) -> dict[str, Any]:
-    """The lm model's forward+backward in bf16 with SDPA allowed only its flash kernel."""
+def sdpa_priority() -> list[str]:
+    """The order in which torch tries SDPA's kernels by default, by name."""
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    names = {int(b): b.name for b in SDPBackend.__members__.values()}
+    try:
+        return [names.get(i, str(i)) for i in torch._C._get_sdp_priority_order()]
+    except AttributeError:  # a torch without priorities: flash, efficient, math (and cuDNN)
+        return []
+
+
+def probe_attention(size: str, device: str) -> dict[str, Any]:
+    """The lm model's forward+backward in bf16 with SDPA allowed only its flash kernel, then
+    only cuDNN's, and the kernel torch picks for the model's q, k, v when it may choose."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -541,25 +633,41 @@ def probe_flash(size: str, device: str) -> dict[str, Any]:
     task_args, _ = SIZES[size]
     task = LMTask(**task_args, dropout=0.0)
     model = task.build_model().to(device)
-    x = torch.randint(0, len(task.vocab), (2, task_args["block_size"]), device=device)
-    evidence = {
+    t, heads, width = task_args["block_size"], task_args["n_head"], task_args["n_embd"]
+    x = torch.randint(0, len(task.vocab), (2, t), device=device)
+    evidence: dict[str, Any] = {
         "model_size": size,
-        "head_dim": task_args["n_embd"] // task_args["n_head"],
-        "seq_len": task_args["block_size"],
+        "head_dim": width // heads,
+        "seq_len": t,
         "dtype": "bfloat16",
+        "default_kernel": None,
     }
-    try:
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
-                loss, _ = task.loss(model, (x, x))
-            loss.backward()
-        ok, error = bool(torch.isfinite(loss).item()), None
-    except RuntimeError as e:
-        ok, error = False, str(e).strip().splitlines()[0][:300]
+    # q, k, v as the model makes them: views of one (b, t, 3, heads, head_dim) projection.
+    qkv = torch.randn(2, t, 3, heads, width // heads, device=device, dtype=torch.bfloat16)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4)
+    with contextlib.suppress(Exception):  # a private function: the evidence, not the verdict
+        choice = int(torch._fused_sdp_choice(q, k, v, is_causal=True))
+        names = {int(b): b.name for b in SDPBackend.__members__.values()}
+        evidence["default_kernel"] = names.get(choice, str(choice))
+    kernels = (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION))
+    for key, backend in kernels:
+        try:
+            with sdpa_kernel([backend]):
+                with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+                    loss, _ = task.loss(model, (x, x))
+                loss.backward()
+            ok, error = bool(torch.isfinite(loss).item()), None
+        except RuntimeError as e:
+            ok, error = False, str(e).strip().splitlines()[0][:300]
+        model.zero_grad(set_to_none=True)
+        if key == "flash":
+            evidence |= {"ok": ok, "error": error}
+        else:
+            evidence |= {"cudnn_ok": ok, "cudnn_error": error}
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
-    return evidence | {"ok": ok, "error": error}
+    return evidence
 
 
 def _say(text: str) -> None:
@@ -598,7 +706,8 @@ def missing_package() -> str | None:
 
 
 def check(args: argparse.Namespace, work: Path, log) -> dict[str, Any]:
-    """Run the probes and the scenarios; return the report as a JSON-ready dict."""
+    """Run the probes and the scenarios; return the report as a JSON-ready dict (and write it
+    to ``--out`` after every run, so a call cut off still leaves what it measured)."""
     from bench.gpu import report as rep
 
     clock = time.monotonic()
@@ -620,12 +729,55 @@ def check(args: argparse.Namespace, work: Path, log) -> dict[str, Any]:
             measured = round(measure_matmul_tflops(), 1)
     probe = None
     try:
-        probe = probe_flash(args.size, "cpu" if dry else "cuda")
+        probe = probe_attention(args.size, "cpu" if dry else "cuda")
     except Exception as e:  # the probe is one check; it must not cost the report
         probe = {"ok": False, "error": f"{type(e).__name__}: {e}"[:300]}
 
     plan = Plan(args, work)
     results: dict[str, rep.RunResult] = {}
+    edges = [
+        rep.EdgeSpec(
+            run=name,
+            base=EDGES[name][0],
+            baseline=BASELINE_OF[EDGES[name][0]],
+            setting=" ".join(f"{k}={_yaml_scalar(v)}" for k, v in EDGES[name][1].items()),
+        )
+        for name in args.only
+        if name in EDGES
+    ]
+    measured_on = f"{machine['device_name']}, torch {machine['torch']}, CUDA {machine['cuda']}"
+
+    def assemble() -> rep.Report:
+        checks = rep.evaluate(
+            results,
+            probe=probe,
+            device_count=machine["device_count"],
+            dry_run=dry,
+            overflow_at_step=OVERFLOW_AT_STEP,
+            resume_extra_steps=plan.resume_extra,
+        )
+        runs = {n: rep.summarize(r, peak) for n, r in results.items()}
+        failed = [n for n, c in checks.model_dump().items() if c["status"] == "fail"]
+        return rep.Report(
+            report=rep.REPORT_NAME,
+            schema_version=2,
+            mode="speed" if args.speed else "full",
+            ok=not failed,
+            dry_run=dry,
+            command=shlex.join([sys.executable, *sys.argv]),
+            started_at=started_at,
+            elapsed_s=round(time.monotonic() - clock, 1),
+            machine=rep.Machine(**machine),
+            peak=rep.Peak(
+                bf16_dense_tflops=peak, source=source, measured_bf16_matmul_tflops=measured
+            ),
+            mfu=rep.mfu_summary(runs, FLOPS_FORMULA, FLOPS_CONVENTION),
+            baseline=rep.baseline_summary(runs, measured_on),
+            edges=rep.edge_summary(runs, edges),
+            checks=checks,
+            runs=runs,
+        )
+
     for i, name in enumerate(args.only, 1):
         left = args.budget_s - (time.monotonic() - clock)
         if name == "syncbn" and (dry or machine["device_count"] < 2):
@@ -633,9 +785,11 @@ def check(args: argparse.Namespace, work: Path, log) -> dict[str, Any]:
         if name in NEEDS and not results[NEEDS[name]].completed:
             results[name] = rep.RunResult(name, not_run=f"{NEEDS[name]} did not complete")
             continue
-        if left < MIN_RUN_S:
+        if left < plan.needs_s(name):
             results[name] = rep.RunResult(
-                name, not_run=f"time budget spent (--budget-s {args.budget_s:g})"
+                name,
+                not_run=f"time budget spent (--budget-s {args.budget_s:g}): {left:.0f} s left, "
+                f"the run needs about {plan.needs_s(name):.0f} s",
             )
             continue
         _say(f"[{i}/{len(args.only)}] {name} ...")
@@ -648,45 +802,37 @@ def check(args: argparse.Namespace, work: Path, log) -> dict[str, Any]:
         # Checkpoints weigh GBs at these sizes: keep only bf16's, until resume has read it.
         if not (name == "bf16" and "resume" in args.only):
             shutil.rmtree(Path(plan.overrides(name)[0]["checkpoint.dir"]), ignore_errors=True)
+        if args.out:
+            write_report(Path(args.out), assemble().model_dump(mode="json"))
 
-    checks = rep.evaluate(
-        results,
-        probe=probe,
-        device_count=machine["device_count"],
-        dry_run=dry,
-        overflow_at_step=OVERFLOW_AT_STEP,
-        resume_extra_steps=plan.resume_extra,
-    )
-    runs = {n: rep.summarize(r, peak) for n, r in results.items()}
-    failed = [n for n, c in checks.model_dump().items() if c["status"] == "fail"]
-    report = rep.Report(
-        report=rep.REPORT_NAME,
-        schema_version=1,
-        ok=not failed,
-        dry_run=dry,
-        command=shlex.join([sys.executable, *sys.argv]),
-        started_at=started_at,
-        elapsed_s=round(time.monotonic() - clock, 1),
-        machine=rep.Machine(**machine),
-        peak=rep.Peak(bf16_dense_tflops=peak, source=source, measured_bf16_matmul_tflops=measured),
-        mfu=rep.mfu_summary(runs, FLOPS_FORMULA, FLOPS_CONVENTION),
-        baseline=rep.baseline_summary(runs),
-        checks=checks,
-        runs=runs,
-    )
+    report = assemble()
+    failed = [n for n, c in report.checks if c.status == "fail"]
     _say(f"failed: {', '.join(failed)}" if failed else "no check failed")
-    return report.model_dump(mode="json")
+    out = report.model_dump(mode="json")
+    if args.out:
+        write_report(Path(args.out), out)
+    return out
+
+
+def write_report(path: Path, report: dict[str, Any]) -> None:
+    """The report into ``path`` whole or not at all (a reader never sees half of one)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1) + "\n")
+    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
         log = open(args.log, "w") if args.log else None  # noqa: SIM115 (closed below)
+        if args.out:
+            Path(args.out).write_text("")  # writable, before any GPU time is spent
     except UsageError as e:
         _say(str(e))
         return EXIT_USAGE
     except OSError as e:
-        _say(f"--log: cannot write {e.filename} ({e.strerror})")
+        flag = "--out" if args.out and e.filename == args.out else "--log"
+        _say(f"{flag}: cannot write {e.filename} ({e.strerror})")
         return EXIT_USAGE
     try:
         # A machine without a GPU says so before anything else, whatever else it lacks.

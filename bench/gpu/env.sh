@@ -5,7 +5,9 @@
 #
 # It installs the wheels that `make gpu-wheels` put in .whl/ (the device tool's run carries
 # them: carry [".whl"]) into /tmp/site, and puts /tmp/site first on PYTHONPATH: only what the
-# machine's image lacks, nothing of the image replaced. typing-extensions (.whl/if-older/) goes
+# machine's image lacks, nothing of the image replaced. Where every package of those wheels is
+# already installed at its locked version (requirements/gpu-wheels.txt), as in the project's own
+# .venv, there is nothing to install and it says so. typing-extensions (.whl/if-older/) goes
 # in only when the image's is older than the installed wheels require. On failure it says why
 # in one line and returns 4, gpu_check's exit code for a missing package.
 
@@ -33,9 +35,36 @@ print(" ".join(sorted(unmet)))
 PY
 }
 
+_gpu_env_locked() {
+    # Whether every package requirements/gpu-wheels.txt pins is installed at its pinned version.
+    "$GPU_ENV_PY" - <<'PY'
+import re
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+text = open("requirements/gpu-wheels.txt", encoding="utf-8").read()
+pins = re.findall(r"^([A-Za-z0-9_.-]+)==([^\s;]+)", text, flags=re.MULTILINE)
+
+
+def installed(name: str, pinned: str) -> bool:
+    try:
+        return version(name) == pinned
+    except PackageNotFoundError:
+        return False
+
+
+sys.exit(0 if pins and all(installed(n, v) for n, v in pins) else 1)
+PY
+}
+
 _gpu_env() {
     local site="${GPU_SITE:-/tmp/site}" pip unmet
     GPU_ENV_PY="${PYTHON:-python3}"
+    if _gpu_env_locked; then
+        echo "gpu_env: $GPU_ENV_PY has every package of the wheels at its locked version;" \
+            "nothing to install" >&2
+        return 0
+    fi
     pip=("$GPU_ENV_PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir
         --upgrade --target "$site")
     if ! compgen -G ".whl/*.whl" >/dev/null; then
@@ -61,7 +90,7 @@ _gpu_env() {
 
 _gpu_env
 _gpu_env_rc=$?
-unset -f _gpu_env _gpu_env_unmet
+unset -f _gpu_env _gpu_env_unmet _gpu_env_locked
 unset GPU_ENV_PY
 # shellcheck disable=SC2152
 return $_gpu_env_rc 2>/dev/null || exit $_gpu_env_rc

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -55,6 +56,8 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_3() -> None:
         (["--peak-tflops", "-1"], "--peak-tflops: must be > 0"),
         (["--budget-s", "0"], "--budget-s: must be > 0"),
         (["--log", "/no/such/dir/gpu.log"], "--log: cannot write /no/such/dir/gpu.log"),
+        (["--out", "/no/such/dir/gpu.json"], "--out: cannot write /no/such/dir/gpu.json"),
+        (["--speed", "--only", "fp32"], "--only: unknown scenario for --speed (got fp32)"),
         (["--frobnicate"], "unrecognized arguments: --frobnicate"),
         (["nokey"], "nokey: expected a trainer key=value"),
         # Trainer settings go through the trainer's own config before any run starts.
@@ -76,6 +79,7 @@ def test_the_default_fill_is_the_run_that_met_the_mfu_goal(tmp_path: Path) -> No
     keeps `tiny` for both."""
     args = gc.parse_args([])
     assert (args.size, args.fill_size, args.budget_s) == ("small", "large", 540)
+    assert args.only == list(gc.SCENARIOS)  # the edges are --speed's
     fill, _ = gc.Plan(args, tmp_path).overrides("fill")
     assert (fill["task_args.n_layer"], fill["task_args.n_embd"]) == (24, 2048)
     assert (fill["task_args.block_size"], fill["batch_size"]) == (1024, 24)
@@ -93,6 +97,43 @@ def test_schema_is_the_report_models_json_schema() -> None:
     assert {"checks", "runs", "mfu", "peak", "machine", "ok"} <= set(schema["properties"])
 
 
+def test_speed_runs_the_two_ratios_first_then_the_edges() -> None:
+    """--speed measures what the speed figures need, most wanted first: the trainer and
+    nanoGPT at --size and at --fill-size, then each edge; its budget fits RUN_S's four runs."""
+    args = gc.parse_args(["--speed"])
+    assert args.only[:4] == ["compile", "baseline", "fill", "baseline_fill"]
+    assert args.only[4:] == list(gc.EDGES)
+    assert (args.size, args.fill_size, args.budget_s) == ("small", "large", gc.SPEED_BUDGET_S)
+    plan = gc.Plan(args, Path("/unused"))
+    assert sum(plan.needs_s(n) for n in args.only[:4]) < gc.SPEED_BUDGET_S
+    assert gc.parse_args(["--speed", "--only", "fill_cudnn,fill"]).only == ["fill", "fill_cudnn"]
+
+
+def test_each_edge_is_its_base_run_with_one_setting_more(tmp_path: Path) -> None:
+    plan = gc.Plan(gc.parse_args(["--speed", "batch_size=4"]), tmp_path)
+    for name, (base, setting) in gc.EDGES.items():
+        mine, _ = plan.overrides(name)
+        theirs, _ = plan.overrides(base)
+        differ = {k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)}
+        assert differ == {"checkpoint.dir", *setting}, name
+        assert plan.size_of(name) == plan.size_of(base) and gc.BASELINE_OF[base] in gc.BARE
+        cfg = load_config(None, [f"{k}={gc._yaml_scalar(v)}" for k, v in mine.items()])
+        for key, value in setting.items():
+            assert getattr(cfg, key) == value
+    # Only the clipping edges leave the model's graphs as their base run compiles them.
+    assert {n for n in gc.EDGES if n in gc.SHARED_CACHE} == {"compile_clip", "fill_clip"}
+
+
+def test_a_run_is_started_only_with_the_time_it_needs_left(tmp_path: Path) -> None:
+    """A run the budget cannot see to its end is not started (a run stopped half-way has no
+    speed): a `large` trainer run needs more of it than a `small` one or nanoGPT's loop."""
+    plan = gc.Plan(gc.parse_args(["--speed"]), tmp_path)
+    assert plan.needs_s("fill") == gc.RUN_S["large"]["trainer"]
+    assert plan.needs_s("baseline_fill") == gc.RUN_S["large"]["bare"]
+    assert plan.needs_s("fill_clip") == plan.needs_s("fill") > plan.needs_s("compile_cudnn")
+    assert plan.needs_s("baseline") == gc.RUN_S["small"]["bare"] < plan.needs_s("compile")
+
+
 @pytest.mark.parametrize("size", list(gc.SIZES))
 def test_every_scenario_is_a_valid_trainer_command(size: str, tmp_path: Path) -> None:
     """What the GPU session will run goes through the trainer's own config and task loading
@@ -100,7 +141,7 @@ def test_every_scenario_is_a_valid_trainer_command(size: str, tmp_path: Path) ->
     share of the data would otherwise first show up on the GPU."""
     plan = gc.Plan(gc.parse_args(["--size", size, "--fill-size", size]), tmp_path)
     seen = {}
-    for name in gc.SCENARIOS:
+    for name in (*gc.SCENARIOS, *gc.EDGES):
         overrides, nproc = plan.overrides(name)
         cfg = load_config(None, [f"{k}={gc._yaml_scalar(v)}" for k, v in overrides.items()])
         task = load_task(cfg.task, cfg.task_args)
@@ -143,8 +184,10 @@ def test_each_baseline_run_takes_its_trainer_twins_settings(tmp_path: Path) -> N
     assert plan.cache_dir("ours_in_bare") == plan.cache_dir("fill")
     assert plan.cache_dir("nano_in_trainer") == plan.cache_dir("baseline_fill")
     assert plan.cache_dir("compile") != plan.cache_dir("baseline")
-    order = list(gc.SCENARIOS)
-    assert all(order.index(a) < order.index(b) for b, a in gc.SHARED_CACHE.items())
+    # The run whose cache is reused comes first, in either mode.
+    for order in (list(gc.SCENARIOS) + list(gc.EDGES), list(gc.SPEED)):
+        shared = [(b, a) for b, a in gc.SHARED_CACHE.items() if b in order]
+        assert all(order.index(a) < order.index(b) for b, a in shared)
 
 
 def test_trainer_settings_on_the_command_line_reach_every_scenario(tmp_path: Path) -> None:
@@ -175,10 +218,9 @@ def test_a_spent_budget_still_prints_the_report() -> None:
     p = _run(["--cpu-dry-run", "--only", "fp32,bf16", "--budget-s", "1"])
     assert p.returncode == 0, p.stderr[-2000:]
     report = Report.model_validate_json(p.stdout)
-    assert {n: r.not_run for n, r in report.runs.items()} == {
-        "fp32": "time budget spent (--budget-s 1)",
-        "bf16": "time budget spent (--budget-s 1)",
-    }
+    spent = r"time budget spent \(--budget-s 1\): -?[01] s left, the run needs about 45 s"
+    assert set(report.runs) == {"fp32", "bf16"}
+    assert all(re.fullmatch(spent, r.not_run) for r in report.runs.values()), report.runs
     assert report.checks.fp32.status == "skip" and "time budget" in report.checks.fp32.why
 
 
