@@ -129,6 +129,33 @@ class TrainConfig(_Section):
     log_every: int = Field(10, ge=1, description="Print a `train` event every N steps.")
     seed: int = Field(0, ge=0, description="Base seed; each rank seeds with seed + rank.")
     compile: bool = Field(False, description="torch.compile the model.")
+    compile_mode: Literal[
+        "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
+    ] = Field(
+        "default",
+        description=(
+            "torch.compile's mode with compile=true: reduce-overhead replays the steps as CUDA "
+            "graphs, the max-autotune modes time GEMM and kernel variants while compiling "
+            "(minutes at a GPU-filling size)."
+        ),
+    )
+    attention: Literal["auto", "flash", "cudnn", "efficient", "math"] = Field(
+        "auto",
+        description=(
+            "Which kernel scaled_dot_product_attention runs in every forward: auto = torch's own "
+            "choice (flash where it takes the inputs); any other runs only that kernel, and an "
+            "input or device it cannot take fails at the first step (cudnn needs a CUDA GPU)."
+        ),
+    )
+    fused_clip: bool = Field(
+        False,
+        description=(
+            "Fold gradient clipping into fused AdamW's step: the global norm is computed as "
+            "before, and the step divides each gradient by the clip factor as it reads it, "
+            "instead of a pass that scales the gradients first. The same update; fp16 (its "
+            "GradScaler owns that factor) clips the usual way."
+        ),
+    )
     tf32: bool = Field(True, description="Allow TF32 matmuls/convolutions on Ampere+ GPUs.")
     deterministic: bool = Field(
         False, description="Deterministic algorithms (slower; bitwise-reproducible on GPU)."

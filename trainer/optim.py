@@ -33,6 +33,24 @@ def build_optimizer(
     return torch.optim.AdamW(groups, lr=lr, betas=cfg.betas, fused=device.type in ("cuda", "cpu"))
 
 
+def clip_in_step(
+    optimizer: torch.optim.Optimizer, params: list[nn.Parameter], max_norm: float
+) -> torch.Tensor:
+    """Clip the gradients' global norm to ``max_norm`` inside the optimizer's next step; return
+    the norm (before clipping, as ``clip_grad_norm_`` returns it).
+
+    ``clip_grad_norm_`` scales every gradient by ``min(1, max_norm / (norm + 1e-6))`` in a pass
+    of its own, and the step then reads them all again. Here the norm is computed the same way
+    and the inverse factor becomes fused AdamW's ``grad_scale``, the hook GradScaler uses to
+    unscale inside the step: the step divides each gradient by it as it reads it. The same
+    update, one pass over the gradients fewer. Fused AdamW only (``build_optimizer``'s); the
+    caller deletes ``optimizer.grad_scale`` after the step.
+    """
+    norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)
+    return norm
+
+
 def lr_factor(step: int, max_steps: int, warmup_steps: int, min_lr_ratio: float) -> float:
     """Multiplier on the peak lr for optimizer step ``step`` (0-based).
 
