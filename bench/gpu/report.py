@@ -122,6 +122,9 @@ class Run(_Model):
     )
     step_time_s: float | None = Field(description="Mean step time over the same windows.")
     timed_windows: int = Field(description="Log windows after warm-up that were timed.")
+    window_tokens_per_s: list[float] = Field(
+        description="Each timed window's tokens/s, in order: their spread is the noise."
+    )
     not_measured: str | None = Field(
         description=(
             "Why tokens_per_s is null: the run did not complete, or it has fewer than "
@@ -231,6 +234,13 @@ class Edge(_Model):
     tokens_per_s: float | None = Field(description="The run's tokens/s.")
     base_tokens_per_s: float | None = Field(description="The base run's tokens/s.")
     gain: float | None = Field(description="tokens_per_s / base_tokens_per_s: above 1 it helps.")
+    spread: float | None = Field(
+        description=(
+            "The larger of the two runs' window-to-window spread, (max - min) / min of their "
+            "timed windows' tokens/s: a gain inside it is noise."
+        )
+    )
+    faster: bool | None = Field(description="gain > 1 + spread: keep the setting.")
     ratio: float | None = Field(description="tokens_per_s / the baseline run's tokens/s.")
     not_measured: str | None = Field(description="Why gain or ratio is null; null when measured.")
 
@@ -316,6 +326,7 @@ class Throughput:
     step_time_s: float | None
     timed_windows: int = 0
     not_measured: str | None = None
+    windows: list[float] = field(default_factory=list)  # each timed window's tokens/s
 
 
 def throughput(result: RunResult) -> Throughput:
@@ -359,7 +370,7 @@ def throughput(result: RunResult) -> Throughput:
     if any(tps is None for _, _, tps in timed):
         return Throughput(None, seconds / steps, count, "the run reports no tokens_per_s")
     tokens = sum(tps * n * t for n, t, tps in timed)
-    return Throughput(tokens / seconds, seconds / steps, count)
+    return Throughput(tokens / seconds, seconds / steps, count, None, [tps for _, _, tps in timed])
 
 
 def summarize(result: RunResult, peak_tflops: float | None) -> Run:
@@ -388,6 +399,7 @@ def summarize(result: RunResult, peak_tflops: float | None) -> Run:
         tokens_per_s=tp.tokens_per_s,
         step_time_s=tp.step_time_s,
         timed_windows=tp.timed_windows,
+        window_tokens_per_s=tp.windows,
         not_measured=tp.not_measured,
         flops_per_token=result.flops_per_token,
         achieved_tflops=achieved,
@@ -822,12 +834,23 @@ class EdgeSpec:
     setting: str
 
 
+def _spread(run: Run) -> float:
+    """(max - min) / min of a measured run's timed windows' tokens/s."""
+    w = run.window_tokens_per_s
+    return (max(w) - min(w)) / min(w)
+
+
 def edge_summary(runs: dict[str, Run], specs: list[EdgeSpec]) -> list[Edge]:
-    """Each edge's gain over its base run and its ratio to the baseline, where measured."""
+    """Each edge's gain over its base run and its ratio to the baseline, where measured; it is
+    ``faster`` only by more than the noise of its two runs' windows."""
     edges = []
     for spec in specs:
         tps = _speed(runs, spec.run)
         base = _speed(runs, spec.base)
+        gain = _ratio(tps, base)
+        spread = None
+        if gain is not None:
+            spread = max(_spread(runs[spec.run]), _spread(runs[spec.base]))
         edges.append(
             Edge(
                 run=spec.run,
@@ -836,7 +859,9 @@ def edge_summary(runs: dict[str, Run], specs: list[EdgeSpec]) -> list[Edge]:
                 baseline_run=spec.baseline,
                 tokens_per_s=tps,
                 base_tokens_per_s=base,
-                gain=_ratio(tps, base),
+                gain=gain,
+                spread=spread,
+                faster=None if gain is None else gain > 1 + spread,
                 ratio=_ratio(tps, _speed(runs, spec.baseline)),
                 not_measured=_unmeasured(runs, spec.run, spec.base, spec.baseline),
             )

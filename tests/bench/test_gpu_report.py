@@ -138,9 +138,11 @@ def test_a_truncated_run_gives_no_ratio() -> None:
     )
 
 
-def _measured(name: str, tokens_per_s: float, **kw) -> rep.RunResult:
+def _measured(name: str, tokens_per_s: float, spread: float = 0.0, **kw) -> rep.RunResult:
+    """A completed run with 3 timed windows around ``tokens_per_s``, ``spread`` apart."""
     windows = [_train(10, 4.0, 6.0, 1.0)]
-    windows += [_train(s, 3.0, 0.4, tokens_per_s) for s in (20, 30, 40)]
+    rates = [tokens_per_s * (1 - spread / 2), tokens_per_s, tokens_per_s * (1 + spread / 2)]
+    windows += [_train(s, 3.0, 0.4, r) for s, r in zip((20, 30, 40), rates, strict=True)]
     return _run(name, windows, warmup_steps=10, **kw)
 
 
@@ -157,9 +159,10 @@ def test_summarize_computes_mfu_from_the_runs_own_numbers() -> None:
 
 def test_edges_are_measured_against_their_base_run_and_the_baseline() -> None:
     results = {
-        "compile": _measured("compile", 500_000.0),
+        "compile": _measured("compile", 500_000.0, spread=0.01),
         "baseline": _measured("baseline", 480_000.0),
         "compile_clip": _measured("compile_clip", 510_000.0),
+        "compile_graphs": _measured("compile_graphs", 503_000.0),
         "compile_cudnn": rep.RunResult(
             "compile_cudnn", exit_code=1, stderr_tail="RuntimeError: No available kernel"
         ),
@@ -169,11 +172,15 @@ def test_edges_are_measured_against_their_base_run_and_the_baseline() -> None:
         rep.EdgeSpec("compile_clip", "compile", "baseline", "fused_clip=true"),
         rep.EdgeSpec("compile_cudnn", "compile", "baseline", "attention=cudnn"),
         rep.EdgeSpec("fill_clip", "fill", "baseline_fill", "fused_clip=true"),
+        rep.EdgeSpec("compile_graphs", "compile", "baseline", "compile_mode=reduce-overhead"),
     ]
-    clip, cudnn, fill = rep.edge_summary(runs, specs)
+    clip, cudnn, fill, graphs = rep.edge_summary(runs, specs)
     assert clip.gain == pytest.approx(1.02) and clip.ratio == pytest.approx(510 / 480)
     assert clip.not_measured is None and clip.setting == "fused_clip=true"
-    assert cudnn.gain is None and cudnn.ratio is None
+    # compile's windows are 1% apart: a 2% gain is beyond that, a 0.6% one is noise.
+    assert clip.spread == pytest.approx(0.01 / 0.995) and clip.faster is True
+    assert graphs.gain == pytest.approx(1.006) and graphs.faster is False
+    assert cudnn.gain is None and cudnn.ratio is None and cudnn.faster is None
     assert cudnn.not_measured == "compile_cudnn: the run did not complete (exit 1, reason None)"
     assert (fill.gain, fill.ratio) == (None, None)
     assert fill.not_measured == (
@@ -322,7 +329,7 @@ def _tps(tokens_per_s: float | None, mfu: float | None = None) -> rep.Run:
     return rep.Run(
         **fields
         | {"command": "x", "wall_s": 1.0, "window_losses": [], "tokens_per_s": tokens_per_s}
-        | {"mfu": mfu, "timed_windows": 3}
+        | {"mfu": mfu, "timed_windows": 3, "window_tokens_per_s": [tokens_per_s] * 3}
     )
 
 
