@@ -2,7 +2,8 @@
 
 All micro-batches but the last run under ``no_sync``, so DDP all-reduces the gradients once per
 step, and the step's ``[loss, stop]`` ride in its last bucket (``distributed.StepFlags``), so
-every rank takes the same branch (NaN skip, preemption). Then unscale -> clip -> step -> zero.
+every rank takes the same branch (NaN skip, preemption). Then unscale -> clip -> step -> zero
+(with ``fused_clip``, the clip is folded into the step).
 The update is queued before the host looks at the step's loss: a step whose loss is not finite
 is skipped on the device (``found_inf``), and the host's one read per step waits for the end of
 backward, not for an empty queue (``HostFlags``).
@@ -20,6 +21,7 @@ from torch import nn
 
 from trainer.distributed import StepFlags
 from trainer.loader import MicroBatches
+from trainer.optim import clip_in_step
 from trainer.stop import StopRequest
 from trainer.window import LogWindow
 
@@ -65,6 +67,7 @@ class TrainStep:
         *,
         grad_accum: int,
         grad_clip: float,
+        fused_clip: bool = False,
         world_size: int,
         device: torch.device,
         gradient_as_bucket_view: bool,
@@ -74,6 +77,8 @@ class TrainStep:
         self.stop, self.step_flags = stop, step_flags
         self.ddp = step_flags is not None
         self.grad_accum, self.grad_clip = grad_accum, grad_clip
+        # Clipping inside fused AdamW's step; fp16 clips apart: its GradScaler owns grad_scale.
+        self.fused_clip = fused_clip
         self.loss_divisor = world_size * grad_accum  # the flags hold the sum over both
         self.host_flags = HostFlags(device)
         self.stop_flag = torch.zeros((), device=device)
@@ -135,7 +140,10 @@ class TrainStep:
         # loss makes non-finite too. Unscale first, so clipping sees the true gradients.
         self.scaler.unscale_(self.optimizer)
         norm = None
-        if self.grad_clip > 0:
+        folded = self.grad_clip > 0 and self.fused_clip and not self.scaler.is_enabled()
+        if folded:  # the clip factor goes into the step (grad_scale), not a pass of its own
+            norm = clip_in_step(self.optimizer, self.params, self.grad_clip)
+        elif self.grad_clip > 0:
             norm = nn.utils.clip_grad_norm_(self.params, self.grad_clip)
         elif want_norm:
             norm = nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
@@ -147,5 +155,7 @@ class TrainStep:
         self.scaler.update()
         if own_skip:
             del self.optimizer.found_inf
+        if folded:
+            del self.optimizer.grad_scale
         self.optimizer.zero_grad(set_to_none=self.grads_to_none)
         return norm

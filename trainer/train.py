@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer import distributed as dist_
@@ -54,11 +55,28 @@ UNFINISHED_CLOSE_S = 2.0
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _autocast(device_type: str, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
-    """Mixed precision's autocast for ``dtype``; nothing for fp32."""
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type, dtype=dtype)
+# The `attention` setting's names for SDPA's kernels (torch.nn.attention.SDPBackend).
+_SDPA = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+
+
+def _forward_context(
+    device_type: str, dtype: torch.dtype | None, attention: str = "auto"
+) -> contextlib.AbstractContextManager:
+    """What every forward runs under: mixed precision's autocast for ``dtype`` (nothing for
+    fp32), and with ``attention`` other than auto, SDPA limited to that one kernel. Scoped to
+    the forward, not set for the process: the kernel is chosen when SDPA runs (or when compile
+    traces it), and nothing else in the process is changed."""
+    stack = contextlib.ExitStack()
+    if dtype is not None:
+        stack.enter_context(torch.autocast(device_type, dtype=dtype))
+    if attention != "auto":
+        stack.enter_context(sdpa_kernel([_SDPA[attention]]))
+    return stack
 
 
 def _batchnorm_statistics_only(model: nn.Module) -> bool:
@@ -114,7 +132,9 @@ class Trainer:
             else:
                 log.warning("sync_batchnorm: SyncBatchNorm needs CUDA; keeping per-rank BatchNorm")
         self.raw_model = model.to(dev)  # what checkpoints hold: no module./_orig_mod. prefixes
-        self.fwd_model: nn.Module = torch.compile(self.raw_model) if cfg.compile else self.raw_model
+        self.fwd_model: nn.Module = (
+            torch.compile(self.raw_model, mode=cfg.compile_mode) if cfg.compile else self.raw_model
+        )
         self.model: nn.Module = self.fwd_model
         # DDP only where there is someone to all-reduce with. At world size 1 (a one-replica
         # job still has a process group) the wrapper would add its hooks and a one-rank
@@ -146,7 +166,9 @@ class Trainer:
         self.optimizer = build_optimizer(self.raw_model, cfg, env.world_size, dev)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         # A plain function, not a method: the parts that hold it must not hold the trainer.
-        self._autocast = functools.partial(_autocast, dev.type, _DTYPES.get(cfg.precision))
+        self._autocast = functools.partial(
+            _forward_context, dev.type, _DTYPES.get(cfg.precision), cfg.attention
+        )
         # Only fp16 needs loss scaling: bf16 has fp32's exponent range.
         self.scaler = torch.amp.GradScaler(dev.type, enabled=cfg.precision == "fp16")
         self.ema = Ema(self.raw_model, cfg.ema_decay) if cfg.ema_decay else None
@@ -181,6 +203,7 @@ class Trainer:
             self.step_flags,
             grad_accum=cfg.grad_accum,
             grad_clip=cfg.grad_clip,
+            fused_clip=cfg.fused_clip,
             world_size=env.world_size,
             device=dev,
             gradient_as_bucket_view=cfg.ddp.gradient_as_bucket_view,

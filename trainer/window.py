@@ -15,6 +15,25 @@ from trainer.contract import TRAIN
 from trainer.metrics import Reporter
 
 
+class StepClock:
+    """The time at a step boundary: read once the device has finished every step queued before.
+
+    The host runs ahead of the device (a step's update is queued before the host reads its
+    loss), so a window timed on the host's clock alone would end while its last steps still
+    run. Reading after a synchronize puts them, whole, in the window that queued them. The
+    GPU check's baseline (bench/gpu/baseline.py) times its windows with this clock too, so the
+    two loops' windows begin and end at the same point of a step.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device if device.type == "cuda" else None
+
+    def __call__(self) -> float:
+        if self.device is not None:
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+
 class LogWindow:
     """Wall time, data-wait time, samples, loss, lr and gradient norm over a logging window;
     a ``train`` event every ``log_every`` steps and at ``max_steps``."""
@@ -36,11 +55,12 @@ class LogWindow:
         self.lr = math.nan
         # The last finite step's norm, on the device: read once per window, when logged.
         self.grad_norm = torch.zeros((), device=device)
+        self.clock = StepClock(device)
         self.reset()
 
-    def reset(self) -> None:
-        """Start a window now."""
-        self.start = time.perf_counter()
+    def reset(self, at: float | None = None) -> None:
+        """Start a window at ``at`` (a reading of ``clock``), or now."""
+        self.start = self.clock() if at is None else at
         self.data_s = 0.0  # added to by the step while it waits for data
         self.steps = 0
         self.samples = 0
@@ -66,8 +86,9 @@ class LogWindow:
             self.loss_sum += loss
             self.loss_steps += 1
 
-    def figures(self) -> dict[str, float]:
-        elapsed = max(time.perf_counter() - self.start, 1e-9)
+    def figures(self, end: float) -> dict[str, float]:
+        """The window's figures, its time ending at ``end`` (a reading of ``clock``)."""
+        elapsed = max(end - self.start, 1e-9)
         return {
             "elapsed_s": elapsed,
             "samples_per_s": self.samples / elapsed,
@@ -77,8 +98,10 @@ class LogWindow:
         }
 
     def log(self, step: int, epoch: int, nonfinite_skips: int) -> None:
-        """The ``train`` event for the window ending at ``step``; then a new window starts."""
-        w = self.figures()  # the window's time ends here, before the reads and the printing
+        """The ``train`` event for the window ending at ``step``; the next window starts where
+        this one ends, so the reads and the printing here count in the next one."""
+        end = self.clock()  # after step's update, on the device too: the window's end
+        w = self.figures(end)
         fields = dict(
             step=step,
             max_steps=self.max_steps,
@@ -96,4 +119,4 @@ class LogWindow:
         if self.scaler.is_enabled():
             fields["loss_scale"] = self.scaler.get_scale()
         self.report.event(TRAIN, **fields)
-        self.reset()
+        self.reset(end)

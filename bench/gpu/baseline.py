@@ -17,8 +17,10 @@ micro-step, forward under autocast to ``(logits, loss)``, draw the next batch (r
 the corpus, pinned, copied with ``non_blocking``) while the GPU works, backward through a
 GradScaler (enabled for fp16 only); then unscale, clip, step, update, ``zero_grad(set_to_none)``.
 AdamW is nanoGPT's: decay on 2-D weights only, fused on CUDA. The host reads the loss once per
-log window (nanoGPT's ``loss.item()`` every ``log_interval``), and the window's time is taken
-there, so a window is timed from one read to the next as the trainer's are.
+log window (nanoGPT's ``loss.item()`` every ``log_interval``). Windows are timed with the
+trainer's own clock (``trainer.window.StepClock``: a device synchronize, then the time) at the
+same point of a step as the trainer's: after the window's last update, before its event is
+printed, and the next window starts at that reading.
 
 It prints the trainer's JSON-lines events (``start``, ``train``, ``done``) through
 ``trainer.metrics.Reporter`` (so ``train`` events carry NVML readings), and ``gpu_check`` reads
@@ -82,6 +84,7 @@ def train(model_name: str, cfg, stream=None) -> dict:
     import torch
 
     from trainer.metrics import Reporter
+    from trainer.window import StepClock
 
     device_type = "cuda" if cfg.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
     device = torch.device(device_type)
@@ -125,7 +128,8 @@ def train(model_name: str, cfg, stream=None) -> dict:
         config=config,
         hostname=os.environ.get("HOSTNAME") or socket.gethostname(),
     )
-    started = time.perf_counter()
+    clock = StepClock(device)
+    started = clock()
     window_start, data_s, window_steps = started, 0.0, 0
     loss_sum = torch.zeros((), device=device)
     tokens_per_step = batch_size * block_size * cfg.grad_accum
@@ -154,8 +158,8 @@ def train(model_name: str, cfg, stream=None) -> dict:
         window_steps += 1
         step = it + 1
         if step % cfg.log_every == 0 or step == cfg.max_steps:
+            now = clock()  # the window's end: after this step's update, on the device too
             last_loss = loss_sum.item() / window_steps  # the window's one host read
-            now = time.perf_counter()
             elapsed = now - window_start
             report.event(
                 "train",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,8 @@ class _Recorder:
         return sum('"event": "train"' in line for line in self.stream.getvalue().splitlines())
 
     def events(self) -> list[dict]:
-        return [json.loads(line) for line in self.stream.getvalue().splitlines()]
+        lines = self.stream.getvalue().splitlines()
+        return [json.loads(line) for line in lines if line.startswith("{")]  # not human lines
 
 
 @pytest.fixture
@@ -124,3 +126,17 @@ def test_the_trainer_and_nanogpts_loop_time_the_same_windows(
     expected = [(0, 0)] + [(step, k) for k, step in enumerate(range(2, 9, 2))]
     assert _windows(ours) == expected
     assert _windows(theirs) == expected
+
+
+def test_the_clock_waits_for_the_device_before_it_reads_the_time(monkeypatch) -> None:
+    """On a GPU the reading comes after a synchronize of the run's device (so the window holds
+    its steps' device work); on CPU there is nothing to wait for."""
+    order = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: order.append(device))
+    read = time.perf_counter
+    monkeypatch.setattr(window.time, "perf_counter", lambda: order.append("time") or read())
+    window.StepClock(torch.device("cuda", 1))()
+    assert order == [torch.device("cuda", 1), "time"]
+    order.clear()
+    window.StepClock(torch.device("cpu"))()
+    assert order == ["time"]
