@@ -47,7 +47,8 @@ def clip_in_step(
     caller deletes ``optimizer.grad_scale`` after the step.
     """
     norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-    optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)
+    # float32: the fused kernels read grad_scale as a float.
+    optimizer.grad_scale = torch.clamp((norm.float() + 1e-6) / max_norm, min=1.0)
     return norm
 
 

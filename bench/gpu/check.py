@@ -108,16 +108,17 @@ SCENARIOS = (
 )
 # The edges beyond nanoGPT: run -> (the trainer run it adds one setting to, that setting).
 # Each is measured against that run and against nanoGPT at the same size, in the same call.
+# In --speed's order, about the cheapest first (RUN_S): the budget leaves the last ones not_run.
 EDGES: dict[str, tuple[str, dict[str, Any]]] = {
     "compile_clip": ("compile", {"fused_clip": True}),
     "compile_cudnn": ("compile", {"attention": "cudnn"}),
-    "fill_clip": ("fill", {"fused_clip": True}),
     "compile_graphs": ("compile", {"compile_mode": "reduce-overhead"}),
+    "fill_clip": ("fill", {"fused_clip": True}),
     "compile_autotune": ("compile", {"compile_mode": "max-autotune-no-cudagraphs"}),
     "fill_cudnn": ("fill", {"attention": "cudnn"}),
 }
 # --speed: the four runs of the two ratios, the trainer's run first at each size, then the
-# edges, cheapest first (the budget leaves the last ones not_run).
+# edges.
 SPEED = ("compile", "baseline", "fill", "baseline_fill", *EDGES)
 NEEDS = {"resume": "bf16"}  # resume trains on from bf16's checkpoint
 # The runs measured against a trainer run: each takes that run's settings (size, batch,
@@ -155,8 +156,14 @@ RUN_S: dict[str, dict[str, float]] = {
     "medium": {"trainer": 135, "bare": 85},
     "large": {"trainer": 175, "bare": 110},
 }
+# max-autotune's compile times GEMM and kernel variants: counted at twice a run's RUN_S (an
+# estimate: it has not run on a GPU here).
+RUN_S_FACTOR = {"compile_autotune": 2.0}
 SPEED_BUDGET_S = 450  # --speed's default --budget-s: RUN_S's four runs and the probes
 FULL_BUDGET_S = 540
+# The CPU dry run is bound by no device call; on a busy 2-core machine its runs take longer than
+# RUN_S says of a GPU. Its default budget only keeps a hung run from hanging the check.
+DRY_RUN_BUDGET_S = 3600
 # A run still going when the budget is spent gets SIGTERM, then SIGKILL this much later. The
 # full check lets the trainer write its checkpoint; --speed needs nothing more from the run.
 STOP_GRACE_S = {"full": 30.0, "speed": 10.0}
@@ -204,7 +211,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--budget-s",
         type=float,
-        help=f"stop starting runs after this (default {FULL_BUDGET_S}, {SPEED_BUDGET_S} --speed)",
+        help=f"stop starting runs after this (default {FULL_BUDGET_S}, {SPEED_BUDGET_S} with "
+        f"--speed, {DRY_RUN_BUDGET_S} with --cpu-dry-run)",
     )
     p.add_argument("--log", help="write every run's command, stdout, stderr and NCCL log here")
     p.add_argument("--out", help="write the report here too, after every run (a partial one)")
@@ -247,7 +255,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.peak_tflops is not None and not args.peak_tflops > 0:
         raise UsageError(f"--peak-tflops: must be > 0 (got {args.peak_tflops})")
     if args.budget_s is None:
-        args.budget_s = SPEED_BUDGET_S if args.speed else FULL_BUDGET_S
+        budget = SPEED_BUDGET_S if args.speed else FULL_BUDGET_S
+        args.budget_s = DRY_RUN_BUDGET_S if args.cpu_dry_run else budget
     if not args.budget_s > 0:
         raise UsageError(f"--budget-s: must be > 0 (got {args.budget_s})")
     return args
@@ -287,7 +296,8 @@ class Plan:
 
     def needs_s(self, name: str) -> float:
         """About how long the run takes on a GPU (RUN_S): less budget left, it is not started."""
-        return RUN_S[self.size_of(name)]["bare" if name in BARE else "trainer"]
+        base = RUN_S[self.size_of(name)]["bare" if name in BARE else "trainer"]
+        return base * RUN_S_FACTOR.get(name, 1.0)
 
     def common(self, name: str) -> dict[str, Any]:
         return {

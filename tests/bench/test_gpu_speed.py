@@ -75,7 +75,8 @@ def test_the_first_call_runs_on_cpu(tmp_path: Path) -> None:
     for c in report.baseline.comparisons:
         assert c.ratio is not None and c.not_measured is None, c
     assert [c.trainer_run for c in report.baseline.comparisons] == ["compile", "fill"]
-    assert report.baseline.measured_on.endswith(f"torch {report.machine.torch}, CUDA None")
+    m = report.machine
+    assert report.baseline.measured_on == f"{m.device_name}, torch {m.torch}, CUDA {m.cuda}"
     for name, run in report.runs.items():
         if name not in ("compile_cudnn", "fill_cudnn"):
             assert run.exit_code == 0 and run.timed_windows == 3, (name, run.not_measured)
