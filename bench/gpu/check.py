@@ -470,7 +470,7 @@ def run_scenario(name: str, plan: Plan, timeout_s: float, log) -> Any:
     stderr = (run_dir / "stderr").read_text(errors="replace")
     result.events = _events(stdout)
     if result.exit_code != 0 and not result.stderr_tail:
-        result.stderr_tail = "\n".join(stderr.strip().splitlines()[-15:])
+        result.stderr_tail = error_tail(stderr)
     nccl_text = "".join(p.read_text(errors="replace") for p in sorted(run_dir.glob("nccl.*.log")))
     if nccl_text:
         version = re.search(r"NCCL version ([\w.+-]+)", nccl_text)
@@ -490,6 +490,22 @@ def run_scenario(name: str, plan: Plan, timeout_s: float, log) -> Any:
         log.write(f"--- stdout\n{stdout}--- stderr\n{stderr}--- nccl\n{nccl_text[-20000:]}\n")
         log.flush()
     return result
+
+
+def error_tail(stderr: str, lines: int = 15) -> str:
+    """The end of a failed run's stderr, led by the last exception line when the end does not
+    hold it (torchrun closes with a summary that names no error)."""
+    text = stderr.strip().splitlines()
+    tail = text[-lines:]
+    raised = [
+        line
+        for line in text
+        if re.search(r"(^|[\s:])[\w.]*(Error|Exception): ", line)
+        and "ChildFailedError" not in line  # torchrun's own, about the worker that failed
+    ]
+    if raised and raised[-1] not in tail:
+        return "\n".join([raised[-1], "...", *tail])
+    return "\n".join(tail)
 
 
 def _free_port() -> int:

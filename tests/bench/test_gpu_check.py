@@ -225,6 +225,20 @@ def test_a_spent_budget_still_prints_the_report() -> None:
     assert report.checks.fp32.status == "skip" and "time budget" in report.checks.fp32.why
 
 
+def test_a_failed_runs_error_names_the_exception_above_torchruns_summary() -> None:
+    stderr = "\n".join(
+        ["[rank0]: Traceback (most recent call last):", '[rank0]:   File "x.py", line 1']
+        + ["[rank0]: RuntimeError: No viable backend for scaled_dot_product_attention was found."]
+        + [f"torchrun summary line {i}" for i in range(20)]
+        + ["torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "]
+    )
+    error = gc.error_tail(stderr)
+    assert error.startswith("[rank0]: RuntimeError: No viable backend") and "line 19" in error
+    assert "line 5" not in error  # the summary's end, 15 lines
+    short = "ValueError: bad\nend"
+    assert gc.error_tail(short) == short
+
+
 _STUBBORN = """
 import signal, subprocess, sys, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
