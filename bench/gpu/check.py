@@ -294,6 +294,18 @@ class Plan:
         """The trainer run whose settings ``name`` takes (itself for a run of its own)."""
         return EDGES[name][0] if name in EDGES else TWIN.get(name, name)
 
+    def changes_nothing(self, name: str) -> str | None:
+        """Why an edge's setting would change nothing under the settings given (then it is not
+        run), or None."""
+        from trainer.config import load_config
+
+        if name not in EDGES or "compile_mode" not in EDGES[name][1]:
+            return None
+        settings = [f"{k}={_yaml_scalar(v)}" for k, v in self.overrides(name)[0].items()]
+        if not load_config(None, settings).compile:
+            return "compile=false: a compile mode changes nothing"
+        return None
+
     def needs_s(self, name: str) -> float:
         """About how long the run takes on a GPU (RUN_S): less budget left, it is not started."""
         base = RUN_S[self.size_of(name)]["bare" if name in BARE else "trainer"]
@@ -810,6 +822,9 @@ def check(args: argparse.Namespace, work: Path, log) -> dict[str, Any]:
             continue  # its check says why
         if name in NEEDS and not results[NEEDS[name]].completed:
             results[name] = rep.RunResult(name, not_run=f"{NEEDS[name]} did not complete")
+            continue
+        if why := plan.changes_nothing(name):
+            results[name] = rep.RunResult(name, not_run=why)
             continue
         if left < plan.needs_s(name):
             results[name] = rep.RunResult(

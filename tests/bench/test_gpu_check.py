@@ -124,6 +124,14 @@ def test_each_edge_is_its_base_run_with_one_setting_more(tmp_path: Path) -> None
     assert {n for n in gc.EDGES if n in gc.SHARED_CACHE} == {"compile_clip", "fill_clip"}
 
 
+def test_a_compile_mode_edge_is_not_run_without_compile(tmp_path: Path) -> None:
+    plan = gc.Plan(gc.parse_args(["--speed", "compile=false"]), tmp_path)
+    assert plan.changes_nothing("compile_graphs") == plan.changes_nothing("compile_autotune")
+    assert plan.changes_nothing("compile_graphs") == "compile=false: a compile mode changes nothing"
+    assert plan.changes_nothing("compile_clip") is None  # clipping needs no compile
+    assert gc.Plan(gc.parse_args(["--speed"]), tmp_path).changes_nothing("compile_graphs") is None
+
+
 def test_a_run_is_started_only_with_the_time_it_needs_left(tmp_path: Path) -> None:
     """A run the budget cannot see to its end is not started (a run stopped half-way has no
     speed): a `large` trainer run needs more of it than a `small` one or nanoGPT's loop."""
