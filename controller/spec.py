@@ -520,11 +520,14 @@ class JobSpec(_Model):
             "PyTorchJob only: delete the finished job (and its pods) after this many seconds."
         ),
     )
-    clean_pod_policy: Literal["None", "Running", "All"] = Field(
-        "Running",
+    clean_pod_policy: Literal["None", "Running", "All"] | None = Field(
+        None,
         description=(
             "PyTorchJob only: pods deleted when the job finishes: Running frees stragglers' GPUs "
-            "and keeps finished pods' logs; All deletes every pod; None keeps all."
+            "and keeps finished pods' logs; All deletes every pod; None keeps all. Default: "
+            "Running, or None for an elastic job, where Running is refused: the operator ends an "
+            "elastic job when any worker succeeds, and Running would then delete the workers "
+            "still finishing, rank 0 and its log possibly among them."
         ),
     )
     suspend: bool = Field(
@@ -641,6 +644,7 @@ class JobSpec(_Model):
             *self._unique_names(),
             *self._args_or_trainer(),
             *self._api_fits(),
+            *self._elastic_keeps_pods(),
         ]
         if problems:
             # One ValueError carries every problem; spec_errors() splits it back into lines.
@@ -722,6 +726,16 @@ class JobSpec(_Model):
                 out.append(f"labels: {key} is set by ddpjob or the operator; remove it")
         return out
 
+    def _elastic_keeps_pods(self) -> list[str]:
+        if self.elastic and self.clean_pod_policy == "Running":
+            return [
+                "clean_pod_policy: Running deletes the pods still running when the job ends, "
+                "and the operator ends an elastic job as soon as any worker succeeds: rank 0 "
+                "and its log may go with them (got Running with elastic). Remove "
+                "clean_pod_policy (an elastic job keeps its pods), or set None or All"
+            ]
+        return []
+
     def _args_or_trainer(self) -> list[str]:
         if self.args is not None and self.trainer.model_fields_set:
             return ["args: set either args or trainer, not both (trainer settings become the args)"]
@@ -751,6 +765,14 @@ class JobSpec(_Model):
     def worker_replicas(self) -> int:
         """Worker pods: nodes - 1 beside the Master, or all nodes in elastic mode (no Master)."""
         return self.nodes if self.elastic else self.nodes - 1
+
+    @property
+    def pod_cleanup(self) -> str:
+        """The PyTorchJob's cleanPodPolicy: the spec's, else None for an elastic job (keep every
+        worker: the job ends when any worker succeeds) and Running for the rest."""
+        if self.clean_pod_policy is not None:
+            return self.clean_pod_policy
+        return "None" if self.elastic else "Running"
 
     @property
     def world_size(self) -> int:

@@ -47,7 +47,7 @@ def job_spec(spec: JobSpec) -> dict[str, Any]:
 
 def run_policy(spec: JobSpec) -> dict[str, Any]:
     policy: dict[str, Any] = {
-        "cleanPodPolicy": spec.clean_pod_policy,
+        "cleanPodPolicy": spec.pod_cleanup,
         "backoffLimit": spec.backoff_limit,
     }
     if spec.active_deadline_s is not None:

@@ -63,6 +63,6 @@ def render_values(spec: JobSpec) -> dict[str, Any]:
         "backoff_limit": spec.backoff_limit,
         "active_deadline_s": spec.active_deadline_s,
         "ttl_after_finished_s": spec.ttl_after_finished_s,
-        "clean_pod_policy": spec.clean_pod_policy,
+        "clean_pod_policy": spec.clean_pod_policy or "",
         "suspend": spec.suspend,
     }

@@ -183,6 +183,23 @@ def test_elastic_is_workers_only_with_c10d():
     assert job["spec"]["runPolicy"]["schedulingPolicy"]["minAvailable"] == 2
 
 
+def test_an_elastic_job_keeps_its_pods_unless_told_otherwise():
+    """The operator ends an elastic job as soon as any worker succeeds; the default Running
+    would then delete the workers still finishing (rank 0's log among them): None instead."""
+    elastic = {"min_nodes": 2, "max_nodes": 2}
+    assert render(nodes=2)["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
+    assert render(nodes=2, elastic=elastic)["spec"]["runPolicy"]["cleanPodPolicy"] == "None"
+    assert (
+        render(nodes=2, elastic=elastic, clean_pod_policy="All")["spec"]["runPolicy"][
+            "cleanPodPolicy"
+        ]
+        == "All"
+    )
+    assert render(nodes=2, clean_pod_policy="None")["spec"]["runPolicy"]["cleanPodPolicy"] == (
+        "None"
+    )
+
+
 def test_volumes_tolerations_selectors_pull_secrets():
     job = render(
         volumes=[

@@ -60,6 +60,11 @@ INVALID = [
      "resources.memory: must be a Kubernetes quantity"),
     ("elastic out of range", minimal(nodes=2, elastic={"min_nodes": 3, "max_nodes": 4}),
      "elastic: min_nodes (3) <= nodes (2) <= max_nodes (4) does not hold"),
+    ("elastic with clean_pod_policy Running",
+     minimal(nodes=2, elastic={"min_nodes": 2, "max_nodes": 2}, clean_pod_policy="Running"),
+     "clean_pod_policy: Running deletes the pods still running when the job ends, and the "
+     "operator ends an elastic job as soon as any worker succeeds: rank 0 and its log may go "
+     "with them (got Running with elastic). Remove clean_pod_policy"),
     ("gang bigger than job", minimal(nodes=2, gang={"min_available": 3}),
      "gang.min_available: min_available (3) <= nodes (2) does not hold"),
     ("more procs than gpus", minimal(nproc_per_node=8, resources={"gpus": 4, "memory": "8Gi"}),

@@ -29,10 +29,9 @@ def test_an_elastic_job_is_followed_on_the_worker_that_runs_rank_0(real_node, na
         namespace,
         max_steps=MAX_STEPS,
         nodes=2,
+        # The operator ends an elastic job as soon as any worker succeeded; its pods are kept
+        # (clean_pod_policy's default for an elastic job), and the reads below need rank 0's.
         elastic={"min_nodes": 2, "max_nodes": 2},
-        # The operator ends an elastic job as soon as any worker succeeded and then deletes the
-        # pods still running, which can be rank 0's: keep them, the reads below need its log.
-        clean_pod_policy="None",
     )
     r = ddpjob(cluster, "submit", str(spec), "--follow", "--timeout", "240", timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

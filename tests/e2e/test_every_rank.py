@@ -2,17 +2,21 @@
 3-pod TrainJob, each line after its rank, each pod's lines exactly as it printed them; `--tail`
 works with and without `-f`. An elastic PyTorchJob running a script of the user's own (torchrun's
 c10d rendezvous, no ddpjob trainer, so no `start` event tells rank 0) is followed on every
-worker rather than not at all, by `submit --follow` and by `logs`.
+worker rather than not at all, by `submit --follow` and by `logs`; once it has ended, every
+worker's log is still there, also of a worker that outlived the job.
 
 The follower's guarantees through restarts and broken streams, per pod: tests/controller/
 test_follow_unit.py; for one rank on this node: test_recovery.py, test_trainjob.py."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
 from controller import kubeflow
+from localkube.handle import wait_until
 from tests.e2e.helpers import Background, ddpjob, get_json, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -92,9 +96,6 @@ def test_an_elastic_job_of_a_users_own_script_is_followed_on_every_worker(
                 "image": real_node.trainer_image(),
                 "nodes": 2,
                 "elastic": {"min_nodes": 2, "max_nodes": 2},
-                # The operator ends an elastic job when one worker is done and would delete
-                # the other pod: keep both logs.
-                "clean_pod_policy": "None",
                 "resources": {"cpu": "250m", "memory": "1Gi"},
                 "command": ["python", "-m", "torch.distributed.run", "--no-python"],
                 "args": ["python", "-c", SCRIPT],
@@ -119,3 +120,60 @@ def test_an_elastic_job_of_a_users_own_script_is_followed_on_every_worker(
     assert once.returncode == 0, once.stderr
     assert "shows the trainer's start event" in once.stderr
     assert _by_prefix(once.stdout, {f"[{pod}] ": pod for pod in pods}) == truth
+
+
+def test_a_finished_elastic_job_keeps_the_log_of_a_worker_that_outlived_it(
+    real_node, namespace, tmp_path
+):
+    """The operator ends an elastic job as soon as any worker succeeds. Here worker-1 goes on
+    for 15 s after torchrun (as a worker that uploads its results does): the job is Succeeded
+    while worker-1 still runs. The spec leaves clean_pod_policy out, as a new user does; under
+    cleanPodPolicy Running the operator would delete worker-1 then, and its log with it. An
+    elastic job keeps its pods: worker-1 ends on its own, and `logs --all` of the finished job
+    shows both workers' lines."""
+    name = "outlived"
+    # The shell is PID 1: without the trap it would ignore a SIGTERM and outlive a deletion.
+    linger = (
+        'trap "exit 143" TERM; case "$(cat /etc/hostname)" in *-worker-1) sleep 15 & wait;; esac'
+    )
+    spec = tmp_path / "outlived.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "namespace": namespace,
+                "image": real_node.trainer_image(),
+                "nodes": 2,
+                "elastic": {"min_nodes": 2, "max_nodes": 2},
+                "resources": {"cpu": "250m", "memory": "1Gi"},
+                "command": ["sh", "-c"],
+                "args": [
+                    'python -m torch.distributed.run --no-python python -c "$SCRIPT" && ' + linger
+                ],
+                "env": {"SCRIPT": SCRIPT},
+            }
+        )
+    )
+    r = ddpjob(real_node, "submit", str(spec), "--wait", "--timeout", "300", timeout=330)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"job {namespace}/{name} Succeeded" in r.stdout
+    job = get_json(real_node, "pytorchjob", name, "-n", namespace)
+    assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "None"
+
+    pods = [f"{name}-worker-0", f"{name}-worker-1"]
+
+    def phase(pod: str) -> str | None:
+        got = real_node.kubectl("get", "pod", pod, "-n", namespace, "-o", "json", check=False)
+        return json.loads(got.stdout)["status"].get("phase") if got.returncode == 0 else None
+
+    # Deleted under Running once the job ended, worker-1 would never get here.
+    wait_until(
+        "worker-1 Succeeded on its own, after the job", lambda: phase(pods[1]) == "Succeeded", 120
+    )
+    assert phase(pods[0]) == "Succeeded"
+    once = ddpjob(real_node, "logs", name, "-n", namespace, "--all")
+    assert once.returncode == 0, once.stderr
+    shown = _by_prefix(once.stdout, {f"[{pod}] ": pod for pod in pods})
+    hellos = sorted(x for lines in shown.values() for x in lines if x.startswith("hello from"))
+    assert hellos == ["hello from rank 0 of 2", "hello from rank 1 of 2"], once.stdout
+    assert all(shown[pod] for pod in pods), shown

@@ -300,6 +300,7 @@ def test_job_name_defaults_to_the_release_and_namespace_to_the_releases(helm, tm
         {"backoff_limit": 6},
         {"ttl_after_finished_s": 60},
         {"clean_pod_policy": "All"},
+        {"clean_pod_policy": "Running"},
     ],
     ids=lambda v: next(iter(v)),
 )
@@ -312,6 +313,20 @@ def test_a_trainjob_with_a_pytorchjob_only_value_fails_like_the_spec(helm, value
     assert f"{field}: a TrainJob cannot carry it" in proc.stderr, proc.stderr
     with pytest.raises(Exception, match=f"{field}: a TrainJob cannot carry it"):
         validate_spec({"name": "x", "image": "i", "api": "trainjob", **values})
+
+
+def test_an_elastic_job_keeps_its_pods_and_refuses_running_like_the_spec(helm, tmp_path):
+    elastic = {"nodes": 2, "elastic": {"min_nodes": 2, "max_nodes": 2, "max_restarts": 3}}
+    (doc,) = helm_template(helm, elastic, tmp_path)
+    assert doc["spec"]["runPolicy"]["cleanPodPolicy"] == "None"
+    (doc,) = helm_template(helm, {"nodes": 2}, tmp_path)
+    assert doc["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
+    path = tmp_path / "running.yaml"
+    path.write_text(yaml.safe_dump({**elastic, "clean_pod_policy": "Running"}))
+    proc = helm("template", "x", str(CHART), "-f", str(path), check=False)
+    assert proc.returncode != 0 and "(got Running with elastic)" in proc.stderr, proc.stderr
+    with pytest.raises(Exception, match=r"\(got Running with elastic\)"):
+        validate_spec({"name": "x", "image": "i", **elastic, "clean_pod_policy": "Running"})
 
 
 def test_a_trainjob_name_too_long_for_jobset_pods_fails_like_the_spec(helm, tmp_path):
@@ -413,13 +428,19 @@ def test_schema_is_strict_on_every_object():
         assert obj.get("additionalProperties") is False, path
 
 
+def _enum(prop: dict[str, Any]) -> list[Any]:
+    """The enum of a property, or of its one branch that has one (``X | null``, ``"" | X``)."""
+    (found,) = [p["enum"] for p in [prop, *prop.get("anyOf", [])] if "enum" in p]
+    return found
+
+
 def test_schema_keys_are_the_values_keys_and_the_spec_enums():
     schema = _schema()
     keys = set(schema["properties"]) - {"global"}
     assert keys == set(render_values(JobSpec(name="x", image="i")))
     spec_schema = JobSpec.model_json_schema()
     for key in ("api", "restart_policy", "clean_pod_policy"):
-        assert schema["properties"][key]["enum"] == spec_schema["properties"][key]["enum"], key
+        assert _enum(schema["properties"][key]) == _enum(spec_schema["properties"][key]), key
     # Every spec field has its values key, except `trainer`, which arrives as `args`.
     assert set(spec_schema["properties"]) - {"trainer"} <= keys
 

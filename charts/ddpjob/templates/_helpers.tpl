@@ -61,10 +61,23 @@ sets one.
 {{- if ne .Values.restart_policy "ExitCode" }}{{ $only = append $only "restart_policy" }}{{ end }}
 {{- if ne (.Values.backoff_limit | int) 3 }}{{ $only = append $only "backoff_limit" }}{{ end }}
 {{- if not (kindIs "invalid" .Values.ttl_after_finished_s) }}{{ $only = append $only "ttl_after_finished_s" }}{{ end }}
-{{- if ne .Values.clean_pod_policy "Running" }}{{ $only = append $only "clean_pod_policy" }}{{ end }}
+{{- if .Values.clean_pod_policy }}{{ $only = append $only "clean_pod_policy" }}{{ end }}
 {{- with $only }}
 {{- fail (printf "%s: a TrainJob cannot carry it (api: trainjob). Remove it, or use api: pytorchjob; `python -m controller validate` says why" (join ", " .)) }}
 {{- end }}
+{{- end }}
+
+{{/*
+The PyTorchJob's cleanPodPolicy: clean_pod_policy, else None for an elastic job (the operator ends
+one as soon as any worker succeeds: keep the workers still finishing) and Running for the rest.
+An elastic job with Running fails, as `validate` fails on such a spec.
+*/}}
+{{- define "ddpjob.cleanPodPolicy" -}}
+{{- $elastic := kindIs "map" .Values.elastic }}
+{{- if and $elastic (eq .Values.clean_pod_policy "Running") }}
+{{- fail "clean_pod_policy: Running deletes the pods still running when the job ends, and the operator ends an elastic job as soon as any worker succeeds (got Running with elastic). Remove clean_pod_policy, or set None or All; `python -m controller validate` says why" }}
+{{- end }}
+{{- .Values.clean_pod_policy | default (ternary "None" "Running" $elastic) }}
 {{- end }}
 
 {{/* The job's namespace: values.namespace, else the release's. */}}
