@@ -230,13 +230,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     msg = f" ({st['message']})" if st["message"] else ""
     print(f"{st['kind']} {namespace}/{st['name']}: {st['condition']}{msg}, age {st['age']}")
     if st["queue"]:
-        from controller.jobs.read.queue import QueueView, preemption_line, summary
+        from controller.jobs.read.queue import QueueView, preemption_line, summary, verdict_line
 
         view = QueueView(**st["queue"])
-        print(f"queue: {summary(view)}")
-        preempted = preemption_line(view)
-        if preempted:
-            print(f"queue: {preempted}")
+        for line in (summary(view), verdict_line(view), preemption_line(view)):
+            if line:
+                print(f"queue: {line}")
     if st["replicas"]:
         rows = [["REPLICA", "POD", "PHASE", "NODE", "RESTARTS", "EXIT", "REASON"]]
         for r in st["replicas"]:

@@ -7,19 +7,21 @@ trainjobs: the CRDs); for each served API, RBAC lets the current user do every v
 with JobSet); and, with a job, its API is served, its runtime exists (TrainJob), the server
 accepts the manifest (server-side dry run, which also runs the operator's or Trainer's webhook)
 and its pods fit some node (allocatable ``nvidia.com/gpu``, cpu, memory; nodeSelector and
-taints).
+taints); where Kueue is installed, whether it manages each job kind (a job with a queue of a kind
+it ignores stays suspended forever) and, with a job naming a queue, that queue.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from controller.errors import ClusterError, DdpjobError, Forbidden, NotFound, Refused, UserError
+from controller.jobs.queue import Integration, integration
 from controller.jobs.read.apis import KINDS, PYTORCHJOB_KIND, TRAINJOB_KIND, JobKind, kind_of
+from controller.jobs.read.queue import framework, unmanaged_line
 from controller.kube.client import Cluster
 from controller.kubeflow import (
     CLUSTER_QUEUE,
@@ -58,6 +60,9 @@ OPTIONAL_PERMISSIONS = [("list", "nodes", "", None, "GPU fit check")]
 # runtime must exist.
 PROBE_NAME = "ddpjob-doctor-probe"
 PROBE_RUNTIME = "ddpjob-doctor-probe-no-such-runtime"
+#: The queue label of doctor's own dry-run jobs (no such LocalQueue needs to exist: Kueue's
+#: webhook suspends a job with any queue name of a kind it manages).
+PROBE_QUEUE = "ddpjob-doctor-probe"
 
 #: What to install when an API is not served (the CLI spells the commands out in its advice).
 INSTALL = {
@@ -159,7 +164,8 @@ def run_checks(
                 checks.append(_check_runtime(cluster, manifest))
             checks.append(_check_manifest(cluster, manifest, can_create))
             checks.append(_check_fit(cluster, manifest))
-    checks.extend(queue_checks(cluster, namespace, manifest))
+    kinds = [k for name, k in KINDS.items() if served[name]]
+    checks.extend(queue_checks(cluster, namespace, manifest, kinds))
     return _dedupe_optional_rbac(checks)
 
 
@@ -550,10 +556,17 @@ SPEC_CHECKS = ("job accepted", "queue", "priority class")
 FORCEABLE = ("job fits", "queue admits")
 
 
-def queue_checks(cluster: Cluster, namespace: str, manifest: dict[str, Any] | None) -> list[Check]:
-    """Kueue's checks: without a job, whether Kueue is installed (a warning when not); with a
-    job naming a queue, also that Kueue manages its API, its LocalQueue exists, the ClusterQueue
-    that feeds can ever admit it, and its WorkloadPriorityClass exists."""
+def queue_checks(
+    cluster: Cluster,
+    namespace: str,
+    manifest: dict[str, Any] | None,
+    kinds: list[JobKind] | None = None,
+) -> list[Check]:
+    """Kueue's checks: without a job, whether Kueue is installed (a warning when not), its
+    LocalQueues and whether it manages each served job kind in ``kinds`` (a warning when not:
+    only specs with a queue need it); with a job naming a queue, that Kueue manages its kind,
+    its LocalQueue exists, the ClusterQueue that feeds can ever admit it, and its
+    WorkloadPriorityClass exists."""
     queue = ((manifest or {}).get("metadata", {}).get("labels") or {}).get(LABEL_QUEUE)
     if manifest is not None and not queue:
         return []
@@ -571,9 +584,15 @@ def queue_checks(cluster: Cluster, namespace: str, manifest: dict[str, Any] | No
             ]
         return [Check("Kueue", WARN, "not installed: only needed for specs with queue:")]
     if manifest is None:
-        return [_check_kueue_queues(cluster, namespace)]
+        return [
+            _check_kueue_queues(cluster, namespace),
+            *(
+                integration_check(integration(cluster, sample_job(k, namespace), PROBE_QUEUE))
+                for k in kinds or ()
+            ),
+        ]
     return [
-        _check_integration(cluster, manifest),
+        integration_check(integration(cluster, manifest, queue), needed=True),
         *_check_local_queue(cluster, manifest, queue),
         *_check_priority_class(cluster, manifest),
     ]
@@ -595,34 +614,41 @@ def _check_kueue_queues(cluster: Cluster, namespace: str) -> Check:
     )
 
 
-def _check_integration(cluster: Cluster, manifest: dict[str, Any]) -> Check:
-    """Kueue's webhook suspends a job with a queue label on create when the job's integration
-    is on (jobframework's Default); a dry-run create of the job, not suspended, shows it."""
-    name = "Kueue"
-    probe = copy.deepcopy(manifest)
-    spec = probe.setdefault("spec", {})
-    if manifest.get("kind") == TRAINJOB_KIND.api.kind:
-        spec["suspend"] = False
-    else:
-        spec.setdefault("runPolicy", {})["suspend"] = False
-    try:
-        got = cluster.create_job(probe, dry_run=True)
-    except ClusterError as e:
-        if e.reason != "AlreadyExists":
-            return Check(name, WARN, f"{WORKLOAD.crd} served; its integration not checked ({e})")
-        return Check(name, OK, f"{WORKLOAD.crd} served (a job of this name exists)")
-    got_spec = got.get("spec", {})
-    held = (got_spec.get("runPolicy") or {}).get("suspend") or got_spec.get("suspend")
-    if held:
-        what = f"{WORKLOAD.crd} served; its webhook suspends {manifest['kind']}s to queue them"
-        return Check(name, OK, what)
-    return Check(
-        name,
-        FAIL,
-        f"Kueue does not manage {manifest['kind']}s here (its webhook left a dry-run job with a "
-        f"queue running): the job would start without waiting for its queue. Enable the "
-        f"integration in Kueue's Configuration (integrations.frameworks)",
-    )
+def sample_job(kind: JobKind, namespace: str) -> dict[str, Any]:
+    """A small valid job of ``kind`` (one pod; a TrainJob on upstream's default runtime), for
+    asking Kueue's webhook about the kind when doctor has no job of the user's."""
+    meta = {"name": PROBE_NAME, "namespace": namespace}
+    head = {"apiVersion": kind.api.api_version, "kind": kind.api.kind, "metadata": meta}
+    if kind is TRAINJOB_KIND:
+        return {**head, "spec": {"runtimeRef": {"name": DEFAULT_RUNTIME}}}
+    container = {"name": CONTAINER, "image": "busybox", "command": ["true"]}
+    master = {"replicas": 1, "template": {"spec": {"containers": [container]}}}
+    return {**head, "spec": {"pytorchReplicaSpecs": {"Master": master}}}
+
+
+def integration_check(found: Integration, *, needed: bool = False) -> Check:
+    """Say whether Kueue manages the kind (:class:`controller.jobs.queue.Integration`); a
+    failure where the job ``needed`` it (it names a queue), else a warning."""
+    kind, name = found.kind, f"Kueue ({found.kind})"
+    seen = f"{found.config_note}; {found.webhook_note}"
+    if found.managed is None:
+        return Check(name, WARN, f"cannot tell whether Kueue manages {kind}s ({seen})")
+    if found.managed is False:
+        detail = unmanaged_line(kind)
+        if found.configured:
+            detail += (
+                f". Its ConfigMap lists {framework(kind)} already: Kueue reads it only at start, "
+                "restart it"
+            )
+        return Check(name, FAIL if needed else WARN, f"{detail} (seen: {seen})")
+    if found.configured is False:
+        return Check(
+            name,
+            WARN,
+            f"Kueue manages {kind}s now, but its ConfigMap lacks {framework(kind)}: after its "
+            f"next restart it will not ({seen})",
+        )
+    return Check(name, OK, f"Kueue manages {kind}s ({seen})")
 
 
 def _check_local_queue(cluster: Cluster, manifest: dict[str, Any], queue: str) -> list[Check]:

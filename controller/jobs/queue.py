@@ -1,18 +1,27 @@
 """Where a job stands in its Kueue queue, read from the cluster: :func:`read_queue` fetches what
-``controller.jobs.read.queue`` describes, and :class:`QueueNotes` says it as it changes (``wait``,
-``--follow``). Nothing here polls: the queue is read when the job changes.
+``controller.jobs.read.queue`` describes, :func:`integration` whether Kueue manages the job's
+kind at all, and :class:`QueueNotes` says it as it changes (``wait``, ``--follow``). Nothing here
+polls: the queue is read when the job changes.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from controller.errors import ClusterError, Forbidden, NotFound
+from controller.errors import ClusterError, DdpjobError, Forbidden, NotFound
 from controller.jobs.read.queue import (
+    CONFIG_KEY,
+    CONFIG_MAP_NAME,
+    CONFIG_MAP_NAMESPACE,
     PENDING,
     PREEMPTED,
     QueueView,
+    config_text,
     describe,
+    framework,
+    integration_probe,
+    integrations,
     is_true,
     preemption_line,
     preemptions,
@@ -20,6 +29,8 @@ from controller.jobs.read.queue import (
     queued,
     state,
     summary,
+    suspended,
+    unmanaged_line,
     workload_of,
 )
 from controller.kube.client import Cluster
@@ -31,8 +42,9 @@ def read_queue(cluster: Cluster, job: dict[str, Any]) -> QueueView | None:
 
     Requests: the namespace's Workloads (one list), the LocalQueue, the ClusterQueue
     (cluster-scoped: skipped when the user may not read it), the Workload's events (only when
-    it was preempted), and the visibility API's pending list (only while pending; a cluster
-    that does not serve it answers 404 once)."""
+    it was preempted), the visibility API's pending list (only while pending; a cluster
+    that does not serve it answers 404 once), and for a held job with no Workload whether
+    Kueue manages its kind (:func:`integration`), which it says as the problem when not."""
     name = queue_name(job)
     if name is None:
         return None
@@ -57,6 +69,12 @@ def read_queue(cluster: Cluster, job: dict[str, Any]) -> QueueView | None:
         pass
     cq_name = (local_queue or {}).get("spec", {}).get("clusterQueue")
     wl = workload_of(job, workloads)
+    # A held job without a Workload: Kueue may not manage its kind at all.
+    unmanaged = wl is None and queued(job) and not missing
+    if unmanaged and integration(cluster, job, name).managed is False:
+        view = QueueView(local_queue=name, cluster_queue=cq_name)
+        view.problem = unmanaged_line(job["kind"])
+        return view
     admitted_cq = ((wl or {}).get("status", {}).get("admission") or {}).get("clusterQueue")
     cluster_queue = None
     if (cq_name or admitted_cq) and state(wl) == PENDING:
@@ -82,6 +100,62 @@ def read_queue(cluster: Cluster, job: dict[str, Any]) -> QueueView | None:
         local_queue_missing=missing,
     )
     return view
+
+
+@dataclass
+class Integration:
+    """Whether the cluster's Kueue manages a job kind, from what could be read: its
+    Configuration (the ConfigMap a manifest or Helm install keeps it in, where RBAC lets the
+    user read it) and its webhook (a dry-run create of a job with a queue, not suspended: the
+    webhook suspends it for a kind Kueue manages, and leaves it for any other)."""
+
+    kind: str
+    #: The Configuration lists the kind's framework (None: not read), and where it was read
+    #: or why it was not.
+    configured: bool | None
+    config_note: str
+    #: The webhook suspended the dry-run job (None: no answer), and what it said otherwise.
+    webhook: bool | None
+    webhook_note: str
+
+    @property
+    def managed(self) -> bool | None:
+        """The running Kueue manages the kind: its webhook says so for now (the Configuration
+        is read only at Kueue's start); the Configuration where the webhook gave no answer."""
+        return self.webhook if self.webhook is not None else self.configured
+
+
+def integration(cluster: Cluster, job: dict[str, Any], queue: str) -> Integration:
+    """Ask the cluster whether its Kueue manages ``job``'s kind (a manifest, or a job read
+    back), both ways (:class:`Integration`). Two requests: a get of the ConfigMap and a
+    dry-run create, which needs only the create permission ``submit`` needs anyway."""
+    kind = job["kind"]
+    where = f"ConfigMap {CONFIG_MAP_NAMESPACE}/{CONFIG_MAP_NAME}"
+    configured: bool | None = None
+    try:
+        frameworks = integrations(
+            config_text(cluster.get_config_map(CONFIG_MAP_NAME, CONFIG_MAP_NAMESPACE))
+        )
+    except Forbidden:
+        config_note = f"may not read {where}"
+    except NotFound:
+        config_note = f"no {where} (Kueue installed another way)"
+    except ClusterError as e:
+        config_note = f"cannot read {where} ({e})"
+    else:
+        if frameworks is None:
+            config_note = f"{where} holds no Configuration under {CONFIG_KEY}"
+        else:
+            configured = framework(kind) in frameworks
+            config_note = f"{where} lists {', '.join(frameworks)}"
+    try:
+        got = cluster.create_job(integration_probe(job, queue), dry_run=True)
+    except DdpjobError as e:
+        return Integration(kind, configured, config_note, None, f"a dry-run create failed ({e})")
+    held = suspended(got)
+    what = f"a dry-run {kind} with a queue"
+    note = f"its webhook suspended {what}" if held else f"its webhook left {what} unsuspended"
+    return Integration(kind, configured, config_note, held, note)
 
 
 def _get(cluster: Cluster, api: Any, name: str, namespace: str | None = None) -> dict | None:

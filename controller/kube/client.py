@@ -276,6 +276,10 @@ class Cluster:
         path = f"/api/v1/namespaces/{_q(namespace)}/events"
         return self._json("GET", path, "events", "events", query=query).get("items", [])
 
+    def get_config_map(self, name: str, namespace: str) -> dict[str, Any]:
+        path = f"/api/v1/namespaces/{_q(namespace)}/configmaps/{_q(name)}"
+        return self._json("GET", path, "configmap", f"ConfigMap {namespace}/{name}")
+
     def list_nodes(self) -> list[dict[str, Any]]:
         return self._json("GET", "/api/v1/nodes", "nodes", "nodes").get("items", [])
 

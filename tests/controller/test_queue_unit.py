@@ -1,7 +1,11 @@
 """Where a job stands in Kueue, read from API dicts without a cluster: its Workload's state,
-what it waits for, whether its queue can ever admit it, what preempted it, and the doctor's
-queue checks. The dicts have the shapes Kueue v0.17 wrote on the local cluster (a pending
-Workload, one admitted, one preempted and requeued; ``cluster-queue`` with its reservation)."""
+what it waits for and why in Kueue's words, whether its queue can ever admit it, what preempted
+it, whether Kueue manages its kind, and the doctor's queue checks. The dicts have the shapes
+Kueue v0.19 wrote on the local cluster (a pending Workload, one admitted, one preempted and
+requeued; ``cluster-queue`` with its reservation; the not-admitted conditions with default
+feature gates and with ``UnadmittedWorkloadsObservability``). The same on the real Kueue:
+tests/e2e/test_queue.py (status and wait), tests/e2e/test_kueue_integration.py (doctor,
+submit, status and wait where Kueue ignores the job's kind)."""
 
 from __future__ import annotations
 
@@ -368,11 +372,21 @@ def test_a_missing_local_queue_is_the_problem_named():
 
 
 class QueueCluster:
-    """What doctor's Kueue checks ask: served APIs, the queue objects, dry-run creates."""
+    """What doctor's Kueue checks ask: served APIs, the queue objects, Kueue's ConfigMap (a
+    dict, or the error reading it raises), dry-run creates (suspended by Kueue's webhook when
+    ``integration``)."""
 
-    def __init__(self, *, served=True, objects=None, integration=True):
+    def __init__(self, *, served=True, objects=None, integration=True, config_map=None):
         self.served, self.integration = served, integration
         self.objects = objects or {}
+        self.config_map = config_map or NotFound("no ConfigMap", reason="NotFound")
+        self.created: list[dict] = []
+
+    def get_config_map(self, name, namespace):
+        assert (namespace, name) == ("kueue-system", "kueue-manager-config")
+        if isinstance(self.config_map, Exception):
+            raise self.config_map
+        return self.config_map
 
     def job_api_served(self, api):
         return self.served
@@ -387,6 +401,8 @@ class QueueCluster:
         return [o for (kind, _), o in self.objects.items() if kind == api.kind]
 
     def create_job(self, manifest, dry_run=False):
+        assert dry_run
+        self.created.append(manifest)
         out = {**manifest, "spec": {**manifest["spec"]}}
         if self.integration:
             out["spec"]["runPolicy"] = {**out["spec"]["runPolicy"], "suspend": True}
@@ -423,8 +439,20 @@ OBJECTS = {
 
 
 def test_doctor_checks_kueue_the_queue_what_feeds_it_and_that_it_can_admit_the_job():
-    checks = {c.name: c for c in queue_checks(QueueCluster(objects=OBJECTS), "default", manifest())}
-    assert checks["Kueue"].status == OK and "suspends PyTorchJobs" in checks["Kueue"].detail
+    cluster = QueueCluster(objects=OBJECTS)
+    checks = {c.name: c for c in queue_checks(cluster, "default", manifest())}
+    kueue = checks["Kueue (PyTorchJob)"]
+    assert kueue.status == OK and "Kueue manages PyTorchJobs" in kueue.detail
+    assert "its webhook suspended a dry-run PyTorchJob with a queue" in kueue.detail
+    # The probe: the job, not suspended, under a name of its own, with the job's queue only.
+    (probe,) = cluster.created
+    assert probe["metadata"] == {
+        "name": "ddpjob-kueue-probe",
+        "namespace": "default",
+        "labels": {"kueue.x-k8s.io/queue-name": "user-queue"},
+    }
+    assert probe["spec"]["runPolicy"]["suspend"] is False
+    assert probe["spec"]["pytorchReplicaSpecs"] == manifest()["spec"]["pytorchReplicaSpecs"]
     assert (
         checks["queue"].detail == "LocalQueue default/user-queue feeds ClusterQueue cluster-queue"
     )
@@ -450,9 +478,16 @@ def test_doctor_fails_without_kueue_or_its_integration():
             QueueCluster(objects=OBJECTS, integration=False), "default", manifest()
         )
     }
-    assert (
-        checks["Kueue"].status == FAIL and "does not manage PyTorchJobs" in checks["Kueue"].detail
+    kueue = checks["Kueue (PyTorchJob)"]
+    assert kueue.status == FAIL
+    assert kueue.detail.startswith(
+        "Kueue does not manage PyTorchJobs on this cluster (kubeflow.org/pytorchjob is not among "
+        "its integrations): a job with queue: stays suspended forever, with no Workload. Enable "
+        "kubeflow.org/pytorchjob in Kueue's integrations.frameworks (ConfigMap "
+        "kueue-system/kueue-manager-config, key controller_manager_config.yaml) and restart "
+        "Kueue, or submit without queue: (seen: no ConfigMap"
     )
+    assert "its webhook left a dry-run PyTorchJob with a queue unsuspended" in kueue.detail
     assert queue_checks(QueueCluster(), "default", {**manifest(), "metadata": {"labels": {}}}) == []
 
 
@@ -469,3 +504,269 @@ def test_a_queue_or_priority_class_that_does_not_exist_is_bad_input():
     )
     assert checks["priority class"].status == FAIL
     assert "no WorkloadPriorityClass hihg (got low)" in checks["priority class"].detail
+
+
+# --------------------------------------------------------------------------------- Kueue's words
+
+WAITING = (
+    "couldn't assign flavors to pod set master: insufficient unused quota for nvidia.com/gpu in "
+    "flavor default-flavor, 8 more needed"
+)
+TOO_BIG = (
+    "couldn't assign flavors to pod set master: insufficient quota for nvidia.com/gpu in flavor "
+    "default-flavor, previously considered podsets requests (0) + current podset request (24) > "
+    "maximum capacity (16)"
+)
+NO_RESERVATION = cond(
+    "Admitted", "False", reason="NoReservation", message="The workload has no reservation"
+)
+
+
+@pytest.mark.parametrize(
+    ("conditions", "want"),
+    [
+        # Default feature gates: one reason, the flavor assigner's message says which case.
+        ([cond("QuotaReserved", "False", reason="Pending", message=WAITING)], ("Pending", WAITING)),
+        ([cond("QuotaReserved", "False", reason="Pending", message=TOO_BIG)], ("Pending", TOO_BIG)),
+        # UnadmittedWorkloadsObservability: the reason says it, Admitted says NoReservation.
+        (
+            [
+                cond("QuotaReserved", "False", reason="WaitingForQuota", message=WAITING),
+                NO_RESERVATION,
+            ],
+            ("WaitingForQuota", WAITING),
+        ),
+        (
+            [
+                cond("QuotaReserved", "False", reason="ExceedsMaxQuota", message=TOO_BIG),
+                NO_RESERVATION,
+            ],
+            ("ExceedsMaxQuota", TOO_BIG),
+        ),
+        (
+            [
+                cond(
+                    "QuotaReserved",
+                    "False",
+                    reason="Misconfigured",
+                    message="LocalQueue nosuch doesn't exist",
+                ),
+                NO_RESERVATION,
+            ],
+            ("Misconfigured", "LocalQueue nosuch doesn't exist"),
+        ),
+        # Quota reserved, admission checks not ready: Admitted's words.
+        (
+            [
+                cond("QuotaReserved", "True", reason="QuotaReserved"),
+                cond(
+                    "Admitted",
+                    "False",
+                    reason="UnsatisfiedAdmissionChecks",
+                    message="The workload has not all checks ready",
+                ),
+            ],
+            ("UnsatisfiedAdmissionChecks", "The workload has not all checks ready"),
+        ),
+        # Gated: Admitted=False alone before the scheduler looked.
+        ([NO_RESERVATION], ("NoReservation", "The workload has no reservation")),
+        ([], None),  # Kueue has not looked at it yet
+        (ADMITTED, None),
+    ],
+    ids=[
+        "pending",
+        "pending-too-big",
+        "waiting",
+        "exceeds",
+        "misconfigured",
+        "checks",
+        "no-reservation",
+        "none",
+        "admitted",
+    ],
+)
+def test_kueues_verdict_is_its_quota_reserved_else_admitted_condition(conditions, want):
+    assert q.verdict(workload(conditions=conditions)) == want
+
+
+def test_status_says_kueues_reason_beside_the_queue_and_what_it_means():
+    view = q.describe(
+        job(),
+        [workload(conditions=PENDING)],
+        local_queue=LOCAL_QUEUE,
+        cluster_queue=cluster_queue(gpus_reserved=16),
+    )
+    assert (view.reason, view.message) == ("Pending", PENDING[0]["message"])
+    assert q.summary(view).endswith(
+        "waits for 8 nvidia.com/gpu of 0 free (quota 16, flavor default-flavor)"
+    )
+    assert q.verdict_line(view) == "Kueue says Pending: " + WAITING
+    for reason in ("Pending", "ExceedsMaxQuota"):
+        too_big = [cond("QuotaReserved", "False", reason=reason, message=TOO_BIG)]
+        view = q.describe(job(), [workload(conditions=too_big, gpus=24)], local_queue=LOCAL_QUEUE)
+        assert q.verdict_line(view) == (
+            f"Kueue says {reason}: {TOO_BIG} (the job asks more than the ClusterQueue can ever "
+            "hold: lower resources or nodes)"
+        )
+        assert view.as_dict()["reason"] == reason
+    misconfigured = [
+        cond(
+            "QuotaReserved",
+            "False",
+            reason="Misconfigured",
+            message="LocalQueue nosuch doesn't exist",
+        )
+    ]
+    view = q.describe(job(), [workload(conditions=misconfigured)])
+    assert q.verdict_line(view) == (
+        "Kueue says Misconfigured: LocalQueue nosuch doesn't exist (this does not clear by itself)"
+    )
+    # Admitted, or not looked at yet: nothing of Kueue's to quote.
+    assert q.verdict_line(q.describe(job(), [workload(conditions=ADMITTED)])) is None
+    assert q.verdict_line(q.describe(job(), [workload()])) is None
+
+
+def test_kueues_events_are_told_apart_by_the_workloads_name():
+    def ev(name, reason="Pending", type_="Warning", kind="Workload", **times):
+        return {"type": type_, "reason": reason, "message": f"{reason} of {name}",
+                "involvedObject": {"kind": kind, "name": name}, **times}  # fmt: skip
+
+    mine, other = "pytorchjob-low-0a1b2", "pytorchjob-low-high-0a1b2"
+    assert q.workload_event("PyTorchJob", "low", ev(mine))
+    assert not q.workload_event("PyTorchJob", "low", ev(other))  # job low-high's
+    assert not q.workload_event("TrainJob", "low", ev(mine))
+    assert not q.workload_event("PyTorchJob", "low", ev(mine, kind="Pod"))
+    # The newest by when it was last seen: a repeated event's series counts, not its first time.
+    first = ev(mine, "Pending", eventTime="2026-11-25T23:50:00.000001Z",
+               series={"lastObservedTime": "2026-11-25T23:55:00.000000Z", "count": 3})  # fmt: skip
+    second = ev(mine, "WaitingForQuota", eventTime="2026-11-25T23:52:00.000000Z")
+    assert q.said_last("PyTorchJob", "low", [second, first, ev(other)]) == (
+        "Pending",
+        f"Pending of {mine}",
+    )
+    admitted = ev(mine, "QuotaReserved", "Normal", lastTimestamp="2026-11-25T23:56:00Z")
+    assert q.said_last("PyTorchJob", "low", [first, second, admitted]) is None
+    assert q.said_last("PyTorchJob", "low", [ev(other)]) is None
+
+
+# --------------------------------------------------------------------------------- integrations
+
+V019 = """apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+integrations:
+  frameworks:
+  - "batch/job"
+  - "kubeflow.org/mpijob"
+  - "trainer.kubeflow.org/trainjob"
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        (V019, ["batch/job", "kubeflow.org/mpijob", "trainer.kubeflow.org/trainjob"]),
+        ("integrations:\n  frameworks: []\n", ["batch/job"]),  # empty: Kueue's default
+        ("integrations: {}\n", ["batch/job"]),
+        ("apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n", ["batch/job"]),
+        ("integrations:\n  frameworks: batch/job\n", None),  # not a list: cannot tell
+        ("- not a mapping\n", None),
+        ("a: [unclosed\n", None),
+        ("", None),
+        (None, None),
+    ],
+    ids=["v0.19", "empty-list", "empty-section", "absent", "not-a-list", "list", "not-yaml",
+         "empty", "missing"],
+)  # fmt: skip
+def test_the_frameworks_of_kueues_configuration(text, want):
+    assert q.integrations(text) == want
+
+
+def config_map(text: str) -> dict:
+    return {
+        "metadata": {"name": "kueue-manager-config"},
+        "data": {"controller_manager_config.yaml": text},
+    }
+
+
+def test_kueue_that_ignores_the_kind_is_caught_from_its_configmap_and_its_webhook():
+    from controller.errors import Forbidden
+    from controller.jobs.doctor import WARN
+
+    def kueue(cluster):
+        (check,) = [
+            c for c in queue_checks(cluster, "default", manifest()) if c.name.startswith("Kueue")
+        ]
+        return check
+
+    # The ConfigMap of upstream's v0.19 configuration: PyTorchJob not listed; the webhook agrees.
+    check = kueue(QueueCluster(objects=OBJECTS, integration=False, config_map=config_map(V019)))
+    assert check.status == FAIL and check.detail.startswith("Kueue does not manage PyTorchJobs")
+    assert (
+        "(seen: ConfigMap kueue-system/kueue-manager-config lists batch/job, "
+        "kubeflow.org/mpijob, trainer.kubeflow.org/trainjob; its webhook left" in check.detail
+    )
+    # RBAC refuses the ConfigMap: the webhook alone tells.
+    refused = Forbidden("get: forbidden", reason="Forbidden")
+    check = kueue(QueueCluster(objects=OBJECTS, integration=False, config_map=refused))
+    assert (
+        check.status == FAIL
+        and "may not read ConfigMap kueue-system/kueue-manager-config" in check.detail
+    )
+    check = kueue(QueueCluster(objects=OBJECTS, config_map=refused))
+    assert check.status == OK
+    # Listed, but the running Kueue ignores it: it was not restarted since.
+    listed = config_map(V019.replace('"batch/job"', '"kubeflow.org/pytorchjob"'))
+    check = kueue(QueueCluster(objects=OBJECTS, integration=False, config_map=listed))
+    assert check.status == FAIL
+    assert (
+        "Its ConfigMap lists kubeflow.org/pytorchjob already: Kueue reads it only at start, "
+        "restart it" in check.detail
+    )
+    # Managed now, but not listed: the next restart stops it.
+    check = kueue(QueueCluster(objects=OBJECTS, config_map=config_map(V019)))
+    assert check.status == WARN and "after its next restart it will not" in check.detail
+
+
+def test_doctor_without_a_job_says_which_kinds_kueue_manages():
+    from controller.jobs.doctor import WARN
+    from controller.jobs.read.apis import PYTORCHJOB_KIND
+
+    cluster = QueueCluster(objects=OBJECTS, integration=False, config_map=config_map(V019))
+    checks = {c.name: c for c in queue_checks(cluster, "default", None, [PYTORCHJOB_KIND])}
+    # Only specs with a queue need it: a warning, not a failure.
+    assert checks["Kueue (PyTorchJob)"].status == WARN
+    assert checks["Kueue (PyTorchJob)"].detail.startswith("Kueue does not manage PyTorchJobs")
+    (probe,) = cluster.created
+    assert probe["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] == 1
+
+
+class StatusCluster(QueueCluster):
+    """What ``read_queue`` asks beyond doctor: the namespace's Workloads, the visibility API."""
+
+    def __init__(self, workloads=(), **kw):
+        super().__init__(**kw)
+        self.workloads = list(workloads)
+
+    def list_objects(self, api, namespace=None, selector=None):
+        if api.kind == "Workload":
+            return self.workloads
+        return super().list_objects(api, namespace, selector)
+
+    def pending_workloads(self, namespace, local_queue):
+        return None
+
+
+def test_status_of_a_held_job_without_a_workload_says_kueue_ignores_its_kind():
+    from controller.jobs.queue import read_queue
+
+    view = read_queue(StatusCluster(objects=OBJECTS, integration=False), job())
+    assert view.problem is not None and view.problem.startswith("Kueue does not manage PyTorchJobs")
+    assert q.summary(view).startswith("queue user-queue -> cluster-queue: Kueue does not manage")
+    # Kueue manages it: a Workload is on its way, as before.
+    cluster = StatusCluster(objects=OBJECTS)
+    view = read_queue(cluster, job())
+    assert view.problem is None and view.state == q.WAITING_FOR_KUEUE
+    # A Workload there: no probe at all.
+    cluster = StatusCluster([workload(conditions=PENDING)], objects=OBJECTS, integration=False)
+    view = read_queue(cluster, job())
+    assert cluster.created == [] and (view.state, view.reason) == (q.PENDING, "Pending")

@@ -228,6 +228,52 @@ def test_a_job_kueue_holds_is_queued_and_its_queue_lines_are_not_repeated():
     )
 
 
+FLAVORS = "couldn't assign flavors to pod set master: "
+WAITING = FLAVORS + "insufficient unused quota for cpu in flavor default-flavor, 1 more needed"
+NEVER = (
+    FLAVORS + "insufficient quota for cpu in flavor default-flavor, previously considered podsets "
+    "requests (0) + current podset request (2) > maximum capacity (1)"
+)
+
+
+def test_kueues_reason_from_its_workloads_events_is_said_as_it_changes():
+    """Kueue's scheduler records a Warning on the job's Workload (pytorchjob-j-<5 hex>) each time
+    it cannot admit it, with the QuotaReserved condition's reason and message. WaitNotes says
+    it: at once when it never clears (more than the queue can ever hold), else once it lasts;
+    each new reason once; another job's Workload and an older word are not read."""
+    held = job(conditions=[{"type": "Suspended", "status": "True", "message": "suspended"}])
+    held["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "user-queue"}
+    held["spec"]["runPolicy"] = {"suspend": True}
+    notes = WaitNotes(PYTORCHJOB_KIND, "j")
+    notes.see_job(held)
+    notes.see_event("ADDED", event("pytorchjob-jj-0a1b2", "Pending", NEVER, kind="Workload"))
+    notes.see_event("ADDED", event("pytorchjob-j-0a1b2", "Pending", WAITING, kind="Workload"))
+    assert notes.due(0.0) == ([], STEP_SAID_AFTER_S)  # a step: waiting for its turn
+    (line,), _ = notes.due(STEP_SAID_AFTER_S)
+    assert line == (
+        "the job is held: Queued: in Kueue queue user-queue, Kueue says Pending: " + WAITING
+    )
+    assert notes.due(STEP_SAID_AFTER_S + 1) == ([], None)  # said once
+    # Kueue's newer word (its gated reason, here), said at once: it never clears.
+    notes.see_event(
+        "ADDED",
+        event("pytorchjob-j-0a1b2", "ExceedsMaxQuota", NEVER, kind="Workload",
+              at="2026-01-01T00:00:20Z"),
+    )  # fmt: skip
+    (line,), _ = notes.due(STEP_SAID_AFTER_S + 2)
+    assert line.endswith("Kueue says ExceedsMaxQuota: " + NEVER)
+    err = timeout_error("wait", "ns", "j", 30, "Suspended", notes.current())
+    assert "Kueue says ExceedsMaxQuota" in str(err).splitlines()[0]
+    # Once Kueue admits it, its Warnings before are history.
+    notes.see_event(
+        "ADDED",
+        event("pytorchjob-j-0a1b2", "QuotaReserved", "Quota reserved", kind="Workload",
+              type_="Normal", at="2026-01-01T00:00:30Z"),
+    )  # fmt: skip
+    (w,) = notes.current()
+    assert w.message == "waiting in Kueue queue user-queue until it is admitted"
+
+
 def test_a_trainjob_without_a_jobset_is_explained_by_its_event():
     tj = {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",

@@ -185,11 +185,13 @@ def test_a_queued_job_says_what_it_waits_for_and_wait_waits_through_the_queue(
         assert (q["local_queue"], q["cluster_queue"], q["state"]) == ("user-queue", ns, "pending")
         assert q["waits_for"] == [f"1 cpu of 0 free (quota 1, flavor {kueue.FLAVOR})"]
         assert "insufficient unused quota for cpu" in q["message"]
+        assert q["reason"] == "Pending"  # Kueue's, with its default feature gates
         assert q["ahead"] == 0
         text = ddpjob(cluster, "status", "second", "-n", ns).stdout
         assert f"queue: queued in user-queue -> {ns}, next in line; waits for 1 cpu of 0 free" in (
             text
         )
+        assert "queue: Kueue says Pending: couldn't assign flavors to pod set" in text, text
         listed = ddpjob(cluster, "list", "-n", ns).stdout
         rows = {line.split()[0]: line.split() for line in listed.splitlines()[1:]}
         assert rows["second"][2:4] == ["Queued", "user-queue"], listed
@@ -207,6 +209,45 @@ def test_a_queued_job_says_what_it_waits_for_and_wait_waits_through_the_queue(
     assert f"job second: admitted by {ns} at " in err
     assert f"job {ns}/second Succeeded" in out
     assert err.index("queued in") < err.index("admitted by") < err.index("Running")
+
+
+def test_a_job_larger_than_its_queue_is_said_so_by_status_and_wait_in_kueues_words(
+    cluster, own_queue, tmp_path
+):
+    """Two pods of 750m CPU in a queue of one CPU: Kueue can never admit it (``submit --force``
+    past the preflight that says so). ``status`` quotes Kueue's reason and message from the
+    Workload's condition and what it means; ``wait`` says the same from Kueue's event at once
+    (it never clears), and its timeout names it. No pod is ever made."""
+    ns = own_queue
+    spec = _spec(cluster, tmp_path, "big", ns, resources={"cpu": "750m", "memory": "1Gi"})
+    refused = ddpjob(cluster, "submit", str(spec))
+    assert refused.returncode == 1 and "preflight queue admits failed" in refused.stderr
+    assert ddpjob(cluster, "submit", str(spec), "--force").returncode == 0
+    st = wait_until(
+        "Kueue's verdict on big",
+        lambda: (s := _status(cluster, "big", ns))["queue"].get("reason") and s,
+        60,
+    )
+    q = st["queue"]
+    assert (q["state"], q["reason"]) == ("pending", "Pending"), q
+    assert "insufficient quota for cpu in flavor default-flavor" in q["message"], q
+    assert "> maximum capacity (1)" in q["message"], q
+    text = ddpjob(cluster, "status", "big", "-n", ns).stdout
+    (said,) = [x for x in text.splitlines() if x.startswith("queue: Kueue says")]
+    assert said == (
+        f"queue: Kueue says Pending: {q['message']} (the job asks more than the ClusterQueue can "
+        "ever hold: lower resources or nodes)"
+    ), text
+    r = ddpjob(cluster, "wait", "big", "-n", ns, "--timeout", "15")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert (
+        f"job big: the job is held: Queued: in Kueue queue user-queue, Kueue says Pending: "
+        f"{q['message']}" in r.stderr
+    ), r.stderr
+    last = r.stderr.strip().splitlines()
+    timeout_line = next(x for x in last if "has not ended after 15 s" in x)
+    assert "Kueue says Pending: " in timeout_line, r.stderr
+    assert get_json(cluster, "pods", "-n", ns)["items"] == []
 
 
 def test_a_missing_queue_or_priority_class_is_refused_before_submit(cluster, namespace, tmp_path):

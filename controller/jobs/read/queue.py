@@ -1,12 +1,22 @@
 """Where a job stands in Kueue: its Workload, the LocalQueue and ClusterQueue it waits in, what
-it waits for, when it was admitted and what preempted it.
+it waits for and why in Kueue's own words, when it was admitted, what preempted it, and whether
+the cluster's Kueue manages the job's kind at all.
 
-Kueue (v0.17, ``kueue.x-k8s.io/v1beta2``) admits a job that carries the label
-``kueue.x-k8s.io/queue-name`` through that LocalQueue: it keeps the job suspended, makes a
-Workload for it (labelled with the job's UID), reserves quota in the LocalQueue's ClusterQueue
-when it fits, then un-suspends the job. To make room for a workload of higher priority it evicts
-(preempts) a lower one, which suspends that job again (its pods get SIGTERM) until it is admitted
-again.
+Kueue (v0.19, ``kueue.x-k8s.io/v1beta2``) admits a job that carries the label
+``kueue.x-k8s.io/queue-name`` through that LocalQueue: its webhook creates the job suspended, it
+makes a Workload for it (labelled with the job's UID), reserves quota in the LocalQueue's
+ClusterQueue when it fits, then un-suspends the job. While it cannot, the Workload's
+``QuotaReserved`` condition is False with Kueue's reason and message (with default feature gates
+reason ``Pending`` and the flavor assigner's message; with ``UnadmittedWorkloadsObservability``
+``WaitingForQuota``, ``ExceedsMaxQuota``, ``Misconfigured``, ...), and Kueue records a Warning
+event on the Workload with the same reason and message. To make room for a workload of higher
+priority it evicts (preempts) a lower one, which suspends that job again (its pods get SIGTERM)
+until it is admitted again.
+
+Kueue manages only the kinds its Configuration names in ``integrations.frameworks`` (read at
+start; an empty list means ``batch/job``; since v0.19 upstream's configuration leaves
+``kubeflow.org/pytorchjob`` out). For any other kind its webhook does nothing: a job created
+suspended, as ddpjob creates one with a queue, stays suspended with no Workload, forever.
 
 Pure functions on API dicts, exactly as the API serves them; ``controller.jobs.queue`` fetches
 what they read.
@@ -14,10 +24,14 @@ what they read.
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
+
+import yaml
 
 from controller.jobs.read.explain import job_terminal
 from controller.kubeflow import LABEL_JOB_UID, LABEL_PRIORITY_CLASS, LABEL_QUEUE
@@ -39,6 +53,22 @@ PENDING = "pending"  # in the queue: no quota reserved
 ADMITTED_STATE = "admitted"  # quota reserved and admission checks passed: the job runs
 EVICTED_STATE = "evicted"  # admitted, then evicted (preempted, ...): being suspended
 FINISHED_STATE = "finished"
+
+#: Kueue's reasons for a Workload it can never admit as things stand (the QuotaReserved
+#: condition's, apis/kueue/v1beta2/workload_types.go); they do not clear by themselves. With
+#: default feature gates Kueue says ``Pending`` (or ``Inadmissible`` for a missing queue) for
+#: these too, and then only the flavor assigner's message tells: ``> maximum capacity``.
+NEVER_REASONS = frozenset({"ExceedsMaxQuota", "Misconfigured", "Inadmissible", "NoMatchingFlavor"})
+_NEVER_MESSAGE = "> maximum capacity"
+
+#: The integration (``integrations.frameworks``) that manages each job kind ddpjob submits
+#: (pkg/controller/jobs/.../*_controller.go, FrameworkName), and what an empty list means.
+FRAMEWORKS = {"PyTorchJob": "kubeflow.org/pytorchjob", "TrainJob": "trainer.kubeflow.org/trainjob"}
+DEFAULT_FRAMEWORKS = ("batch/job",)
+#: Where a Kueue installed from upstream's manifests keeps its Configuration (Helm: the
+#: ConfigMap ``<fullname>-manager-config`` in the release's namespace, the same key).
+CONFIG_MAP_NAMESPACE, CONFIG_MAP_NAME = "kueue-system", "kueue-manager-config"
+CONFIG_KEY = "controller_manager_config.yaml"
 
 # Kueue's preemption message (pkg/scheduler/preemption/preemption.go, preemptionMessage).
 _PREEMPTOR = re.compile(
@@ -122,6 +152,30 @@ def state(workload: dict[str, Any] | None) -> str:
     return PENDING
 
 
+def verdict(workload: dict[str, Any]) -> tuple[str, str] | None:
+    """Kueue's own reason the Workload is not admitted, as it writes it: ``(reason, message)``
+    of its ``QuotaReserved`` condition while that is False (``Pending``, ``WaitingForQuota``,
+    ``ExceedsMaxQuota``, ``Misconfigured``, ...), else of its ``Admitted`` condition while that
+    is False (quota reserved, admission checks not ready). None when it is admitted, or Kueue
+    has not looked at it yet."""
+    conds = conditions(workload)
+    for ctype in (QUOTA_RESERVED, ADMITTED):
+        cond = conds.get(ctype, {})
+        if cond.get("status") == "False":
+            return cond.get("reason") or "", _one_line(cond.get("message"))
+    return None
+
+
+def never_admitted(reason: str, message: str) -> bool:
+    """Kueue's verdict says the job can never be admitted as the queues stand (too big for the
+    ClusterQueue, a queue that does not exist), not that it waits its turn."""
+    return reason in NEVER_REASONS or _NEVER_MESSAGE in message
+
+
+def _one_line(text: str | None) -> str:
+    return " ".join((text or "").split())
+
+
 def _qty(value: Any) -> Decimal:
     from controller.quantity import parse_quantity
 
@@ -154,6 +208,130 @@ def manifest_requests(pods: list[tuple[str, dict[str, Decimal], dict[str, Any]]]
         for name, value in need.items():
             total[name] = total.get(name, Decimal(0)) + value
     return total
+
+
+# ----------------------------------------------------------------------------------------
+# Kueue's events on a job's Workload (pure)
+
+#: Kueue's Normal events on a Workload it admits (pkg/scheduler/scheduler.go): after one of
+#: these, the Warnings before it are history.
+_ADMITTING_EVENTS = frozenset({QUOTA_RESERVED, ADMITTED})
+
+
+def workload_event(kind: str, job_name: str, event: dict[str, Any]) -> bool:
+    """The event is about a Workload Kueue made for the job ``job_name`` of ``kind``
+    (``PyTorchJob``): Kueue names it ``<kind, lowercased>-<job>-<5 hex digits of a hash>``
+    (jobframework/workload_names.go), which no other job's Workload matches."""
+    obj = event.get("involvedObject") or event.get("regarding") or {}
+    if obj.get("kind") != "Workload":
+        return False
+    return (
+        re.fullmatch(
+            rf"{re.escape(kind.lower())}-{re.escape(job_name)}-[0-9a-f]{{5}}", obj.get("name", "")
+        )
+        is not None
+    )
+
+
+def said_last(kind: str, job_name: str, events: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """Kueue's latest verdict on the job's Workload from its events: the newest Warning (its
+    scheduler records one with the QuotaReserved condition's reason and message each time it
+    cannot admit it), or None when none came, or an admission came after it."""
+    mine = [e for e in events if workload_event(kind, job_name, e)]
+    if not mine:
+        return None
+    newest = max(mine, key=_seen_at)
+    if newest.get("type") != "Warning" or newest.get("reason") in _ADMITTING_EVENTS:
+        return None
+    return newest.get("reason") or "", _one_line(newest.get("message") or newest.get("note"))
+
+
+def _seen_at(event: dict[str, Any]) -> datetime:
+    """When the event was last seen: a repeated event (events.k8s.io series, or a core/v1
+    count) carries its newest time apart from its first."""
+    stamps = [
+        (event.get("series") or {}).get("lastObservedTime"),
+        event.get("lastTimestamp"),
+        event.get("eventTime"),
+        event.get("firstTimestamp"),
+        (event.get("metadata") or {}).get("creationTimestamp"),
+    ]
+    return max((datetime.fromisoformat(t) for t in stamps if t), default=_LONG_AGO)
+
+
+_LONG_AGO = datetime.min.replace(tzinfo=timezone.utc)
+
+
+# ----------------------------------------------------------------------------------------
+# Kueue's configuration: which job kinds it manages (pure)
+
+
+def integrations(config_text: str | None) -> list[str] | None:
+    """The frameworks Kueue's Configuration (``controller_manager_config.yaml``) enables:
+    ``integrations.frameworks``, or ``batch/job`` alone when that is empty or absent (Kueue's
+    default). None when the text is not a Configuration (no text, not YAML, not a mapping)."""
+    if not config_text:
+        return None
+    try:
+        config = yaml.safe_load(config_text)
+    except yaml.YAMLError:
+        return None
+    if not isinstance(config, dict):
+        return None
+    frameworks = (config.get("integrations") or {}).get("frameworks") or []
+    if not isinstance(frameworks, list):
+        return None
+    return [str(f) for f in frameworks] or list(DEFAULT_FRAMEWORKS)
+
+
+def config_text(config_map: dict[str, Any]) -> str | None:
+    """Kueue's Configuration in its ConfigMap (the ``controller_manager_config.yaml`` key)."""
+    return (config_map.get("data") or {}).get(CONFIG_KEY)
+
+
+def framework(kind: str) -> str:
+    """The integration that manages job ``kind`` (``PyTorchJob`` -> kubeflow.org/pytorchjob)."""
+    return FRAMEWORKS[kind]
+
+
+#: The name of the dry-run job that asks Kueue's webhook whether it manages a kind.
+PROBE_NAME = "ddpjob-kueue-probe"
+
+
+def integration_probe(job: dict[str, Any], queue: str) -> dict[str, Any]:
+    """A job like ``job`` (a manifest, or a job read back) with queue ``queue``, not suspended,
+    to create with a dry run: Kueue's webhook suspends it if it manages the job's kind and
+    leaves it as it is if not. Its own name, so that a job of ``job``'s name existing does not
+    stop the dry run before the answer."""
+    spec = copy.deepcopy(job.get("spec") or {})
+    if job.get("kind") == "PyTorchJob":
+        spec.setdefault("runPolicy", {})["suspend"] = False
+    else:
+        spec["suspend"] = False
+    meta = job.get("metadata") or {}
+    return {
+        "apiVersion": job.get("apiVersion"),
+        "kind": job.get("kind"),
+        "metadata": {
+            "name": PROBE_NAME,
+            "namespace": meta.get("namespace", "default"),
+            "labels": {LABEL_QUEUE: queue},
+        },
+        "spec": spec,
+    }
+
+
+def unmanaged_line(kind: str) -> str:
+    """What a user with a queue on a cluster whose Kueue ignores ``kind`` needs to know, and the
+    fix, in one line."""
+    name = framework(kind)
+    return (
+        f"Kueue does not manage {kind}s on this cluster ({name} is not among its "
+        "integrations): a job with queue: stays suspended forever, with no Workload. Enable "
+        f"{name} in Kueue's integrations.frameworks (ConfigMap "
+        f"{CONFIG_MAP_NAMESPACE}/{CONFIG_MAP_NAME}, key {CONFIG_KEY}) and restart Kueue, or "
+        "submit without queue:"
+    )
 
 
 # ----------------------------------------------------------------------------------------
@@ -346,7 +524,10 @@ class QueueView:
     ahead: int | None = None
     tied: int | None = None
     waits_for: list[str] = field(default_factory=list)
-    #: Kueue's own words: the QuotaReserved (or Evicted) condition's message.
+    #: Kueue's own words, as it writes them: why it does not admit the job (the reason and
+    #: message of the QuotaReserved condition, else of Admitted, while False: :func:`verdict`),
+    #: or why it evicted it (the Evicted condition's).
+    reason: str = ""
     message: str = ""
     admitted_at: str | None = None
     preempted: int = 0
@@ -398,9 +579,8 @@ def describe(
     view.cluster_queue = admission.get("clusterQueue") or view.cluster_queue
     if view.state == ADMITTED_STATE:
         view.admitted_at = conds[ADMITTED].get("lastTransitionTime")
-    reserved = conds.get(QUOTA_RESERVED, {})
     if view.state == PENDING:
-        view.message = " ".join((reserved.get("message") or "").split())
+        view.reason, view.message = verdict(wl) or ("", "")
         if cluster_queue is not None:
             view.waits_for = waits_for(requests(wl), cluster_queue)
         mine = next(
@@ -412,7 +592,8 @@ def describe(
         else:
             view.ahead, view.tied = ahead_of(wl, workloads)
     elif view.state == EVICTED_STATE:
-        view.message = " ".join((conds[EVICTED].get("message") or "").split())
+        view.reason = conds[EVICTED].get("reason") or ""
+        view.message = _one_line(conds[EVICTED].get("message"))
     _preemption(view, wl, workloads, events or [])
     return view
 
@@ -493,9 +674,28 @@ def summary(view: QueueView) -> str:
             text += f" (and {view.tied} queued in the same second, in no set order)"
     if view.waits_for:
         text += "; waits for " + "; ".join(view.waits_for)
-    elif view.message:
-        text += f"; {view.message}"
     return text
+
+
+def verdict_line(view: QueueView) -> str | None:
+    """``Kueue says Pending: couldn't assign flavors to pod set master: ...``: why Kueue does
+    not admit a pending job, in its own words (``status``'s second queue line), or None."""
+    if view.state != PENDING or not (view.reason or view.message):
+        return None
+    return (
+        "Kueue says "
+        + ": ".join(x for x in (view.reason, view.message) if x)
+        + _gloss(view.reason, view.message)
+    )
+
+
+def _gloss(reason: str, message: str) -> str:
+    """What a verdict that never clears by itself means for the user."""
+    if reason == "ExceedsMaxQuota" or _NEVER_MESSAGE in message:
+        return " (the job asks more than the ClusterQueue can ever hold: lower resources or nodes)"
+    if never_admitted(reason, message):
+        return " (this does not clear by itself)"
+    return ""
 
 
 def is_true_preemption(view: QueueView) -> bool:

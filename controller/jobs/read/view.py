@@ -22,6 +22,7 @@ from typing import Any
 from controller.jobs.read.apis import JobKind
 from controller.jobs.read.explain import job_events
 from controller.jobs.read.history import FailedRun, RunHistory
+from controller.jobs.read.queue import workload_event
 from controller.jobs.read.trainer_events import TrainerEvents
 from controller.kube.watch import RESYNC
 
@@ -41,7 +42,8 @@ class Change:
 
 class JobView:
     """The job ``name`` (of ``kind``) as last seen: :attr:`job`, its live :attr:`pods` by UID,
-    its :attr:`events` (the job's and its controllers' objects'), the :attr:`history` of its pods
+    its :attr:`events` (the job's, its controllers' objects' and its Kueue Workload's), the
+    :attr:`history` of its pods
     (every pod's last state, each failed run), what the :attr:`trainer` said, and whether the
     job is :attr:`gone`."""
 
@@ -101,7 +103,7 @@ class JobView:
             else:
                 self.pods[uid] = obj
             return Change(POD, self.history.record(obj))  # a deleted pod's last state too
-        if what == EVENT and etype != RESYNC and job_events(self.name, [obj]):
+        if what == EVENT and etype != RESYNC and self._mine(obj):
             uid = _key(obj, self.events)
             if etype == DELETED:
                 self.events.pop(uid, None)
@@ -109,6 +111,12 @@ class JobView:
                 self.events[uid] = obj
             return Change(EVENT)
         return None
+
+    def _mine(self, event: dict[str, Any]) -> bool:
+        """The event is about the job, what its controllers made, or its Kueue Workload."""
+        return bool(job_events(self.name, [event])) or workload_event(
+            self.kind.api.kind, self.name, event
+        )
 
     @property
     def condition(self) -> str | None:

@@ -25,7 +25,9 @@ What a pod that does not run shows, and where (Kubernetes 1.33):
   moment later is no change;
 - the job itself is suspended: its ``Suspended`` condition (a queue such as Kueue admits it by
   resuming it); with Kueue's queue label, it is ``Queued`` (``controller.jobs.read.queue`` says
-  where it stands in that queue and what it waits for).
+  where it stands in that queue and what it waits for), and Kueue's Warning events on its
+  Workload say why Kueue does not admit it, in Kueue's words (the reason and message of the
+  Workload's ``QuotaReserved`` condition).
 
 A reason is a *problem* (said at once: it will not go away by itself) or a *step* on the way
 (scheduling, pulling, creating: said only once it lasts, see ``STEP_SAID_AFTER_S``).
@@ -39,7 +41,7 @@ from typing import Any
 
 from controller.jobs.read.apis import JobKind
 from controller.jobs.read.explain import container_status, event_time, node_rank, replica_name
-from controller.jobs.read.queue import queued
+from controller.jobs.read.queue import never_admitted, queued, said_last
 from controller.jobs.read.view import EVENT, JOB, POD, JobView
 
 #: A step on the way (scheduling, pulling a big image) is said once it has lasted this long; a
@@ -69,9 +71,10 @@ PROBLEM_REASONS = frozenset(
 IMAGE_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "RegistryUnavailable"})
 STARTING_REASONS = frozenset({"ContainerCreating", "PodInitializing"})
 
-#: The key of a job that Kueue holds: ``wait`` and ``--follow`` say where it stands in its queue
-#: (``controller.jobs.queue.QueueNotes``, read when the job changes), so WaitNotes does not
-#: repeat it; it still counts for the timeout's message.
+#: The key of a job that Kueue holds, before Kueue has said why: ``wait`` and ``--follow`` say
+#: where it stands in its queue (``controller.jobs.queue.QueueNotes``, read when the job
+#: changes), so WaitNotes does not repeat it; it still counts for the timeout's message. Kueue's
+#: own reason, from its events, is said like any other.
 QUEUED_KEY = ("queued",)
 
 _RPC_PREFIX = re.compile(r"^rpc error: code = \w+ desc = ")
@@ -250,15 +253,28 @@ def pod_waiting(pod: dict[str, Any], events: list[dict[str, Any]]) -> Waiting | 
     return Waiting(name, reason, message, False, ("creating",), pod=name)
 
 
-def job_reason(kind: JobKind, job: dict[str, Any]) -> Waiting | None:
+def job_reason(
+    kind: JobKind, job: dict[str, Any], events: list[dict[str, Any]] | None = None
+) -> Waiting | None:
     """Why the job as a whole waits (not one pod): suspended (by ``spec.suspend``), or queued
-    (suspended with a Kueue queue, until Kueue admits it). None when nothing at the job's level
-    holds it."""
+    (suspended with a Kueue queue, until Kueue admits it: with Kueue's latest word on its
+    Workload among ``events``, that). None when nothing at the job's level holds it."""
     name = job.get("metadata", {}).get("name", "?")
     if kind.condition(job) != "Suspended":
         return None
     local_queue = queued(job)
     if local_queue:
+        # An event from before the job was created is about an earlier job of the same name.
+        created = (job.get("metadata", {}).get("creationTimestamp") or "")[:19]
+        since = [e for e in events or [] if event_time(e)[:19] >= created]
+        said = said_last(kind.api.kind, name, since)
+        if said is not None:
+            # Kueue's reason changes as the queue moves: said once per change, a verdict that
+            # never clears (the job too big for the queue) at once.
+            reason, message = said
+            text = f"in Kueue queue {local_queue}, Kueue says {reason}: {message}"
+            key = ("kueue", local_queue, reason, message)
+            return Waiting(name, "Queued", text, never_admitted(reason, message), key)
         message = f"waiting in Kueue queue {local_queue} until it is admitted"
         return Waiting(name, "Queued", message, False, (*QUEUED_KEY, local_queue))
     message = kind.condition_message(job, "Suspended") or "spec.suspend is true"
@@ -276,7 +292,7 @@ def job_waiting(
     Empty for a job that runs or has ended."""
     if kind.terminal(job) or job.get("metadata", {}).get("deletionTimestamp"):
         return []
-    held = job_reason(kind, job)
+    held = job_reason(kind, job, events)
     if held is not None:
         return [held]
     name = job["metadata"]["name"]
