@@ -157,8 +157,6 @@ def test_a_finished_elastic_job_keeps_the_log_of_a_worker_that_outlived_it(
     r = ddpjob(real_node, "submit", str(spec), "--wait", "--timeout", "300", timeout=330)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"job {namespace}/{name} Succeeded" in r.stdout
-    job = get_json(real_node, "pytorchjob", name, "-n", namespace)
-    assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "None"
 
     pods = [f"{name}-worker-0", f"{name}-worker-1"]
 
@@ -166,14 +164,16 @@ def test_a_finished_elastic_job_keeps_the_log_of_a_worker_that_outlived_it(
         got = real_node.kubectl("get", "pod", pod, "-n", namespace, "-o", "json", check=False)
         return json.loads(got.stdout)["status"].get("phase") if got.returncode == 0 else None
 
-    # Deleted under Running once the job ended, worker-1 would never get here.
+    # worker-1 ends on its own, or (deleted as the job ended) is gone.
     wait_until(
-        "worker-1 Succeeded on its own, after the job", lambda: phase(pods[1]) == "Succeeded", 120
+        "worker-1 ended or gone", lambda: phase(pods[1]) in ("Succeeded", "Failed", None), 120
     )
-    assert phase(pods[0]) == "Succeeded"
     once = ddpjob(real_node, "logs", name, "-n", namespace, "--all")
     assert once.returncode == 0, once.stderr
     shown = _by_prefix(once.stdout, {f"[{pod}] ": pod for pod in pods})
     hellos = sorted(x for lines in shown.values() for x in lines if x.startswith("hello from"))
     assert hellos == ["hello from rank 0 of 2", "hello from rank 1 of 2"], once.stdout
     assert all(shown[pod] for pod in pods), shown
+    assert [phase(pod) for pod in pods] == ["Succeeded", "Succeeded"]
+    job = get_json(real_node, "pytorchjob", name, "-n", namespace)
+    assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "None"
