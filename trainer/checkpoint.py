@@ -14,7 +14,7 @@ step that is written again. ``step_XXXXXXXX.pt`` files of the layout before (ren
 whole) are read as complete checkpoints too, and pruned with the others.
 
 A save costs the training step only the copy of the state off the device (into CPU memory,
-pinned on CUDA, reused from save to save: ``DefaultStager``); a background thread serialises
+pinned on CUDA, reused from save to save); a background thread serialises
 and writes it, then prunes to the newest ``keep``. A new save first waits for the one before.
 The loop learns of finished saves from :meth:`CheckpointManager.completed` and waits for the last
 one with :meth:`CheckpointManager.flush` before it exits.
@@ -23,6 +23,7 @@ one with :meth:`CheckpointManager.flush` before it exits.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ import time
 import zlib
 from collections.abc import Callable
 from concurrent.futures import Future
+from copy import deepcopy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,7 +188,7 @@ class CheckpointManager:
         self.grace_period_s = grace_period_s()
         problem = None
         if is_main:
-            self._stager = _stager(self.device)  # here, so that no save pays for the import
+            self._stager = _Staging(self.device)
             try:
                 store = open_store(self.location)
                 store.probe()
@@ -352,20 +354,39 @@ class CheckpointManager:
         return broadcast_state(state), where, skipped
 
 
-def _stager(device: torch.device):
-    """Copies a state off the device into CPU memory that is reused from save to save (pinned
-    on CUDA, where the copy is then asynchronous until one synchronisation)."""
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+class _Staging:
+    """Copies a state off the device into CPU tensors that are kept from save to save (pinned
+    on CUDA, where the copies then run asynchronously until one synchronisation). Plain values
+    are deep-copied. (torch.distributed.checkpoint's stager does the same, but importing it
+    costs every run seconds of CPU at start.)"""
 
-    cuda = device.type == "cuda"
-    return DefaultStager(
-        StagingOptions(
-            use_pinned_memory=cuda,
-            use_shared_memory=False,
-            use_async_staging=False,
-            use_non_blocking_copy=cuda,
-        )
-    )
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.buffers: dict[int, torch.Tensor] = {}
+
+    def stage(self, state: dict[str, Any]) -> dict[str, Any]:
+        slots = itertools.count()
+
+        def copy(obj: Any) -> Any:
+            if isinstance(obj, torch.Tensor):
+                i, src = next(slots), obj.detach()
+                buf = self.buffers.get(i)
+                if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
+                    pin = self.cuda and src.is_cuda
+                    buf = self.buffers[i] = torch.empty(src.shape, dtype=src.dtype, pin_memory=pin)
+                return buf.copy_(src, non_blocking=self.cuda)
+            if isinstance(obj, dict):
+                return {k: copy(v) for k, v in obj.items()}
+            if isinstance(obj, list):
+                return [copy(v) for v in obj]
+            if isinstance(obj, tuple):
+                return tuple(copy(v) for v in obj)
+            return deepcopy(obj)
+
+        staged = copy(state)
+        if self.cuda:
+            torch.cuda.current_stream().synchronize()  # the copies are done before the step goes on
+        return staged
 
 
 def _in_background(fn: Callable[..., Any], *args: Any) -> Future:
