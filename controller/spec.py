@@ -30,6 +30,7 @@ from controller.errors import UserError
 from controller.kubeflow import DEFAULT_RUNTIME, TRAINJOB_REPLICATED_JOB
 from controller.quantity import QUANTITY, parse_quantity
 from trainer.config import TrainConfig, format_errors
+from trainer.contract import GRACE_PERIOD_ENV
 
 # --------------------------------------------------------------------------------------------
 # Names and formats Kubernetes insists on
@@ -48,6 +49,8 @@ SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 # Set by the training operator in every pod; a user value would be overwritten or conflict.
 OPERATOR_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "PYTHONUNBUFFERED")
 OPERATOR_ENV_PREFIX = "PET_"
+# Set by the renderer from the spec's own fields; a user value would contradict them.
+RENDERED_ENV = {GRACE_PERIOD_ENV: "grace_period_s"}
 # Volumes and mount paths the renderer adds itself (see controller.render).
 RESERVED_VOLUMES = ("dshm", "tmp")
 RESERVED_MOUNTS = ("/dev/shm", "/tmp")
@@ -161,7 +164,12 @@ _QUANTITY_SCHEMA: dict[str, Any] = {
 }
 _ENV_NAMES = {
     "pattern": json_pattern(ENV_NAME),
-    "not": {"anyOf": [{"enum": list(OPERATOR_ENV)}, {"pattern": _any_of(OPERATOR_ENV_PREFIX)}]},
+    "not": {
+        "anyOf": [
+            {"enum": [*OPERATOR_ENV, *RENDERED_ENV]},
+            {"pattern": _any_of(OPERATOR_ENV_PREFIX)},
+        ]
+    },
 }
 # 253 (prefix) + "/" + 63 (name); the pattern bounds the name alone.
 _LABEL_KEYS = {"pattern": json_pattern(LABEL_KEY), "maxLength": 317}
@@ -242,6 +250,15 @@ class Volume(_Model):
         json_schema_extra={"pattern": "^/", "not": {"pattern": _any_of(*RESERVED_MOUNTS) + "/*$"}},
     )
     read_only: bool = Field(False, description="Mount read-only (data sets shared by many jobs).")
+    rank0_only: bool = Field(
+        False,
+        description=(
+            "PyTorchJob only: mount it on rank 0's pod alone (the Master), not on the Workers. "
+            "For a ReadWriteOnce claim that holds checkpoint.dir: only rank 0 writes and reads "
+            "checkpoints (it broadcasts the state on resume). A volume every pod mounts needs a "
+            "ReadWriteMany claim once pods run on several nodes."
+        ),
+    )
     sub_path: str | None = Field(
         None,
         description="Mount only this sub-directory of the volume.",
@@ -430,6 +447,16 @@ class JobSpec(_Model):
     volumes: list[Volume] = Field(
         default_factory=list, description="PersistentVolumeClaims to mount (data, checkpoints)."
     )
+    grace_period_s: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Seconds a pod has between SIGTERM (preemption, deletion) and SIGKILL: its "
+            "terminationGracePeriodSeconds, passed to the trainer as DDPJOB_GRACE_PERIOD_S. "
+            "The last checkpoint is written within it (the trainer warns once when a write "
+            "took longer); raise it for large states on slow storage. Default: Kubernetes' 30."
+        ),
+    )
     node_selector: dict[str, str] = Field(
         default_factory=dict,
         description="Node labels the pods must match.",
@@ -595,6 +622,8 @@ class JobSpec(_Model):
                 raise ValueError(f"{key} is not a valid environment variable name")
             if key in OPERATOR_ENV or key.startswith(OPERATOR_ENV_PREFIX):
                 raise ValueError(f"{key} is set by the training operator; remove it")
+            if key in RENDERED_ENV:
+                raise ValueError(f"{key} is set from {RENDERED_ENV[key]}; set that instead")
         return v
 
     @field_validator("node_selector", "labels")
@@ -645,6 +674,7 @@ class JobSpec(_Model):
             *self._args_or_trainer(),
             *self._api_fits(),
             *self._elastic_keeps_pods(),
+            *self._rank0_volumes(),
         ]
         if problems:
             # One ValueError carries every problem; spec_errors() splits it back into lines.
@@ -757,6 +787,25 @@ class JobSpec(_Model):
             "Remove it, or use api: pytorchjob"
             for field, why in PYTORCHJOB_ONLY.items()
             if field in self.model_fields_set and field not in kueue_fields
+        ]
+
+    def _rank0_volumes(self) -> list[str]:
+        """A volume for rank 0's pod alone needs a pod that is rank 0's before the job starts."""
+        if self.api == "trainjob":
+            got = "api trainjob"
+            why = (
+                "a TrainJob's pods share one template (runtimePatches patch replicated job "
+                "node), so a volume is on every pod or on none"
+            )
+        elif self.elastic:
+            got, why = "elastic", "an elastic job has no Master; its rendezvous picks rank 0"
+        else:
+            return []
+        return [
+            f"volumes.{i}.rank0_only: {why} (got {got}, volume {v.name}). Use "
+            "checkpoint.dir: s3://..., or a ReadWriteMany claim mounted on every pod"
+            for i, v in enumerate(self.volumes)
+            if v.rank0_only
         ]
 
     # -- derived values the renderer and the local runner share --------------------------------

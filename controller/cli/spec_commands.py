@@ -181,8 +181,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--grace-s",
         type=float,
-        default=30.0,
+        default=None,
         metavar="S",
-        help="on stop, seconds between SIGTERM and SIGKILL (default 30; checkpoints need time)",
+        help="on stop, seconds between SIGTERM and SIGKILL (default: the spec's grace_period_s, "
+        "else 30; checkpoints need time)",
     )
     p.set_defaults(func=cmd_run)

@@ -68,7 +68,15 @@ from controller.local.engine import (
     remove,
 )
 from controller.local.janitor import Janitor, chown_tree
-from controller.local.processes import Node, _Runner, _sayer, _signals_to, operator_env, spec_env
+from controller.local.processes import (
+    Node,
+    _Runner,
+    _sayer,
+    _signals_to,
+    grace_s_of,
+    node_env,
+    operator_env,
+)
 from controller.progress import Progress
 from controller.render.pod import container_args, container_command, pod_labels
 from controller.spec import JobSpec, parse_quantity
@@ -142,6 +150,7 @@ class Mount:
     source: Path  # host_dir, or its sub_path
     target: str
     read_only: bool
+    rank0_only: bool = False  # on node 0's container alone, as on the Master pod
 
 
 def mounts(spec: JobSpec, root: Path) -> list[Mount]:
@@ -150,7 +159,7 @@ def mounts(spec: JobSpec, root: Path) -> list[Mount]:
     for v in spec.volumes:
         host_dir = (root / v.name).absolute()
         source = host_dir / v.sub_path if v.sub_path else host_dir
-        out.append(Mount(v.name, host_dir, source, v.mount_path, v.read_only))
+        out.append(Mount(v.name, host_dir, source, v.mount_path, v.read_only, v.rank0_only))
     return out
 
 
@@ -198,7 +207,8 @@ def run_argv(
     argv += [x for k, v in env.items() for x in ("--env", f"{k}={v}")]
     argv += [x for k in secret_names for x in ("--env", k)]  # the value: from our environment
     for m in volumes:
-        argv += ["--volume", f"{m.source}:{m.target}{':ro' if m.read_only else ''}"]
+        if box.index == 0 or not m.rank0_only:
+            argv += ["--volume", f"{m.source}:{m.target}{':ro' if m.read_only else ''}"]
     if gpus and engine.name == "podman":
         argv += [x for i in gpus for x in ("--device", f"nvidia.com/gpu={i}")]
     elif gpus:
@@ -350,7 +360,7 @@ def run_container(
     *,
     engine: str = "auto",
     logs_dir: str | Path | None = None,
-    grace_s: float = 30.0,
+    grace_s: float | None = None,
     out: IO[str] | None = None,
     err: IO[str] | None = None,
 ) -> int:
@@ -358,7 +368,8 @@ def run_container(
     when stopped, JobFailed else. UserError (nothing started) for a missing engine, image,
     secret or GPU."""
     say = _sayer(err or sys.stderr)
-    extra_env = spec_env(spec)
+    grace_s = grace_s_of(spec, grace_s)
+    extra_env = node_env(spec, grace_s)
     chosen, gpus, workdir = _preflight(spec, engine)
     _say_reaped(reap(chosen), say)
 

@@ -133,6 +133,21 @@ def spec_env(spec: JobSpec, environ: dict[str, str] | None = None) -> dict[str, 
     return env
 
 
+def grace_s_of(spec: JobSpec, grace_s: float | None) -> float:
+    """Seconds between SIGTERM and SIGKILL when a run stops: ``--grace-s``, else the spec's
+    ``grace_period_s``, else Kubernetes' default, as a pod gets."""
+    if grace_s is not None:
+        return grace_s
+    return float(spec.grace_period_s or contract.KUBERNETES_DEFAULT_GRACE_PERIOD_S)
+
+
+def node_env(spec: JobSpec, grace_s: float) -> dict[str, str]:
+    """What a node gets beside the launcher's variables: the spec's env and secrets
+    (:func:`spec_env`) and the grace period it runs under, for the trainer to measure its
+    checkpoint writes against, as a pod's ``DDPJOB_GRACE_PERIOD_S``."""
+    return {**spec_env(spec), contract.GRACE_PERIOD_ENV: f"{grace_s:g}"}
+
+
 def node_path(environ: dict[str, str] | None = None) -> str:
     """PATH for a node: this interpreter's bin directory first (its venv's console scripts,
     ``torchrun`` among them, as the image has them on PATH), then the caller's PATH."""
@@ -155,14 +170,16 @@ def run_local(
     spec: JobSpec,
     *,
     logs_dir: str | Path | None = None,
-    grace_s: float = 30.0,
+    grace_s: float | None = None,
     out: IO[str] | None = None,
     err: IO[str] | None = None,
 ) -> int:
-    """Run ``spec`` here; 0 when every node exits 0, 128+signal when stopped, JobFailed else."""
+    """Run ``spec`` here; 0 when every node exits 0, 128+signal when stopped, JobFailed else.
+    ``grace_s``: between SIGTERM and SIGKILL (default: :func:`grace_s_of`)."""
     out = out or sys.stdout
     err = err or sys.stderr
-    extra_env = spec_env(spec)
+    grace_s = grace_s_of(spec, grace_s)
+    extra_env = node_env(spec, grace_s)
     logs = Path(logs_dir) if logs_dir else Path("runs") / spec.name / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     port = free_port()

@@ -21,6 +21,7 @@ from controller.kubeflow import (
 )
 from controller.render.args import trainer_args
 from controller.spec import JobSpec
+from trainer.contract import GRACE_PERIOD_ENV
 
 # Standard labels (https://kubernetes.io/docs/concepts/overview/working-with-objects/common-labels/)
 LABEL_NAME = "app.kubernetes.io/name"  # the application: always ddpjob
@@ -82,14 +83,16 @@ def job_metadata(spec: JobSpec) -> dict[str, Any]:
     return meta
 
 
-def pod_template(spec: JobSpec) -> dict[str, Any]:
+def pod_template(spec: JobSpec, rank0: bool = True) -> dict[str, Any]:
+    """A pod of the job; ``rank0``: the pod rank 0 runs in, which mounts the ``rank0_only``
+    volumes too."""
     meta: dict[str, Any] = {"labels": pod_labels(spec)}
     if spec.annotations:
         meta["annotations"] = dict(spec.annotations)
-    return {"metadata": meta, "spec": pod_spec(spec)}
+    return {"metadata": meta, "spec": pod_spec(spec, rank0)}
 
 
-def pod_spec(spec: JobSpec) -> dict[str, Any]:
+def pod_spec(spec: JobSpec, rank0: bool = True) -> dict[str, Any]:
     pod: dict[str, Any] = {}
     if spec.service_account:
         pod["serviceAccountName"] = spec.service_account
@@ -103,9 +106,11 @@ def pod_spec(spec: JobSpec) -> dict[str, Any]:
         pod["tolerations"] = tolerations(spec)
     if spec.image_pull_secrets:
         pod["imagePullSecrets"] = image_pull_secrets(spec)
+    if spec.grace_period_s is not None:
+        pod["terminationGracePeriodSeconds"] = spec.grace_period_s
     pod["securityContext"] = pod_security_context()
-    pod["containers"] = [container(spec)]
-    pod["volumes"] = volumes(spec)
+    pod["containers"] = [container(spec, rank0)]
+    pod["volumes"] = volumes(spec, rank0)
     return pod
 
 
@@ -151,7 +156,7 @@ def _toleration(t: Any) -> dict[str, Any]:
     return out
 
 
-def container(spec: JobSpec) -> dict[str, Any]:
+def container(spec: JobSpec, rank0: bool = True) -> dict[str, Any]:
     """The one training container, named ``pytorch`` with the port the operator looks up."""
     c: dict[str, Any] = {
         "name": CONTAINER,
@@ -167,7 +172,7 @@ def container(spec: JobSpec) -> dict[str, Any]:
     c["ports"] = [{"name": PORT_NAME, "containerPort": PORT}]
     c["resources"] = resources(spec)
     c["securityContext"] = container_security_context()
-    c["volumeMounts"] = volume_mounts(spec)
+    c["volumeMounts"] = volume_mounts(spec, rank0)
     return c
 
 
@@ -181,12 +186,15 @@ def container_args(spec: JobSpec) -> list[str]:
 
 
 def container_env(spec: JobSpec) -> list[dict[str, Any]]:
-    """The user's env in the spec's order, then Secret references (never their values)."""
+    """The user's env in the spec's order, then Secret references (never their values), then
+    the grace period for the trainer, where the spec sets one."""
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in spec.env.items()]
     for name, ref in spec.secret_env.items():
         env.append(
             {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.key}}}
         )
+    if spec.grace_period_s is not None:
+        env.append({"name": GRACE_PERIOD_ENV, "value": str(spec.grace_period_s)})
     return env
 
 
@@ -200,24 +208,29 @@ def resources(spec: JobSpec) -> dict[str, Any]:
     return {"limits": limits, "requests": {"cpu": r.cpu, "memory": r.memory}}
 
 
-def volumes(spec: JobSpec) -> list[dict[str, Any]]:
+def mounted(spec: JobSpec, rank0: bool = True) -> list[Any]:
+    """The spec's volumes on a pod: all on rank 0's, all but the ``rank0_only`` ones elsewhere."""
+    return [v for v in spec.volumes if rank0 or not v.rank0_only]
+
+
+def volumes(spec: JobSpec, rank0: bool = True) -> list[dict[str, Any]]:
     vols: list[dict[str, Any]] = [
         # NCCL and DataLoader workers share memory through /dev/shm; the runtime gives 64Mi.
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
         # A writable scratch dir (torch.compile caches, tempfiles) for the non-root user.
         {"name": "tmp", "emptyDir": {}},
     ]
-    for v in spec.volumes:
+    for v in mounted(spec, rank0):
         vols.append({"name": v.name, "persistentVolumeClaim": {"claimName": v.claim}})
     return vols
 
 
-def volume_mounts(spec: JobSpec) -> list[dict[str, Any]]:
+def volume_mounts(spec: JobSpec, rank0: bool = True) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = [
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
-    for v in spec.volumes:
+    for v in mounted(spec, rank0):
         m: dict[str, Any] = {"name": v.name, "mountPath": v.mount_path}
         if v.sub_path:
             m["subPath"] = v.sub_path

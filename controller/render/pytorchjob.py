@@ -14,7 +14,8 @@ them equal. Shape decisions, with the operator source they follow:
 - ``spec.nprocPerNode`` is a string (the v1 field is ``*string``).
 - No key ever carries null: optional fields are left out.
 - The pod template (container, resources, env, volumes, security context) is ``pod.py``'s; the
-  trainer settings become args in ``args.py``.
+  trainer settings become args in ``args.py``. The Master runs rank 0: only its template mounts
+  the ``rank0_only`` volumes (an elastic job, whose rank 0 the rendezvous picks, has none).
 """
 
 from __future__ import annotations
@@ -80,12 +81,13 @@ def replica_specs(spec: JobSpec) -> dict[str, Any]:
     """Master (1) + Worker (nodes - 1); elastic: Worker (nodes) only. Each gets its own template."""
     replicas: dict[str, Any] = {}
     if not spec.elastic:
-        replicas["Master"] = _replica(spec, 1)
+        replicas["Master"] = _replica(spec, 1, rank0=True)
     if spec.worker_replicas > 0:
-        replicas["Worker"] = _replica(spec, spec.worker_replicas)
+        replicas["Worker"] = _replica(spec, spec.worker_replicas, rank0=False)
     return replicas
 
 
-def _replica(spec: JobSpec, count: int) -> dict[str, Any]:
+def _replica(spec: JobSpec, count: int, rank0: bool) -> dict[str, Any]:
     # A fresh template per replica type: shared dicts would come out as YAML anchors.
-    return {"replicas": count, "restartPolicy": spec.restart_policy, "template": pod_template(spec)}
+    template = pod_template(spec, rank0)
+    return {"replicas": count, "restartPolicy": spec.restart_policy, "template": template}

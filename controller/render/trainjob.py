@@ -14,8 +14,9 @@ the Trainer source they follow:
   Trainer v2 does not, and a block-buffered stdout would hold rank 0's lines back from ``logs -f``.
 - Everything else the pod needs goes into one ``runtimePatches`` entry (manager ``ddpjob/spec``),
   a strategic merge into the runtime's JobSet template, which reaches only: pod labels and
-  annotations, serviceAccountName, nodeSelector, tolerations, imagePullSecrets, the pod and
-  container securityContext, volumes and the container's volumeMounts (/dev/shm, /tmp, PVCs).
+  annotations, serviceAccountName, nodeSelector, tolerations, imagePullSecrets,
+  terminationGracePeriodSeconds, the pod and container securityContext, volumes and the
+  container's volumeMounts (/dev/shm, /tmp, PVCs).
 - Job labels: the standard ones, the Kueue queue and, with it, the WorkloadPriorityClass (on the
   TrainJob only, as Kueue's TrainJob integration reads them), then the user's. Pods get the
   standard and user labels through the patch.
@@ -126,6 +127,8 @@ def pod_patch(spec: JobSpec) -> dict[str, Any]:
         pod["tolerations"] = tolerations(spec)
     if spec.image_pull_secrets:
         pod["imagePullSecrets"] = image_pull_secrets(spec)
+    if spec.grace_period_s is not None:
+        pod["terminationGracePeriodSeconds"] = spec.grace_period_s
     pod["securityContext"] = pod_security_context()
     pod["containers"] = [
         {

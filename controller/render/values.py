@@ -49,6 +49,7 @@ def render_values(spec: JobSpec) -> dict[str, Any]:
             {"name": k, "secret": ref.secret, "key": ref.key} for k, ref in spec.secret_env.items()
         ],
         "volumes": [v.model_dump(exclude_none=True) for v in spec.volumes],
+        "grace_period_s": spec.grace_period_s,
         "node_selector": dict(spec.node_selector),
         "tolerations": [t.model_dump(exclude_none=True) for t in spec.tolerations],
         "priority_class": spec.priority_class or "",

@@ -199,6 +199,23 @@ def test_a_failing_rank_stops_the_others_and_reports_its_exit_code(tmp_path):
     assert info.value.exit_code == 1
 
 
+def test_each_rank_is_told_the_grace_period_it_runs_under(tmp_path):
+    """``--grace-s``, else the spec's ``grace_period_s``, else Kubernetes' 30: what a pod's
+    trainer reads as ``DDPJOB_GRACE_PERIOD_S`` to measure its checkpoint writes against."""
+    script = """
+        import os
+        path = os.path.join(os.environ["OUT"], "rank" + os.environ["RANK"])
+        open(path, "w").write(os.environ["DDPJOB_GRACE_PERIOD_S"])
+    """
+    for grace_period_s, grace_s, told in ((None, None, "30"), (90, None, "90"), (90, 2.5, "2.5")):
+        out = tmp_path / f"{grace_period_s}-{grace_s}"
+        out.mkdir()
+        fields = {"grace_period_s": grace_period_s} if grace_period_s else {}
+        spec = spec_running(script, nodes=2, env={"OUT": str(out)}, **fields)
+        assert run_local(spec, logs_dir=out, grace_s=grace_s) == 0
+        assert [(out / f"rank{r}").read_text() for r in (0, 1)] == [told, told]
+
+
 def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
     spec = spec_running(FAILING.format(handler="signal.SIG_IGN"), nodes=2,
                         env={"MARKER": str(tmp_path / "m")})  # fmt: skip

@@ -31,6 +31,7 @@ from controller.local.container import (
     cpus,
     gpu_slices,
     launcher_env,
+    mounts,
     run_argv,
 )
 from controller.local.engine import (
@@ -124,6 +125,18 @@ def test_run_argv_carries_the_pods_settings(tmp_path):
     assert "--label app.kubernetes.io/instance=qs" in text
     assert "--userns" not in text and "--gpus" not in text and "--device" not in text
     assert text.endswith("repo/trainer:1 -m trainer max_steps=5")
+
+
+def test_a_rank0_only_volume_is_in_node_0s_container_alone(tmp_path):
+    """As on the pods: the Master mounts a rank0_only volume, its Workers do not."""
+    volume = {"name": "ckpt", "claim": "rwo", "mount_path": "/ckpt", "rank0_only": True}
+    spec = validate_spec(minimal(nodes=2, volumes=[volume]))
+    (ckpt,) = mounts(spec, tmp_path)
+    args = {"run_id": "r1", "network": "net", "owner": "h/1/2", "env": {}, "secret_names": [],
+            "volumes": [ckpt], "gpus": [], "cpus": "1"}  # fmt: skip
+    master, worker = (run_argv(PODMAN, spec, box, **args) for box in boxes(spec, "r1"))
+    assert f"--volume {tmp_path}/ckpt:/ckpt" in " ".join(master)
+    assert "--volume" not in worker
 
 
 def test_rootless_podman_maps_the_image_user_to_the_invoker():

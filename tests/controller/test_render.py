@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import string
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from controller.errors import UserError
 from controller.render.args import encode_value, trainer_args
 from controller.render.output import to_yaml
 from controller.render.pytorchjob import render_pytorchjob
@@ -226,6 +228,64 @@ def test_volumes_tolerations_selectors_pull_secrets():
     assert pod["nodeSelector"] == {"pool": "gpu"}
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
     assert pod["serviceAccountName"] == "trainer"
+
+
+def test_a_rank0_only_volume_is_on_the_master_alone():
+    """A ReadWriteOnce claim for checkpoints: rank 0 (the Master) reads and writes them, so
+    only its pod mounts it; a volume without rank0_only stays on every pod."""
+    job = render(
+        nodes=3,
+        volumes=[
+            {"name": "ckpt", "claim": "rwo", "mount_path": "/ckpt", "rank0_only": True},
+            {"name": "data", "claim": "ds", "mount_path": "/data", "read_only": True},
+        ],
+    )
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    master, worker = (replicas[r]["template"]["spec"] for r in ("Master", "Worker"))
+    assert [v["name"] for v in master["volumes"]] == ["dshm", "tmp", "ckpt", "data"]
+    assert [m["name"] for m in master["containers"][0]["volumeMounts"]] == [
+        "dshm", "tmp", "ckpt", "data"
+    ]  # fmt: skip
+    assert [v["name"] for v in worker["volumes"]] == ["dshm", "tmp", "data"]
+    assert [m["name"] for m in worker["containers"][0]["volumeMounts"]] == ["dshm", "tmp", "data"]
+    assert replicas["Worker"]["replicas"] == 2
+
+
+def test_a_rank0_only_volume_needs_a_master():
+    volume = {"name": "ckpt", "claim": "rwo", "mount_path": "/ckpt", "rank0_only": True}
+    elastic = {"min_nodes": 1, "max_nodes": 3}
+    for fields, got in (({"api": "trainjob"}, "api trainjob"), ({"elastic": elastic}, "elastic")):
+        with pytest.raises(UserError) as e:
+            validate_spec(minimal(nodes=2, volumes=[volume], **fields))
+        (line,) = e.value.problems
+        assert line.startswith("volumes.0.rank0_only: "), line
+        assert f"(got {got}, volume ckpt). Use checkpoint.dir: s3://..." in line
+
+
+def test_grace_period_is_the_pods_and_the_trainers():
+    job = render(nodes=2, grace_period_s=600, env={"A": "1"})
+    for template in templates(job):
+        pod = template["spec"]
+        assert pod["terminationGracePeriodSeconds"] == 600
+        assert pod["containers"][0]["env"] == [
+            {"name": "A", "value": "1"},
+            {"name": "DDPJOB_GRACE_PERIOD_S", "value": "600"},
+        ]
+    # Unset: Kubernetes' default, which the trainer assumes in a pod; nothing rendered.
+    pod = templates(render())[0]["spec"]
+    assert "terminationGracePeriodSeconds" not in pod and "env" not in pod["containers"][0]
+
+
+def test_the_grace_periods_variable_is_the_specs_to_set():
+    for field in ("env", "secret_env"):
+        value = "5" if field == "env" else {"secret": "s", "key": "k"}
+        with pytest.raises(UserError) as e:
+            validate_spec(minimal(**{field: {"DDPJOB_GRACE_PERIOD_S": value}}))
+        assert e.value.problems == [
+            f"{field}: DDPJOB_GRACE_PERIOD_S is set from grace_period_s; set that instead"
+        ]
+    with pytest.raises(UserError, match="grace_period_s: Input should be greater than or equal"):
+        validate_spec(minimal(grace_period_s=0))
 
 
 def test_custom_command_and_args_pass_through():

@@ -120,6 +120,13 @@ def test_pod_settings_go_through_one_runtime_patch():
     ]
 
 
+def test_grace_period_goes_through_the_patch_and_the_trainers_env():
+    job = render(grace_period_s=120)
+    assert patched_pod(job)["spec"]["terminationGracePeriodSeconds"] == 120
+    assert job["spec"]["trainer"]["env"][-1] == {"name": "DDPJOB_GRACE_PERIOD_S", "value": "120"}
+    assert "terminationGracePeriodSeconds" not in patched_pod(render())["spec"]
+
+
 def test_the_pod_is_the_pytorchjobs_pod():
     """The pieces a TrainJob patches in are exactly the PyTorchJob's pod, for the same spec."""
     fields = {

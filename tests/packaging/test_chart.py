@@ -77,8 +77,9 @@ SPECS: dict[str, dict[str, Any]] = {
                 "read_only": True,
                 "sub_path": "imagenet/train",
             },
-            {"name": "ckpt", "claim": "ckpts", "mount_path": "/ckpt"},
+            {"name": "ckpt", "claim": "ckpts", "mount_path": "/ckpt", "rank0_only": True},
         ],
+        "grace_period_s": 600,
         "node_selector": {"nvidia.com/gpu.product": "A100", "pool": "true"},
         "tolerations": [
             {
@@ -127,6 +128,7 @@ SPECS: dict[str, dict[str, Any]] = {
             },
             {"name": "ckpt", "claim": "ckpts", "mount_path": "/ckpt"},
         ],
+        "grace_period_s": 120,
         "node_selector": {"pool": "true"},
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "service_account": "trainer",
@@ -253,8 +255,17 @@ def test_the_branch_specs_reach_every_branch():
         '"ttlSecondsAfterFinished"',
         '"nvidia.com/gpu"',
         '"nodeSelector"',
+        '"terminationGracePeriodSeconds"',
+        '"DDPJOB_GRACE_PERIOD_S"',
     ):
         assert needle in text, needle
+    # A rank0_only volume: on a Master, not on its Workers.
+    assert any(
+        len(r["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["volumes"])
+        > len(r["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["volumes"])
+        for r in rendered
+        if {"Master", "Worker"} <= set(r["spec"]["pytorchReplicaSpecs"])
+    )
     replica_sets = [set(r["spec"]["pytorchReplicaSpecs"]) for r in rendered]
     assert {"Master"} in replica_sets and {"Worker"} in replica_sets
     assert {"Master", "Worker"} in replica_sets
@@ -273,6 +284,8 @@ def test_the_branch_specs_reach_every_branch():
         '"nvidia.com/gpu"',
         '"nodeSelector"',
         '"args"',
+        '"terminationGracePeriodSeconds"',
+        '"DDPJOB_GRACE_PERIOD_S"',
     ):
         assert needle in text, needle
     assert any("args" not in j["spec"]["trainer"] for j in trainjobs)
@@ -327,6 +340,22 @@ def test_an_elastic_job_keeps_its_pods_and_refuses_running_like_the_spec(helm, t
     assert proc.returncode != 0 and "(got Running with elastic)" in proc.stderr, proc.stderr
     with pytest.raises(Exception, match=r"\(got Running with elastic\)"):
         validate_spec({"name": "x", "image": "i", **elastic, "clean_pod_policy": "Running"})
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{"api": "trainjob"}, {"elastic": {"min_nodes": 1, "max_nodes": 2, "max_restarts": 3}}],
+    ids=["trainjob", "elastic"],
+)
+def test_a_rank0_only_volume_without_a_master_fails_like_the_spec(helm, values, tmp_path):
+    volume = {"name": "ckpt", "claim": "rwo", "mount_path": "/ckpt", "rank0_only": True}
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump({"nodes": 2, "volumes": [volume], **values}))
+    proc = helm("template", "x", str(CHART), "-f", str(path), check=False)
+    assert proc.returncode != 0, f"accepted {values}"
+    assert "volumes.0.rank0_only: " in proc.stderr, proc.stderr
+    with pytest.raises(Exception, match=r"volumes\.0\.rank0_only: "):
+        validate_spec({"name": "x", "image": "i", "nodes": 2, "volumes": [volume], **values})
 
 
 def test_a_trainjob_name_too_long_for_jobset_pods_fails_like_the_spec(helm, tmp_path):

@@ -65,6 +65,24 @@ sets one.
 {{- with $only }}
 {{- fail (printf "%s: a TrainJob cannot carry it (api: trainjob). Remove it, or use api: pytorchjob; `python -m controller validate` says why" (join ", " .)) }}
 {{- end }}
+{{- include "ddpjob.rank0VolumesFit" . }}
+{{- end }}
+
+{{/*
+A rank0_only volume needs a pod that is rank 0's before the job starts: a PyTorchJob's Master.
+A TrainJob's pods share one template and an elastic job's rendezvous picks rank 0: fail there,
+as `validate` does.
+*/}}
+{{- define "ddpjob.rank0VolumesFit" -}}
+{{- $got := "" }}
+{{- if eq .Values.api "trainjob" }}{{ $got = "api trainjob" }}{{ else if kindIs "map" .Values.elastic }}{{ $got = "elastic" }}{{ end }}
+{{- if $got }}
+{{- range $i, $v := .Values.volumes }}
+{{- if $v.rank0_only }}
+{{- fail (printf "volumes.%d.rank0_only: no pod is rank 0's before the job starts (got %s, volume %s). Use checkpoint.dir: s3://..., or a ReadWriteMany claim mounted on every pod; `python -m controller validate` says why" $i $got $v.name) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*

@@ -3,7 +3,8 @@ The pod both job APIs carry, in pieces (controller/render/pod.py builds the same
 annotations, the restricted Pod Security profile, a memory-backed /dev/shm and a writable /tmp
 for the non-root user, the PVC mounts, env and resources. The PyTorchJob's Master and Worker
 replicas use ddpjob.podTemplate whole; the TrainJob puts the pieces into spec.trainer and its
-runtimePatches.
+runtimePatches. A context with `workers: true` (the PyTorchJob's Worker replicas) leaves out the
+rank0_only volumes.
 */}}
 
 {{/* Pod metadata: the standard labels and the user's, the user's annotations. */}}
@@ -78,7 +79,17 @@ securityContext:
   runAsNonRoot: true
 {{- end }}
 
-{{/* The user's env entries in order, then Secret references (a list body, may be empty). */}}
+{{/* terminationGracePeriodSeconds (when set). */}}
+{{- define "ddpjob.gracePeriod" -}}
+{{- if not (kindIs "invalid" .Values.grace_period_s) }}
+terminationGracePeriodSeconds: {{ .Values.grace_period_s | int }}
+{{- end }}
+{{- end }}
+
+{{/*
+The user's env entries in order, then Secret references, then the grace period for the trainer
+(when set) (a list body, may be empty).
+*/}}
 {{- define "ddpjob.envEntries" -}}
 {{- range .Values.env }}
 - name: {{ .name | quote }}
@@ -90,6 +101,10 @@ securityContext:
     secretKeyRef:
       name: {{ .secret | quote }}
       key: {{ .key | quote }}
+{{- end }}
+{{- if not (kindIs "invalid" .Values.grace_period_s) }}
+- name: DDPJOB_GRACE_PERIOD_S
+  value: {{ .Values.grace_period_s | int | toString | quote }}
 {{- end }}
 {{- end }}
 
@@ -108,12 +123,14 @@ requests:
 
 {{/* /dev/shm, /tmp and the PVCs, mounted. */}}
 {{- define "ddpjob.volumeMounts" -}}
+{{- $workers := .workers | default false }}
 volumeMounts:
   - name: dshm
     mountPath: /dev/shm
   - name: tmp
     mountPath: /tmp
   {{- range .Values.volumes }}
+  {{- if not (and $workers .rank0_only) }}
   - name: {{ .name | quote }}
     mountPath: {{ .mount_path | quote }}
     {{- with .sub_path }}
@@ -123,10 +140,12 @@ volumeMounts:
     readOnly: true
     {{- end }}
   {{- end }}
+  {{- end }}
 {{- end }}
 
 {{/* The volumes behind them. */}}
 {{- define "ddpjob.volumes" -}}
+{{- $workers := .workers | default false }}
 volumes:
   - name: dshm
     emptyDir:
@@ -135,9 +154,11 @@ volumes:
   - name: tmp
     emptyDir: {}
   {{- range .Values.volumes }}
+  {{- if not (and $workers .rank0_only) }}
   - name: {{ .name | quote }}
     persistentVolumeClaim:
       claimName: {{ .claim | quote }}
+  {{- end }}
   {{- end }}
 {{- end }}
 
@@ -161,6 +182,7 @@ spec:
   {{- end }}
   {{- end }}
   {{- include "ddpjob.placement" . | nindent 2 }}
+  {{- include "ddpjob.gracePeriod" . | nindent 2 }}
   {{- include "ddpjob.podSecurityContext" . | nindent 2 }}
   containers:
     - name: pytorch
@@ -171,7 +193,7 @@ spec:
       args:
         {{- toYaml . | nindent 8 }}
       {{- end }}
-      {{- if or .Values.env .Values.secret_env }}
+      {{- if or .Values.env .Values.secret_env (not (kindIs "invalid" .Values.grace_period_s)) }}
       env:
         {{- include "ddpjob.envEntries" . | nindent 8 }}
       {{- end }}
