@@ -261,6 +261,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"rank 0: pod {st['rank0_pod']} (the rendezvous placed it)")
     if st["progress"]:
         print(f"progress: {format_progress(st['progress'])}")
+    if st["checkpoint"]:
+        from controller.jobs.read.checkpoints import format_checkpoint
+
+        print(f"checkpoint: {format_checkpoint(st['checkpoint'])}")
     if st["reported_progress"]:
         print(f"reported in the {st['kind']}: {format_reported(st['reported_progress'])}")
     return 0

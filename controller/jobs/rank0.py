@@ -33,7 +33,7 @@ def rank0_pod(
     scan: bool = False,
 ) -> tuple[dict[str, Any] | None, list[str] | None]:
     """The pod of global rank 0 (None if there is none yet) and, for an elastic job, the last
-    ``tail_lines`` lines of its log (timestamps cut) that were read to find it, else None.
+    ``tail_lines`` lines of its log (with their timestamps) that were read to find it, else None.
     ``scan``: when no worker's tail shows an event, look for ``start`` events in whole logs."""
     name = job["metadata"]["name"]
     if not is_elastic(job):  # a fixed-size job (either API): node rank 0's pod
@@ -58,7 +58,7 @@ def rank0_pod(
         split = [split_timestamp(line) for line in text.splitlines()]
         stamps = [ts for ts, body in split if ts is not None and parse_event(body) is not None]
         if stamps and (best is None or stamps[-1] > best[0]):
-            best = (stamps[-1], pod, [body for _, body in split])
+            best = (stamps[-1], pod, text.splitlines())
     if best is not None:
         return best[1], best[2]
     if scan:

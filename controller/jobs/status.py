@@ -6,12 +6,15 @@ CLI's.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 from controller.errors import ClusterError, JobFailed
 from controller.jobs.find import find_job
 from controller.jobs.queue import read_queue
 from controller.jobs.rank0 import rank0_pod
+from controller.jobs.read.apis import JobKind
+from controller.jobs.read.checkpoints import last_checkpoint
 from controller.jobs.read.explain import (
     age,
     explain_failure,
@@ -22,9 +25,15 @@ from controller.jobs.read.explain import (
     sort_events,
 )
 from controller.jobs.read.history import DEFAULT_TAIL_LINES, READ_TAIL_LINES, RunHistory
+from controller.jobs.read.loglines import split_timestamp
 from controller.jobs.read.view import JobView
 from controller.jobs.read.why import not_started, pending
 from controller.kube.client import Cluster
+
+#: Rank 0's log lines read for its progress and last checkpoint; the lines read further back
+#: for a checkpoint when those have none.
+TAIL_LINES = 200
+CHECKPOINT_LINES = 5000
 
 
 def job_status(
@@ -42,15 +51,15 @@ def job_status(
     queue = read_queue(cluster, job)  # None for a job without a Kueue queue
     # Progress from rank 0's latest events: its pod's log (a Master, node 0 of a TrainJob), or
     # in an elastic job the log of the worker the rendezvous made rank 0 (found by its events).
-    rank0, tail = rank0_pod(cluster, namespace, job, kind, tail_lines=200)
+    rank0, tail = rank0_pod(cluster, namespace, job, kind, tail_lines=TAIL_LINES)
+    checkpoint = None
     if rank0 is not None and rank0.get("status", {}).get("phase") != "Pending":
+        pod = rank0["metadata"]["name"]
         try:
             if tail is None:
-                text = cluster.read_log(
-                    rank0["metadata"]["name"], namespace, container=kind.container, tail_lines=200
-                )
-                tail = text.splitlines()
-            view.trainer.see_lines(tail, pod=rank0["metadata"]["name"])
+                tail = _read_tail(cluster, pod, namespace, kind, TAIL_LINES)
+            view.trainer.see_lines([split_timestamp(line)[1] for line in tail], pod=pod)
+            checkpoint = _last_checkpoint(cluster, pod, namespace, kind, tail)
         except ClusterError:
             pass
     cond = view.condition
@@ -64,6 +73,8 @@ def job_status(
         "age": age(job["metadata"].get("creationTimestamp")),
         "replicas": [r.as_dict() for r in replica_rows(view.pod_list())],
         "progress": view.trainer.progress(),
+        # Rank 0's newest checkpoint event, or the checkpoint its run resumed from.
+        "checkpoint": checkpoint,
         # What the job's own status says (a TrainJob's trainerStatus, posted by rank 0).
         "reported_progress": kind.reported_progress(job),
         "pending": pending(view),
@@ -71,6 +82,26 @@ def job_status(
         "rank0_pod": rank0["metadata"]["name"] if rank0 is not None else None,
         "elastic": is_elastic(job),
     }
+
+
+def _read_tail(cluster: Cluster, pod: str, namespace: str, kind: JobKind, lines: int) -> list[str]:
+    """The last ``lines`` lines of a pod's training container, each with its timestamp."""
+    text = cluster.read_log(
+        pod, namespace, container=kind.container, tail_lines=lines, timestamps=True
+    )
+    return text.splitlines()
+
+
+def _last_checkpoint(
+    cluster: Cluster, pod: str, namespace: str, kind: JobKind, tail: list[str]
+) -> dict[str, Any] | None:
+    """Rank 0's last checkpoint from its log ``tail``; read further back when the tail has none
+    and is full (a run that logs many lines between checkpoints)."""
+    now = datetime.now(timezone.utc)
+    found = last_checkpoint(tail, now)
+    if found is None and len(tail) >= TAIL_LINES:
+        found = last_checkpoint(_read_tail(cluster, pod, namespace, kind, CHECKPOINT_LINES), now)
+    return found
 
 
 def outcome(
