@@ -186,9 +186,15 @@ def test_installs_the_trainer_extra_as_locked(dockerfile):
     # torch and its CUDA wheels are the base's (nvidia-ml-py is the trainer's NVML binding).
     assert not re.search(r"^(torch|triton|nvidia-(?!ml-py)[a-z0-9-]+)==", image_txt, re.M)
     assert re.search(r"^nvidia-ml-py==", image_txt, re.M)
-    # The controller's client libraries stay out of the trainer image.
+    # The controller's client libraries stay out of the trainer image; urllib3 is there only
+    # as botocore's (the S3 checkpoint storage), never as the Kubernetes client's.
     assert "kubernetes" not in " ".join(extras["trainer"])
-    assert not re.search(r"^(kubernetes|urllib3|rich)==", image_txt, re.M)
+    assert not re.search(
+        r"^(kubernetes|rich|websocket-client|requests-oauthlib)==", image_txt, re.M
+    )
+    urllib3 = re.search(r"^urllib3==.*?(?=^\S)", image_txt + "\nend", re.M | re.S)
+    if urllib3:
+        assert re.findall(r"# via (\S+)", urllib3.group(0)) == ["botocore"], urllib3.group(0)
 
 
 def test_entrypoint_is_the_trainer_module(final_stage):
