@@ -1,5 +1,4 @@
 """``status`` shows the job's last checkpoint (step, where, age): read from rank 0's log with the
-kubelet's timestamps (controller/jobs/read/checkpoints.py), in ``-o json`` and in one line.
 kubelet's timestamps (controller/jobs/read/checkpoints.py), in ``-o json`` and in one line."""
 
 from __future__ import annotations
