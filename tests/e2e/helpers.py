@@ -114,6 +114,59 @@ def paced_spec(
     )
 
 
+def s3_checkpoints(
+    cluster,
+    namespace: str,
+    name: str,
+    fields: dict[str, Any],
+    *,
+    every_steps: int = 10,
+    secret_key: str | None = None,
+) -> dict[str, Any]:
+    """:func:`write_spec` ``fields`` that checkpoint to the local cluster's S3 server at
+    ``s3://ddpjob/<namespace>/<name>`` instead of the claim: the endpoint in ``env``, the
+    credentials from a copy of its Secret in ``namespace`` (``secret_key``: a wrong secret key
+    instead of the server's). The claim stays, read-only, for a task plug-in's code alone."""
+    import base64
+
+    from localkube.addons import s3
+
+    secret = "s3-wrong" if secret_key is not None else s3.SECRET
+    if cluster.kubectl("get", "secret", secret, "-n", namespace, check=False).returncode != 0:
+        out = cluster.kubectl("get", "secret", s3.SECRET, "-n", s3.SECRET_NAMESPACE, "-o", "json")
+        creds = {k: base64.b64decode(v).decode() for k, v in json.loads(out.stdout)["data"].items()}
+        if secret_key is not None:
+            creds["AWS_SECRET_ACCESS_KEY"] = secret_key
+        literals = [f"--from-literal={k}={v}" for k, v in creds.items()]
+        cluster.kubectl("create", "secret", "generic", secret, "-n", namespace, *literals)
+    keys = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+    trainer = dict(fields.get("trainer", {}))
+    trainer["checkpoint"] = {"dir": s3_url(namespace, name), "every_steps": every_steps}
+    return {
+        **fields,
+        "env": {**fields.get("env", {}), "AWS_ENDPOINT_URL": s3.ENDPOINT, "AWS_REGION": s3.REGION},
+        "secret_env": {k: {"secret": secret, "key": k} for k in keys},
+        "volumes": [{"name": "ckpt", "claim": CLAIM, "mount_path": MOUNT, "read_only": True}],
+        "trainer": trainer,
+    }
+
+
+def s3_url(namespace: str, name: str) -> str:
+    """Where :func:`s3_checkpoints` puts a job's checkpoints."""
+    from localkube.addons import s3
+
+    return f"s3://{s3.BUCKET}/{namespace}/{name}"
+
+
+def s3_objects(cluster, namespace: str, name: str) -> list[str]:
+    """The keys under ``s3://ddpjob/<namespace>/<name>/``, read from the server's posix root
+    on the host (one file per object), relative to that prefix."""
+    from localkube.addons import s3
+
+    root = s3.data_dir(cluster.control_plane.state_dir) / "root" / s3.BUCKET / namespace / name
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
 def ddpjob(cluster, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     """``python -m controller ARGS`` against the cluster; never raises on exit code."""
     return subprocess.run(

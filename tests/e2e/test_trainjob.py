@@ -43,6 +43,8 @@ from tests.e2e.helpers import (
     last_step,
     paced,
     plugin_on_claim,
+    s3_checkpoints,
+    s3_url,
     write_spec,
 )
 
@@ -341,12 +343,15 @@ FAULTS = {
 def test_a_trainjob_recovers(cluster, namespace, tmp_path, real_node, how):
     """A rank dies mid-run; its container is restarted in place (kill -9) or its pod replaced
     (deleted), its peer's container restarts after losing it, every node resumes from the
-    checkpoint on the PersistentVolume, the job Succeeds, and `logs -f` of rank 0 equals what
-    rank 0's container printed across its runs: no line lost, none twice."""
+    checkpoint (on the PersistentVolume; a deleted pod's job, on the S3 server), the job
+    Succeeds, and `logs -f` of rank 0 equals what rank 0's container printed across its runs: no
+    line lost, none twice."""
     fault, rank, codes = FAULTS[how]
     name = f"tj-{how}"
     # Paced: at least 13 s of training left when the fault comes at step 30.
     fields = paced(cluster, namespace, 0.1)
+    if fault == "delete pod":  # checkpoints on the local S3 server, none on the volume
+        fields = s3_checkpoints(cluster, namespace, name, fields)
     spec = _trainjob_spec(
         cluster, tmp_path, name, namespace, max_steps=160, every_steps=10, **fields
     )
@@ -413,6 +418,13 @@ def test_a_trainjob_recovers(cluster, namespace, tmp_path, real_node, how):
     # and its event comes after the barrier that follows it, which fails when the peer is
     # already gone (a preempted run's own last save is announced: it is the stop's).
     assert resumed["step"] >= max(saved) >= 10, (resumed, saved)
+    if fault == "delete pod":  # the stop's own checkpoint, uploaded before exit 143
+        (stopped,) = events(first_run, "done")
+        assert stopped["reason"] == "preempted"
+        assert resumed["step"] == max(saved) == stopped["step"], (resumed, saved)
+        assert resumed["path"] == f"{s3_url(namespace, name)}/step_{resumed['step']:08d}"
+        second_run = out_f[len(first_run) :]
+        assert all(e["step"] > resumed["step"] for e in events(second_run, "train"))
     assert [d["reason"] for d in events(out_f, "done")][-1] == "completed"
     assert last_step(out_f) == 160
     (pod0,) = _rank_pods(cluster, name, namespace, 0)
