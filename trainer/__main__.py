@@ -43,6 +43,7 @@ from trainer.contract import (
     EXIT_PEER_LOST,
     EXIT_PREEMPTED,
     EXIT_STALE_RENDEZVOUS,
+    LAUNCHED_AT_ENV,
     LOCAL_RANK,
     PEER_LOST,
     PREEMPTED,
@@ -110,8 +111,11 @@ def relaunch_under_torchrun(argv: list[str]) -> int:
     again here, at once, instead of the container restarting.
     """
     from trainer.launch import RENDEZVOUS_ATTEMPTS, rendezvous_was_stale, torchrun_argv
+    from trainer.ledger import process_started_at
 
     exit_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"ddpjob-exit-{os.getpid()}"
+    # The workers' ledger counts start-up from the container's start (this process's), not theirs.
+    launched = {LAUNCHED_AT_ENV: repr(process_started_at())}
     received: list[int] = []
     proc: subprocess.Popen | None = None
 
@@ -124,7 +128,7 @@ def relaunch_under_torchrun(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, forward)
     for attempt in range(1, RENDEZVOUS_ATTEMPTS + 1):
         exit_file.unlink(missing_ok=True)
-        env = {**os.environ, EXIT_FILE_ENV: str(exit_file)}
+        env = {**os.environ, EXIT_FILE_ENV: str(exit_file), **launched}
         proc = subprocess.Popen(torchrun_argv(argv), env=env)
         rc = proc.wait()
         try:

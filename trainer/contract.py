@@ -86,7 +86,18 @@ STUCK = "stuck"
 #: ``step_time_s``, ``median_s``, ``factor``, ``windows``).
 STRAGGLER = "straggler"
 
-JOB_EVENTS = (START, RESUME, TRAIN, EVAL, CHECKPOINT, DONE, STRAGGLER)
+#: Rank 0: what each run of the job cost, from the ledger it carries across restarts
+#: (``trainer/ledger.py``): at the start, every log window and the end. ``at``: when printed
+#: (epoch seconds); ``runs``: every run of the job so far, oldest first, the last this one, each
+#: ``{"id", "launched_at", "first_step_at", "ended_at", "start_step", "last_step", "kept_step",
+#: "lost_steps", "startup_s", "productive_s", "stall_s", "eval_s", "lost_s", "other_s", "end"}``:
+#: times in epoch seconds (``launched_at``: the container's process start; ``first_step_at``:
+#: the first step done, null before; ``ended_at``: the last moment the run was known alive),
+#: and its seconds split so that they sum to ``ended_at - launched_at``; ``end`` is the ``done``
+#: reason, null while running or for a run that died without one.
+GOODPUT = "goodput"
+
+JOB_EVENTS = (START, RESUME, TRAIN, EVAL, CHECKPOINT, DONE, STRAGGLER, GOODPUT)
 RANK_EVENTS = (STUCK,)
 
 #: Why a run ended (the ``done`` event's ``reason``).
@@ -188,6 +199,9 @@ JOIN_TIMEOUT_ENV = "DDPJOB_JOIN_TIMEOUT_S"
 #: The pods' termination grace period (seconds), rendered by the controller from the spec's
 #: ``grace_period_s``: the trainer warns once when a checkpoint write takes longer.
 GRACE_PERIOD_ENV = "DDPJOB_GRACE_PERIOD_S"
+#: When the container's first process started (epoch seconds): set by the torchrun re-launch,
+#: so the workers' ledger counts start-up from the container's start, not their own.
+LAUNCHED_AT_ENV = "DDPJOB_LAUNCHED_AT"
 #: Kubernetes' ``terminationGracePeriodSeconds`` when a pod sets none.
 KUBERNETES_DEFAULT_GRACE_PERIOD_S = 30
 

@@ -38,6 +38,7 @@ from trainer.checkpointer import Checkpointer
 from trainer.config import ConfigError, TrainConfig
 from trainer.contract import COMPLETED, DONE, NONFINITE, PREEMPTED, RESUME, START
 from trainer.evaluation import Evaluator
+from trainer.ledger import EVAL, STALL, Ledger
 from trainer.loader import MicroBatches, build_loader
 from trainer.metrics import Reporter
 from trainer.optim import Ema, build_optimizer, build_scheduler
@@ -244,6 +245,15 @@ class Trainer:
         elif skipped:
             self.report.event(RESUME, step=0, path=None, skipped=skipped)
             self.report.say("no readable checkpoint; starting from scratch")
+        # What each run of the job cost, carried across restarts (trainer.ledger).
+        self.ledger = Ledger(
+            cfg.checkpoint.dir,
+            env.is_main,
+            reporter,
+            resumed_step=self.step if state is not None else 0,
+            state=state,
+            keep=cfg.checkpoint.keep,
+        )
         self.checkpointer = Checkpointer(
             storage,
             reporter,
@@ -277,6 +287,7 @@ class Trainer:
             "world_size": self.env.world_size,
             "rng": rngs,
             "config": self.cfg.model_dump(mode="json"),
+            "ledger": self.ledger.state_dict(),
         }
 
     def _restore(self, state: dict[str, Any], path: str | None) -> tuple[int, int]:
@@ -333,6 +344,7 @@ class Trainer:
             # A run that ends on an error still finishes the write in flight: a complete
             # checkpoint of a step every rank completed.
             self.checkpointer.close()
+            self.ledger.close()
             signal.signal(signal.SIGTERM, previous)
             # A run that did not complete (preempted: the pod's grace period is running, and
             # every other rank waits for this one in the barrier after fit) gives the progress
@@ -344,6 +356,7 @@ class Trainer:
         The parts run on every rank at the same steps, as their collectives need."""
         cfg = self.cfg
         started = self._report_start()
+        self.ledger.started()
         self.window.reset()
         self.model.train()
         reason = COMPLETED
@@ -351,6 +364,7 @@ class Trainer:
             want_norm = self.window.wants_norm(self.step + 1)
             loss, stop, norm = self.train_step.run(self.batches, self.window, want_norm)
             self.step, self.last_loss = self.step + 1, loss
+            self.ledger.stepped(self.step)
             if self.skips.over_budget(loss, self.step):
                 self.report.say(self.skips.advice(loss, self.step))
                 reason = NONFINITE
@@ -364,21 +378,28 @@ class Trainer:
 
             if self.window.due(self.step):
                 self.window.log(self.step, self.batches.epoch, self.skips.count)
+                self.ledger.window()
             if self.evaluator.should_evaluate(self.step):
-                self.evaluator.run(self.step)
+                with self.ledger.part(EVAL):
+                    self.evaluator.run(self.step)
             if stop:
                 reason = PREEMPTED
                 break
             if self.checkpointer.should_save(self.step):
-                self.checkpointer.save(self.step, self.state_dict)
+                with self.ledger.saving(self.step):
+                    self.checkpointer.save(self.step, self.state_dict)
             self.checkpointer.report_completed()
 
         if reason == COMPLETED:
-            self.evaluator.run(self.step)
+            with self.ledger.part(EVAL):
+                self.evaluator.run(self.step)
         if reason != NONFINITE and self.checkpointer.should_save(self.step, last=True):
-            self.checkpointer.save(self.step, self.state_dict)
+            with self.ledger.saving(self.step):
+                self.checkpointer.save(self.step, self.state_dict)
         # Preempted or done: the last checkpoint is complete before the run says so and exits.
-        self.checkpointer.report_completed(wait=True)
+        with self.ledger.part(STALL):
+            self.checkpointer.report_completed(wait=True)
+        self.ledger.end(reason)
         self._report_done(reason, time.perf_counter() - started)
         return reason
 

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+#: The ledger's writer (trainer/ledger.py): its small record beside the checkpoints is none.
+LEDGER = "ddpjob-ledger"
 #: Checkpoint into this bucket (``s3://name``), not into a local directory.
 S3 = "KILLPOINTS_S3" in os.environ
 
@@ -59,8 +61,9 @@ class _Points:
         os.write(self.fd, f"{line}\n".encode())  # unbuffered: survives the SIGKILL
 
     def __call__(self, kind: str, name: str = "-") -> None:
-        if self.step is None or threading.current_thread() is threading.main_thread():
-            return  # not inside a write (the probe, the start's clean-up, the training loop)
+        thread = threading.current_thread()
+        if self.step is None or thread is threading.main_thread() or thread.name == LEDGER:
+            return  # not inside a write (the probe, the start's clean-up, the loop, the ledger)
         self.n += 1
         self.log(f"point {self.n} {self.step} {kind} {name}")
         if self.n == self.kill_at:
@@ -204,6 +207,7 @@ def run(base: Path, kill_points: list[int], trainer_args: list[str]) -> dict[int
 
 def load(keep: int, directories: list[str]) -> None:
     from trainer.checkpoint import CheckpointManager, read
+    from trainer.ledger import RECORD
 
     for d in directories:
         mgr = CheckpointManager(d, keep=keep, is_main=True)  # as a restarted trainer opens it
@@ -217,7 +221,7 @@ def load(keep: int, directories: list[str]) -> None:
                 files[found.name] = f"unreadable: {type(e).__name__}: {e}"
         fp = state and fingerprint(state)
         chosen = state and {"name": Path(path).name, "step": state["step"], "fp": fp}
-        leftovers = sorted(set(mgr.store.list()) - kept)
+        leftovers = sorted(set(mgr.store.list()) - kept - {RECORD})
         if d.startswith("s3://"):
             uploads = mgr.store.client.list_multipart_uploads(
                 Bucket=mgr.store.bucket, Prefix=f"{mgr.store.prefix}/"

@@ -201,10 +201,7 @@ def test_resume_never_starts_fresh_and_keep_prunes(tmp_path: Path) -> None:
         )
     )
     assert r.rc == 0
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
-        "step_00000007",
-        "step_00000008",
-    ]
+    assert [p.name for p in checkpoints(tmp_path / "ckpt")] == ["step_00000007", "step_00000008"]
     fresh = run(trainer_cmd(*common_args(tmp_path, max_steps=2, resume="never")))
     assert fresh.rc == 0 and fresh.of("resume") == []
     assert fresh.of("start")[0]["step"] == 0
