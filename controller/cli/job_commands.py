@@ -1,5 +1,5 @@
 """The cluster commands of ``python -m controller``: submit, wait, status, logs, list, delete,
-events, doctor, plot.
+events, doctor, plot, goodput.
 
     python -m controller doctor examples/quickstart.yaml
     python -m controller submit examples/quickstart.yaml --wait --follow
@@ -7,6 +7,7 @@ events, doctor, plot.
     python -m controller logs quickstart -f --rank 1
     python -m controller wait quickstart --timeout 600
     python -m controller plot quickstart -o curves.png
+    python -m controller goodput quickstart --price-per-gpu-hour 2.5
     python -m controller delete quickstart --wait
 
 The work is done by ``controller.jobs`` (status, wait, follow, explain, doctor) on top of
@@ -267,6 +268,36 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"checkpoint: {format_checkpoint(st['checkpoint'])}")
     if st["reported_progress"]:
         print(f"reported in the {st['kind']}: {format_reported(st['reported_progress'])}")
+    g = st["goodput"]
+    if g and g["goodput_pct"] is not None and g["sources"]["trainer"]:
+        print(
+            f"goodput: {g['goodput_pct']:.1f}% of {g['wall_s']:.0f}s wall "
+            f"(`{CLI} goodput {st['name']} -n {namespace}` splits it)"
+        )
+    return 0
+
+
+def cmd_goodput(args: argparse.Namespace) -> int:
+    import json
+
+    from controller.errors import UserError
+    from controller.jobs.goodput import read_goodput
+    from controller.jobs.read.goodput import format_goodput
+
+    price = args.price_per_gpu_hour
+    if price is not None and not price >= 0:
+        raise UserError(
+            f"--price-per-gpu-hour: must be 0 or more (got {price}). Give your cluster's price, "
+            "e.g. --price-per-gpu-hour 2.5"
+        )
+    cluster = _cluster(args)
+    namespace = _namespace(args, cluster)
+    kind, job = _find(args, cluster, namespace)
+    g = read_goodput(cluster, kind, job, price_per_gpu_hour=price)
+    if args.output == "json":
+        print(json.dumps({"name": args.name, "namespace": namespace, **g}, indent=2))
+    else:
+        print("\n".join(format_goodput(f"{kind.name} {namespace}/{args.name}", g)))
     return 0
 
 
@@ -692,6 +723,23 @@ def add_commands(sub: Any) -> None:
     add_spec_argument(p, required=False)
     _common(p, name=False)
     p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser(
+        "goodput",
+        help="where a job's wall time and GPU-hours went: queued, start-up, steps, lost work",
+        description="Split a job's wall time and GPU-hours into queued, scheduling and image "
+        "pull, start-up and compile, productive steps, checkpoint stalls, evaluation, work lost "
+        "to restarts and preemptions, and the rest; goodput is productive / wall.",
+    )
+    _common(p)
+    p.add_argument(
+        "--price-per-gpu-hour",
+        type=float,
+        metavar="X",
+        help="what one GPU-hour costs: prints the cost of the GPU-hours held",
+    )
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    p.set_defaults(func=cmd_goodput)
 
     p = sub.add_parser("plot", help="loss and throughput curves from rank-0 events (PNG)")
     _common(p)

@@ -1,8 +1,8 @@
 """``python -m controller`` (and the ``ddpjob`` console script): the parser and the entry point.
 
 The commands live beside: ``spec_commands.py`` (validate, render, schema, run --local) and
-``job_commands.py`` (submit, wait, status, logs, list, delete, events, doctor, plot). Nothing
-imports this package; it imports the commands.
+``job_commands.py`` (submit, wait, status, logs, list, delete, events, doctor, plot,
+goodput). Nothing imports this package; it imports the commands.
 
 Exit codes: 0 ok, 1 the job or the cluster failed, 2 bad input (one ``error:`` line a problem,
 no traceback; ``--debug`` shows it). Start-up stays cheap: argparse only at import time.

@@ -11,6 +11,7 @@ from typing import Any
 
 from controller.errors import ClusterError, JobFailed
 from controller.jobs.find import find_job
+from controller.jobs.goodput import read_goodput
 from controller.jobs.queue import read_queue
 from controller.jobs.rank0 import rank0_pod
 from controller.jobs.read.apis import JobKind
@@ -63,6 +64,8 @@ def job_status(
         except ClusterError:
             pass
     cond = view.condition
+    # What its wall time went to so far (controller.jobs.read.goodput).
+    goodput = read_goodput(cluster, kind, job, pods=view.pod_list(), trainer=view.trainer)
     return {
         "name": name,
         "namespace": namespace,
@@ -81,6 +84,7 @@ def job_status(
         "queue": queue.as_dict() if queue is not None else None,
         "rank0_pod": rank0["metadata"]["name"] if rank0 is not None else None,
         "elastic": is_elastic(job),
+        "goodput": goodput,
     }
 
 
