@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.trainer.conftest import (
     CPU,
+    REPO,
+    Result,
     base_env,
     common_args,
     free_port,
@@ -20,6 +24,7 @@ from tests.trainer.conftest import (
     trainer_cmd,
     trainjob_envs,
 )
+from trainer.contract import GOODPUT
 
 
 def _check_completed(r, world_size: int) -> None:
@@ -72,9 +77,20 @@ def test_kubeflow_env_two_pods(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_kubeflow_pod_with_nproc_per_node_relaunches_under_torchrun(tmp_path) -> None:
-    """One pod, PET_NPROC_PER_NODE=2: `python -m trainer` becomes two torchrun workers."""
-    r = run(trainer_cmd(*common_args(tmp_path)), env=kubeflow_env(nproc_per_node=2, world_size=2))
+    """One pod, PET_NPROC_PER_NODE=2: `python -m trainer` becomes two torchrun workers, whose
+    ledger (trainer/ledger.py) counts the run from the pod's process start, not theirs."""
+    before = time.time()
+    env = kubeflow_env(nproc_per_node=2, world_size=2)
+    proc = subprocess.Popen(
+        trainer_cmd(*common_args(tmp_path)), cwd=REPO, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    after = time.time()
+    out, err = proc.communicate(timeout=120)
+    r = Result(proc.returncode, out, err)
     _check_completed(r, world_size=2)
+    (this_run,) = r.of(GOODPUT)[-1]["runs"]
+    assert before - 0.05 <= this_run["launched_at"] <= after + 0.05
 
 
 def test_standalone_ignores_no_env_and_writes_no_stray_files(tmp_path) -> None:

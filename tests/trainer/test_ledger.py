@@ -1,26 +1,19 @@
 """The ledger (``trainer/ledger.py``): what each run of a job cost, carried across restarts.
 
 Its arithmetic on plain records (settling the runs before a resume, merging old ones, choosing
-between the checkpoint's copy and the record's), its background writer, and real runs: one
-killed with ``kill -9`` after a checkpoint and resumed, whose resumed run names the steps it
-trains again and the time the killed run lost, checked against what the killed run printed;
-and a re-launched pod, whose workers count start-up from the container's start.
+between the checkpoint's copy and the record's) and its background writer. Real runs check it
+in the runs of other tests: test_resume.py's kill -9 and resume (the steps and time the killed
+run lost) and test_launch.py's torchrun re-launch (start-up from the container's start).
 """
 
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import threading
 import time
-from pathlib import Path
 
-import psutil
 import pytest
 
-from tests.trainer.conftest import REPO, base_env, common_args, kubeflow_env, parse_events, run
-from tests.trainer.conftest import trainer_cmd as cmd
 from trainer import ledger
 from trainer.ledger import EVAL, STALL, STEPS, choose, merge_oldest, settle, view
 
@@ -152,92 +145,3 @@ def test_the_writer_beats_while_the_run_goes_on_and_stops_once_it_ended():
 
 # ---------------------------------------------------------------------------------------------
 # Real runs
-
-
-def _goodput(events: list[dict]) -> list[dict]:
-    return [e for e in events if e["event"] == "goodput"]
-
-
-@pytest.mark.slow
-def test_a_run_killed_after_a_checkpoint_and_resumed_reports_the_steps_and_time_it_lost(
-    tmp_path: Path,
-) -> None:
-    every, sleep_s, max_steps = 5, 0.1, 20
-    args = common_args(
-        tmp_path,
-        max_steps=max_steps,
-        log_every=1,
-        **{"checkpoint.every_steps": every, "task_args.sleep_s": sleep_s},
-    )
-    proc = subprocess.Popen(
-        cmd(*args), cwd=REPO, env=base_env(), text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    first_run: list[dict] = []
-    try:
-        for line in proc.stdout:
-            event = parse_events(line)
-            first_run += event
-            # Past the step-5 checkpoint (complete: its event is printed) by three steps.
-            saved = [e["step"] for e in first_run if e["event"] == "checkpoint"]
-            if event and event[0]["event"] == "train" and saved and event[0]["step"] >= 8:
-                break
-    finally:
-        psutil.Process(proc.pid).send_signal(signal.SIGKILL)
-        killed_at = time.time()
-        proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
-    assert [e["step"] for e in first_run if e["event"] == "checkpoint"] == [every]
-    printed = [e["step"] for e in first_run if e["event"] == "train"]
-    # What the killed run got to write in its record (in the background, after each window):
-    # its last window, or the one before if the kill came first.
-    record = json.loads((tmp_path / "ckpt" / ledger.RECORD).read_text())["runs"][-1]
-    assert printed[-1] - 1 <= record["last_step"] <= printed[-1]
-
-    resumed = run(cmd(*args))
-    assert resumed.rc == 0, resumed.stderr[-3000:]
-    (note,) = resumed.of("resume")
-    assert note["step"] == every
-    # Steps every+1.. were trained twice: by the killed run, then again by this one.
-    again = [e["step"] for e in resumed.of("train")]
-    assert again[0] == every + 1
-    assert set(printed) & set(again) == set(range(every + 1, printed[-1] + 1))
-
-    first_view, *_ = _goodput(resumed.events)[0]["runs"]  # the killed run, settled at the start
-    assert first_view["id"] == record["id"]
-    assert first_view["kept_step"] == every
-    assert first_view["lost_steps"] == record["last_step"] - every
-    # Its lost time: from the end of step 5's save (after step 5's goodput was printed) to the
-    # last moment the record saw it, after the steps it trained for nothing, each >= sleep_s.
-    step5 = next(g for g in _goodput(first_run) if g["runs"][-1]["last_step"] == every)
-    assert first_view["lost_s"] >= first_view["lost_steps"] * sleep_s
-    assert first_view["lost_s"] <= killed_at - step5["at"]
-    assert first_view["ended_at"] <= killed_at
-    _sums_to_its_time(first_view)
-
-    done = _goodput(resumed.events)[-1]["runs"]
-    assert [r["id"] for r in done[:1]] == [record["id"]] and len(done) == 2
-    last = done[-1]
-    assert (last["start_step"], last["last_step"], last["end"]) == (every, max_steps, "completed")
-    assert last["lost_steps"] == 0 and last["lost_s"] == 0
-    # Its steps took at least sleep_s each; all its parts add up to its time.
-    assert last["productive_s"] + last["stall_s"] >= (max_steps - every - 1) * sleep_s
-    _sums_to_its_time(last)
-    assert last["launched_at"] > killed_at
-
-
-@pytest.mark.slow
-def test_a_relaunched_pods_workers_count_start_up_from_the_containers_start(tmp_path):
-    """Under the torchrun re-launch (nprocPerNode 2), the ledger's run starts when the pod's
-    process did, not when torchrun started the workers, seconds later."""
-    env = kubeflow_env(nproc_per_node=2, world_size=2)
-    before = time.time()
-    proc = subprocess.Popen(
-        cmd(*common_args(tmp_path, max_steps=2)), cwd=REPO, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    after = time.time()
-    out, err = proc.communicate(timeout=180)
-    assert proc.returncode == 0, err[-3000:]
-    (run_,) = _goodput(parse_events(out))[-1]["runs"]
-    assert before - 0.05 <= run_["launched_at"] <= after + 0.05

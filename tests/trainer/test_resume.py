@@ -27,6 +27,8 @@ from tests.trainer.conftest import (
     torchrun_cmd,
     trainer_cmd,
 )
+from trainer.contract import GOODPUT
+from trainer.ledger import RECORD
 
 
 def _records(record_dir: Path, rank: int) -> list[list[int]]:
@@ -79,14 +81,21 @@ def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(tmp_path: Path) ->
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
     )
+    saved: list[int] = []
+
+    def past_the_checkpoint(e: dict) -> bool:  # two steps past the step-n checkpoint
+        saved.extend([e["step"]] if e["event"] == "checkpoint" else [])
+        return bool(saved) and e["event"] == "train" and e["step"] >= n + 2
+
     try:
-        seen = _wait_for_event(proc, lambda e: e["event"] == "checkpoint")
+        seen = _wait_for_event(proc, past_the_checkpoint)
     finally:
         job = psutil.Process(proc.pid)
         for p in [*job.children(recursive=True), job]:
             p.send_signal(signal.SIGKILL)
+        killed_at = time.time()
         proc.wait(timeout=60)
-    assert seen[-1]["step"] == n
+    assert saved == [n]
     # The kill landed mid-run, or the resume below would prove nothing: the launcher died of
     # SIGKILL (not an exit of its own), only the step-n checkpoint exists, and no rank got
     # through all of its micro-batches.
@@ -96,10 +105,15 @@ def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(tmp_path: Path) ->
     for rank in (0, 1):
         assert n * accum <= len(_records(tmp_path / "resumed" / "rec", rank)) < 2 * n * accum
 
+    # What the killed run wrote beside its checkpoints (trainer/ledger.py), before the resumed
+    # run rewrites it.
+    record = json.loads((tmp_path / "resumed" / "ckpt" / RECORD).read_text())["runs"][-1]
+
     resumed = run(torchrun_cmd(2, *args("resumed")))
     assert resumed.rc == 0, resumed.stderr[-8000:]  # the rank's own error is above torchrun's
     (note,) = resumed.of("resume")
     assert note["step"] == n and note["path"].endswith(f"step_{n:08d}")
+    _check_the_ledger(record, seen, resumed, n, killed_at)
 
     final = checkpoints(tmp_path / "straight" / "ckpt")[-1]
     a = read_checkpoint(final)
@@ -119,6 +133,42 @@ def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(tmp_path: Path) ->
         first, rest = got[: n * accum], got[-(n * accum) :]
         assert len(want) == 2 * n * accum
         assert first + rest == want
+
+
+def _check_the_ledger(record: dict, killed: list[dict], resumed, n: int, killed_at: float) -> None:
+    """The ledger (trainer/ledger.py) of a run killed past its step-n checkpoint and resumed:
+    the resumed run names the steps the killed one trained again and the time it lost, checked
+    against what the killed run printed and wrote beside its checkpoints (``record``)."""
+
+    def _sums_to_its_time(v: dict) -> None:
+        parts = sum(v[k] for k in ("startup_s", "productive_s", "stall_s", "eval_s", "lost_s"))
+        assert parts + v["other_s"] == pytest.approx(v["ended_at"] - v["launched_at"], abs=0.01)
+
+    printed = [e["step"] for e in killed if e["event"] == "train"]
+    # The record is rewritten in the background after each window: it holds the last window,
+    # or the one before if the kill came first.
+    assert printed[-1] - 1 <= record["last_step"] <= printed[-1]
+
+    goodput = resumed.of(GOODPUT)
+    killed_view, this = goodput[0]["runs"]  # the killed run, settled at the start
+    assert killed_view["id"] == record["id"] and this["start_step"] == n
+    assert killed_view["kept_step"] == n
+    assert killed_view["lost_steps"] == record["last_step"] - n > 0
+    assert killed_view["eval_s"] > 0  # its evaluation at step 4, before the checkpoint
+    # Its lost time: from the end of step n's save (after step n's goodput event) to the last
+    # moment its record saw it, after the steps it trained for nothing (each >= sleep_s).
+    at_n = next(g for g in killed if g["event"] == GOODPUT and g["runs"][-1]["last_step"] == n)
+    assert killed_view["lost_steps"] * 0.2 <= killed_view["lost_s"] <= killed_at - at_n["at"]
+    assert killed_view["ended_at"] <= killed_at
+    _sums_to_its_time(killed_view)
+
+    *_, done = goodput
+    assert [r["id"] for r in done["runs"]][:1] == [record["id"]] and len(done["runs"]) == 2
+    last = done["runs"][-1]
+    assert (last["start_step"], last["last_step"], last["end"]) == (n, 2 * n, "completed")
+    assert last["lost_steps"] == 0 and last["lost_s"] == 0 and last["launched_at"] > killed_at
+    assert last["productive_s"] > 0 and last["eval_s"] > 0
+    _sums_to_its_time(last)
 
 
 @pytest.mark.slow
