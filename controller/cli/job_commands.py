@@ -222,9 +222,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     from controller.jobs.read.explain import format_progress, format_reported
     from controller.jobs.status import job_status
 
+    price = _price(args)
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
-    st = job_status(cluster, args.name, namespace, args.api)
+    st = job_status(cluster, args.name, namespace, args.api, price)
     if args.output == "json":
         print(json.dumps(st, indent=2))
         return 0
@@ -270,19 +271,17 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"reported in the {st['kind']}: {format_reported(st['reported_progress'])}")
     g = st["goodput"]
     if g and g["goodput_pct"] is not None and g["sources"]["trainer"]:
+        cost = f", cost {g['cost']:.2f}" if g.get("cost") is not None else ""
         print(
-            f"goodput: {g['goodput_pct']:.1f}% of {g['wall_s']:.0f}s wall "
+            f"goodput: {g['goodput_pct']:.1f}% of {g['wall_s']:.0f}s wall{cost} "
             f"(`{CLI} goodput {st['name']} -n {namespace}` splits it)"
         )
     return 0
 
 
-def cmd_goodput(args: argparse.Namespace) -> int:
-    import json
-
+def _price(args: argparse.Namespace) -> float | None:
+    """``--price-per-gpu-hour``, checked before the cluster is asked anything."""
     from controller.errors import UserError
-    from controller.jobs.goodput import read_goodput
-    from controller.jobs.read.goodput import format_goodput
 
     price = args.price_per_gpu_hour
     if price is not None and not price >= 0:
@@ -290,6 +289,25 @@ def cmd_goodput(args: argparse.Namespace) -> int:
             f"--price-per-gpu-hour: must be 0 or more (got {price}). Give your cluster's price, "
             "e.g. --price-per-gpu-hour 2.5"
         )
+    return price
+
+
+def _price_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--price-per-gpu-hour",
+        type=float,
+        metavar="X",
+        help="what one GPU-hour costs (in your currency): adds the cost of the GPU-hours held",
+    )
+
+
+def cmd_goodput(args: argparse.Namespace) -> int:
+    import json
+
+    from controller.jobs.goodput import read_goodput
+    from controller.jobs.read.goodput import format_goodput
+
+    price = _price(args)
     cluster = _cluster(args)
     namespace = _namespace(args, cluster)
     kind, job = _find(args, cluster, namespace)
@@ -672,6 +690,7 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("status", help="condition, replicas, progress of a job")
     _common(p)
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    _price_flag(p)
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("logs", help="a rank's log; -f follows it through restarts")
@@ -732,12 +751,7 @@ def add_commands(sub: Any) -> None:
         "to restarts and preemptions, and the rest; goodput is productive / wall.",
     )
     _common(p)
-    p.add_argument(
-        "--price-per-gpu-hour",
-        type=float,
-        metavar="X",
-        help="what one GPU-hour costs: prints the cost of the GPU-hours held",
-    )
+    _price_flag(p)
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
     p.set_defaults(func=cmd_goodput)
 

@@ -38,10 +38,14 @@ CHECKPOINT_LINES = 5000
 
 
 def job_status(
-    cluster: Cluster, name: str, namespace: str, api: str | None = None
+    cluster: Cluster,
+    name: str,
+    namespace: str,
+    api: str | None = None,
+    price_per_gpu_hour: float | None = None,
 ) -> dict[str, Any]:
     """Everything ``status`` shows, as one JSON-ready dict (either API; ``api`` narrows the
-    lookup).
+    lookup; ``price_per_gpu_hour`` adds the cost to its goodput).
 
     Reads first (the job, its pods, the namespace's events when a pod waits or is missing, its
     Kueue queue, rank 0's log tail), into the job's view; then says what the view shows."""
@@ -65,7 +69,14 @@ def job_status(
             pass
     cond = view.condition
     # What its wall time went to so far (controller.jobs.read.goodput).
-    goodput = read_goodput(cluster, kind, job, pods=view.pod_list(), trainer=view.trainer)
+    goodput = read_goodput(
+        cluster,
+        kind,
+        job,
+        pods=view.pod_list(),
+        trainer=view.trainer,
+        price_per_gpu_hour=price_per_gpu_hour,
+    )
     return {
         "name": name,
         "namespace": namespace,

@@ -254,9 +254,10 @@ def test_since_is_a_go_duration_as_kubectl_takes_it():
     assert _since_time(None) is None
 
 
+@pytest.mark.parametrize("command", ["goodput", "status"])
 @pytest.mark.parametrize("price", ["-1", "nan"])
-def test_goodput_refuses_a_price_below_zero_before_asking_the_cluster(price, capsys):
-    code = main(["goodput", "job", "--kubeconfig", "/nonexistent", "--price-per-gpu-hour", price])
+def test_a_price_below_zero_is_refused_before_asking_the_cluster(command, price, capsys):
+    code = main([command, "job", "--kubeconfig", "/nonexistent", "--price-per-gpu-hour", price])
     assert code == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: --price-per-gpu-hour: must be 0 or more (got {float(price)})")

@@ -347,6 +347,13 @@ def test_a_trainjob_without_gpus_is_told_in_replica_hours():
     assert g["replica_hours_useful"] == pytest.approx(2 * 55 / 3600, abs=1e-4)
     lines = gp.format_goodput("trainjob ml/tj", g)
     assert any(line.startswith("no GPUs (gpus: 0): replica-hours 0.042 held") for line in lines)
+    priced = gp.account(
+        TRAINJOB_KIND, job, [pod], ledger=ledger, events=[started], workload=None, now=T0 + 500,
+        price_per_gpu_hour=2.5,
+    )  # fmt: skip
+    assert (priced["price_per_gpu_hour"], priced["cost"]) == (2.5, None)
+    lines = gp.format_goodput("trainjob ml/tj", priced)
+    assert "cost: none at 2.5 per GPU-hour (no GPUs held)" in lines
 
 
 def test_a_job_whose_trainer_prints_no_ledger_is_all_scheduling_and_other():

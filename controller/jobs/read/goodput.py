@@ -324,6 +324,8 @@ def account(
     else:
         out["replica_hours_held"] = _r(replicas * held_s / 3600, 4)
         out["replica_hours_useful"] = _r(replicas * parts[PRODUCTIVE] / 3600, 4)
+        if price_per_gpu_hour is not None:  # priced, but it holds no GPU: no GPU cost
+            out |= {"price_per_gpu_hour": price_per_gpu_hour, "cost": None, "cost_useful": None}
     return out
 
 
@@ -436,6 +438,8 @@ def format_goodput(name: str, g: dict[str, Any]) -> list[str]:
             f"no GPUs (gpus: 0): replica-hours {g['replica_hours_held']:.3f} held "
             f"({g['replicas']} replica(s)), {g['replica_hours_useful']:.3f} useful"
         )
+        if "price_per_gpu_hour" in g:
+            lines.append(f"cost: none at {g['price_per_gpu_hour']} per GPU-hour (no GPUs held)")
     if g["sources"]["trainer"] is None:
         lines.append(
             "note: no goodput event in rank 0's log (a trainer before ddpjob's ledger, or a "
