@@ -85,6 +85,44 @@ class DDPConfig(_Section):
     )
 
 
+class WatchdogConfig(_Section):
+    """A rank that hangs, named with where it is; a rank that lags, flagged. Neither stops the
+    job: a collective stuck for ``timeout_s`` still fails it."""
+
+    stuck_after_s: float = Field(
+        20.0,
+        ge=0,
+        description=(
+            "A rank whose step made no progress this long (or `stuck_step_times` times its "
+            "slowest recent step, if longer) prints a `stuck` event with its stack, and rank 0 "
+            "names the rank the others wait for. Never during the first step, compiling, "
+            "evaluating or checkpointing. 0 = off."
+        ),
+    )
+    stuck_step_times: float = Field(
+        10.0, ge=1, description="How many of its slowest recent steps a rank may take to be stuck."
+    )
+    straggler_factor: float = Field(
+        1.5,
+        ge=0,
+        description=(
+            "A rank busy this many times as long per step as the median of the other ranks "
+            "(its forward and backward, not waiting for peers), for `straggler_windows` log "
+            "windows in a row, is named in a `straggler` event. 0 = off."
+        ),
+    )
+    straggler_windows: int = Field(
+        3, ge=1, description="Log windows in a row a rank must be slow to be a straggler."
+    )
+
+    @field_validator("straggler_factor")
+    @classmethod
+    def _factor_above_one(cls, v: float) -> float:
+        if 0 < v <= 1:
+            raise ValueError("must be 0 (off) or above 1")
+        return v
+
+
 class TrainConfig(_Section):
     """A training run. Every field can be set as ``key=value`` (dotted for sections)."""
 
@@ -184,6 +222,9 @@ class TrainConfig(_Section):
         0,
         ge=0,
         description="Skip up to N steps with a NaN/inf loss before stopping (exit 1); 0 = stop.",
+    )
+    watchdog: WatchdogConfig = Field(
+        default_factory=WatchdogConfig, description="Stuck ranks and stragglers."
     )
     tensorboard_dir: str | None = Field(
         None, description="Also write scalars for TensorBoard here (rank 0)."

@@ -81,9 +81,21 @@ DONE = "done"
 #: null, ``frame``: ``{"file", "line", "function"}`` of its innermost frame of interest,
 #: ``stack``: every thread's frames, innermost first). Rank 0 also prints the job's verdict with
 #: ``culprit``: the rank that is not in the collective the others wait in, with its ``frame``.
+#: Added: a rank's ``collective`` (torch's Flight Recorder's last collective on the default
+#: group: ``{"op", "seq", "completed"}``, or null), ``hostname`` and ``node``; ``stack`` is a
+#: list of ``{"thread", "frames"}``, the loop's thread first, and a frame has its ``code``.
+#: The verdict (the one with a ``culprit`` key, null when no rank is behind the others) also
+#: has ``culprits``, ``waiting`` (the ranks in ``in_collective``, what they wait in),
+#: ``silent`` (ranks that did not answer), ``stuck_s``, and the culprit's ``step``, ``stack``
+#: (its loop's thread), ``pod``, ``node`` and ``rank_in_collective``. Once the loop moves
+#: again, each rank that was stuck prints one with ``recovered: true`` and ``stuck_s`` the
+#: whole stall, and rank 0 the verdict's (``culprit``, ``recovered: true``).
 STUCK = "stuck"
 #: Rank 0: a rank persistently slower than the median (``rank``, ``pod``, ``node``,
-#: ``step_time_s``, ``median_s``, ``factor``, ``windows``).
+#: ``step_time_s``, ``median_s``, ``factor``, ``windows``). ``step_time_s`` is the rank's busy
+#: time per step (its forward and backward, not the wait for its peers), ``median_s`` the
+#: median of the other ranks', ``factor`` their ratio. Added: ``step``, ``threshold`` (the
+#: configured factor), and ``recovered: true`` once a straggler has kept up ``windows`` windows.
 STRAGGLER = "straggler"
 
 #: Rank 0: what each run of the job cost, from the ledger it carries across restarts

@@ -5,6 +5,7 @@ accelerate, nothing) is read in ``trainer.launch``, without torch.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
@@ -13,7 +14,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -275,24 +276,77 @@ def teardown() -> None:
         )
 
 
-def barrier() -> None:
+class Collectives:
+    """Which collective this process's loop is in, by what it is for (``name``), read by the
+    watchdog (``trainer.watchdog``) from its own thread. torch's Flight Recorder knows a
+    collective's sequence number and op; this knows the gradient all-reduce from the
+    evaluation's. Set around each collective below, and by the gradient all-reduce's comm hook
+    (``StepFlags``) until the step reads its flags (``trainer.step``)."""
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+
+    @contextlib.contextmanager
+    def inside(self, name: str) -> Iterator[None]:
+        outer, self.name = self.name, name
+        try:
+            yield
+        finally:
+            self.name = outer
+
+    def enter(self, name: str) -> None:
+        """In ``name`` until :meth:`leave` (for a collective that a hook starts)."""
+        if self.name is None:
+            self.name = name
+
+    def leave(self) -> None:
+        self.name = None
+
+
+#: This process's: the loop runs on one thread, and so do its collectives.
+COLLECTIVES = Collectives()
+
+#: The gradient all-reduce's name in ``stuck`` events.
+GRADIENT_ALL_REDUCE = "gradient all-reduce"
+
+
+def barrier(what: str = "barrier") -> None:
     """Wait for every rank; a no-op without a process group."""
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+        with COLLECTIVES.inside(what):
+            dist.barrier()
 
 
 def _multi_rank() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+def all_reduce_sum(t: torch.Tensor, what: str = "all-reduce") -> torch.Tensor:
     """Sum a tensor over ranks in place and return it (identity for a single rank)."""
     if _multi_rank():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        with COLLECTIVES.inside(what):
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
 
 
-def broadcast_tensors(tensors: list[torch.Tensor]) -> None:
+def all_gather_floats(values: list[float], what: str = "all-gather") -> list[list[float]]:
+    """Every rank's ``values`` (the same length on each), in rank order: one small collective
+    on the CPU, or on the GPU under NCCL."""
+    if not _multi_rank():
+        return [list(values)]
+    on = torch.device("cuda", torch.cuda.current_device()) if _nccl() else torch.device("cpu")
+    mine = torch.tensor(values, dtype=torch.float64, device=on)
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    with COLLECTIVES.inside(what):
+        dist.all_gather(out, mine)
+    return [t.tolist() for t in out]
+
+
+def _nccl() -> bool:
+    return dist.get_backend() == "nccl"
+
+
+def broadcast_tensors(tensors: list[torch.Tensor], what: str = "broadcast") -> None:
     """Overwrite ``tensors`` with rank 0's, in place: one broadcast per dtype and device (a
     no-op for a single rank)."""
     if not _multi_rank():
@@ -302,27 +356,30 @@ def broadcast_tensors(tensors: list[torch.Tensor]) -> None:
         groups.setdefault((t.dtype, t.device), []).append(t)
     for same in groups.values():
         flat = torch.cat([t.reshape(-1) for t in same])
-        dist.broadcast(flat, src=0)
+        with COLLECTIVES.inside(what):
+            dist.broadcast(flat, src=0)
         for t, part in zip(same, flat.split([t.numel() for t in same]), strict=True):
             t.copy_(part.view_as(t))
 
 
-def broadcast_object(obj: Any) -> Any:
+def broadcast_object(obj: Any, what: str = "object broadcast") -> Any:
     """Rank 0's ``obj`` on every rank."""
     if not (dist.is_available() and dist.is_initialized()):
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    with COLLECTIVES.inside(what):
+        dist.broadcast_object_list(box, src=0)
     return box[0]
 
 
-def gather_objects(obj: Any) -> list[Any] | None:
+def gather_objects(obj: Any, what: str = "object gather") -> list[Any] | None:
     """Every rank's ``obj`` as a list on rank 0 (None elsewhere)."""
     if not (dist.is_available() and dist.is_initialized()):
         return [obj]
     rank = dist.get_rank()
     out: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
-    dist.gather_object(obj, out, dst=0)
+    with COLLECTIVES.inside(what):
+        dist.gather_object(obj, out, dst=0)
     return out
 
 
@@ -339,6 +396,9 @@ class StepFlags:
         self.values = torch.zeros(2, device=device)
         self.calls = 0
         self.rounds = 0
+        #: Called when the step's last bucket is ready: this rank's share of the step is done
+        #: and only the wait for its peers is left (``trainer.stragglers``).
+        self.on_last_bucket: Callable[[], None] | None = None
 
     def hook(self, _state, bucket):
         """DDP's mean all-reduce (what ``allreduce_hook`` does), with the flags in the last
@@ -346,12 +406,15 @@ class StepFlags:
         are in ``values`` by then. (No annotations: DDP inspects them and this module's are
         strings under ``from __future__ import annotations``.)"""
         self.calls += 1
+        COLLECTIVES.enter(GRADIENT_ALL_REDUCE)
         world = dist.get_world_size()
         grads = bucket.buffer()
         if not bucket.is_last():
             fut = dist.all_reduce(grads.div_(world), async_op=True).get_future()
             return fut.then(lambda f: f.value()[0])
         self.rounds += 1
+        if self.on_last_bucket is not None:
+            self.on_last_bucket()
         n = grads.numel()
         packed = torch.cat([grads.div_(world), self.values.to(grads.dtype)])
 

@@ -55,7 +55,8 @@ class Evaluator:
         if self.sync_norms:
             # Every rank evaluates rank 0's model, the one its checkpoint holds.
             models = [self.raw_model] + ([self.ema.module] if self.ema is not None else [])
-            dist_.broadcast_tensors([b for m in models for b in m.buffers()])
+            buffers = [b for m in models for b in m.buffers()]
+            dist_.broadcast_tensors(buffers, what="evaluation buffer broadcast")
         metrics = self.evaluate(self.model)
         if self.ema is not None:
             metrics |= {f"ema_{k}": v for k, v in self.evaluate(self.ema.module).items()}
@@ -81,6 +82,6 @@ class Evaluator:
         keys = sorted(sums)  # the same order on every rank, for one flat all-reduce
         total = torch.tensor(float(count), device=self.device)
         flat = torch.stack([*(sums[k] for k in keys), total])
-        flat = dist_.all_reduce_sum(flat).tolist()
+        flat = dist_.all_reduce_sum(flat, what="evaluation all-reduce").tolist()
         model.train(was_training)
         return {k: v / flat[-1] for k, v in zip(keys, flat[:-1], strict=True)}

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.distributed import StepFlags
+from trainer.distributed import COLLECTIVES, StepFlags
 from trainer.loader import MicroBatches
 from trainer.optim import clip_in_step
 from trainer.stop import StopRequest
@@ -96,6 +96,7 @@ class TrainStep:
         flags = self._forward_backward(batches, window)
         norm = self._update(flags, want_norm)
         loss, stop = self.host_flags.read()  # the step's one wait for the device
+        COLLECTIVES.leave()  # the gradient all-reduce (its hook entered it) is over by now
         return loss / self.loss_divisor, bool(stop), norm
 
     def _forward_backward(self, batches: MicroBatches, window: LogWindow) -> torch.Tensor:

@@ -10,8 +10,10 @@ The loop runs one optimizer step (``trainer.step``: micro-batches, the update, t
 read of the host) and then asks each part whether this step is its own: the log window
 (``trainer.window``), evaluation (``trainer.evaluation``), checkpoints (``trainer.checkpointer``),
 and the stop decisions (``trainer.stop``: a non-finite loss, SIGTERM). Each part keeps its own
-cadence; the checkpoint composes their state. At world size 1 there is no DDP wrapper: nothing
-to all-reduce, and ``torch.compile`` sees the model whole.
+cadence; the checkpoint composes their state. Beside the loop, the watchdog (``trainer.watchdog``)
+names a rank that makes no progress, and each log window ``trainer.stragglers`` names a rank
+that lags. At world size 1 there is no DDP wrapper: nothing to all-reduce, and
+``torch.compile`` sees the model whole.
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ from trainer.optim import Ema, build_optimizer, build_scheduler
 from trainer.rng import get_rng_state, seed_everything, set_rng_state
 from trainer.step import TrainStep
 from trainer.stop import NonfiniteSkips, StopRequest
+from trainer.stragglers import Stragglers
 from trainer.tasks import Task, tokens_per_sample
+from trainer.watchdog import Watchdog
 from trainer.window import LogWindow
 
 log = logging.getLogger(__name__)
@@ -232,6 +236,10 @@ class Trainer:
             max_steps=cfg.max_steps,
             sync_norms=sync_norms_at_eval,
         )
+        self.watchdog = Watchdog(cfg.watchdog, env.rank, env.world_size)
+        self.stragglers = Stragglers(
+            cfg.watchdog, env.rank, env.world_size, dev, reporter, self.step_flags
+        )
 
         # Checkpoints, and resume (which overrides RNG, data position and all state).
         storage = CheckpointManager(cfg.checkpoint.dir, cfg.checkpoint.keep, env.is_main, dev)
@@ -270,7 +278,7 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any] | None:
         """Full training state on rank 0 (None elsewhere); collective: every rank must call it."""
-        rngs = dist_.gather_objects(get_rng_state())
+        rngs = dist_.gather_objects(get_rng_state(), what="checkpoint gather")
         if not self.env.is_main:
             return None
         epoch, batch_in_epoch = self.batches.position()
@@ -338,7 +346,8 @@ class Trainer:
         previous = signal.signal(signal.SIGTERM, self.stop.on_sigterm)
         reason = None
         try:
-            reason = self._loop()
+            with self.watchdog, self.watchdog.while_compiling(self.cfg.compile):
+                reason = self._loop()
             return reason
         finally:
             # A run that ends on an error still finishes the write in flight: a complete
@@ -362,6 +371,7 @@ class Trainer:
         reason = COMPLETED
         while self.step < cfg.max_steps:
             want_norm = self.window.wants_norm(self.step + 1)
+            self.stragglers.step_started()
             loss, stop, norm = self.train_step.run(self.batches, self.window, want_norm)
             self.step, self.last_loss = self.step + 1, loss
             self.ledger.stepped(self.step)
@@ -375,29 +385,31 @@ class Trainer:
             self.window.add_step(loss, self.scheduler.get_last_lr()[0], norm if finite else None)
             self.scheduler.step()
             self.report.advance(self.step, loss)
+            self.watchdog.step_done(self.step)
 
             if self.window.due(self.step):
                 self.window.log(self.step, self.batches.epoch, self.skips.count)
+                self.stragglers.compare(self.step)
                 self.ledger.window()
             if self.evaluator.should_evaluate(self.step):
-                with self.ledger.part(EVAL):
+                with self.ledger.part(EVAL), self.watchdog.paused("evaluation"):
                     self.evaluator.run(self.step)
             if stop:
                 reason = PREEMPTED
                 break
             if self.checkpointer.should_save(self.step):
-                with self.ledger.saving(self.step):
+                with self.ledger.saving(self.step), self.watchdog.paused("checkpoint"):
                     self.checkpointer.save(self.step, self.state_dict)
             self.checkpointer.report_completed()
 
         if reason == COMPLETED:
-            with self.ledger.part(EVAL):
+            with self.ledger.part(EVAL), self.watchdog.paused("evaluation"):
                 self.evaluator.run(self.step)
         if reason != NONFINITE and self.checkpointer.should_save(self.step, last=True):
-            with self.ledger.saving(self.step):
+            with self.ledger.saving(self.step), self.watchdog.paused("checkpoint"):
                 self.checkpointer.save(self.step, self.state_dict)
         # Preempted or done: the last checkpoint is complete before the run says so and exits.
-        with self.ledger.part(STALL):
+        with self.ledger.part(STALL), self.watchdog.paused("checkpoint"):
             self.checkpointer.report_completed(wait=True)
         self.ledger.end(reason)
         self._report_done(reason, time.perf_counter() - started)

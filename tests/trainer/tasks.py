@@ -3,7 +3,9 @@
 A small MLP classifies random vectors. Each sample carries its dataset index, and in train mode
 the task appends what it saw to ``record_dir/rank<R>.jsonl`` (one line per micro-batch), so a
 test can compare the exact sample order of two runs. It can also inject faults on chosen
-micro-batch calls: a NaN loss, an fp16 gradient overflow, or a sleep to slow a run down.
+micro-batch calls: a NaN loss, an fp16 gradient overflow, or a sleep to slow a run down; and
+on one rank: a hang (a long sleep at one call, in :func:`hang_here`), a slower step (a sleep at
+every call), or a slow checkpoint (a sleep while its state is read, in :func:`slow_state_dict`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,13 @@ class RecordingTask:
         nan_ranks: tuple[int, ...] | None = None,
         overflow_calls: tuple[int, ...] = (),
         sleep_s: float = 0.0,
+        hang_rank: int | None = None,
+        hang_call: int = 0,
+        hang_s: float = 0.0,
+        slow_rank: int | None = None,
+        slow_s: float = 0.0,
+        slow_state_rank: int | None = None,
+        slow_state_s: float = 0.0,
     ):
         self.n, self.dim, self.hidden, self.classes, self.dropout = n, dim, hidden, classes, dropout
         self.record_dir = Path(record_dir) if record_dir else None
@@ -41,14 +50,22 @@ class RecordingTask:
         self.sleep_s = sleep_s
         self.calls = 0
         self.rank = int(os.environ.get("RANK", "0"))
+        self.hang_s = hang_s if hang_rank == self.rank else 0.0
+        self.hang_call = hang_call
+        self.slow_s = slow_s if slow_rank == self.rank else 0.0
+        self.slow_state_s = slow_state_s if slow_state_rank == self.rank else 0.0
 
     def build_model(self) -> nn.Module:
-        return nn.Sequential(
+        model = nn.Sequential(
             nn.Linear(self.dim, self.hidden),
             nn.ReLU(),
             nn.Dropout(self.dropout),
             nn.Linear(self.hidden, self.classes),
         )
+        if self.slow_state_s:
+            seconds = self.slow_state_s
+            model.register_state_dict_pre_hook(lambda *_: slow_state_dict(seconds))
+        return model
 
     def build_datasets(self):
         g = torch.Generator().manual_seed(0)
@@ -80,7 +97,21 @@ class RecordingTask:
                 loss = loss + logits.sum()
             if self.sleep_s:
                 time.sleep(self.sleep_s)
+            if self.slow_s:
+                time.sleep(self.slow_s)
+            if self.hang_s and self.calls == self.hang_call:
+                hang_here(self.hang_s)
         return loss, {"accuracy": (logits.argmax(1) == y).float().mean()}
+
+
+def hang_here(seconds: float) -> None:
+    """Where a hung rank is: the ``stuck`` events name this function and the line below."""
+    time.sleep(seconds)
+
+
+def slow_state_dict(seconds: float) -> None:
+    """A checkpoint that takes ``seconds`` longer to read the model's state on this rank."""
+    time.sleep(seconds)
 
 
 def build(**kwargs) -> RecordingTask:
