@@ -1,15 +1,15 @@
 """Run every benchmark, one after the other, each printing its own side-by-side ratios.
 
-    make bench                      # all eleven
+    make bench                      # all twelve
     python bench/run.py trainjob    # one of: trainer checkpoint controller cluster logs logs-all
-                                    #         image local trainjob queue recovery
+                                    #         image local trainjob queue recovery watchdog
 
-The trainer and checkpoint benches need only CPU (the checkpoint bench starts moto's S3 server
-unless AWS_ENDPOINT_URL names one); the cluster, logs, logs-all, trainjob, queue and recovery
-benches reuse a live `make cluster-up` or start the local cluster themselves (logs-all, trainjob
-and recovery need its real node); the image bench needs root, podman and containerd; the local
-bench builds the trainer image when it is stale. Exit status: non-zero if any bench missed its
-target or failed.
+The trainer, checkpoint and watchdog benches need only CPU (the checkpoint bench starts moto's S3
+server unless AWS_ENDPOINT_URL names one); the cluster, logs, logs-all, trainjob, queue and
+recovery benches reuse a live `make cluster-up` or start the local cluster themselves (logs-all,
+trainjob and recovery need its real node); the image bench needs root, podman and containerd; the
+local bench builds the trainer image when it is stale. Exit status: non-zero if any bench missed
+its target or failed.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ BENCHES = {
     "trainjob": HERE / "trainjob_bench.py",
     "queue": HERE / "queue_bench.py",
     "recovery": HERE / "recovery_bench.py",
+    "watchdog": HERE / "watchdog_bench.py",
 }
 
 

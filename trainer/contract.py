@@ -216,6 +216,9 @@ GRACE_PERIOD_ENV = "DDPJOB_GRACE_PERIOD_S"
 LAUNCHED_AT_ENV = "DDPJOB_LAUNCHED_AT"
 #: Kubernetes' ``terminationGracePeriodSeconds`` when a pod sets none.
 KUBERNETES_DEFAULT_GRACE_PERIOD_S = 30
+#: The pod's node (``spec.nodeName``, through the downward API: controller/render/pod.py), which
+#: ``stuck`` and ``straggler`` events name.
+NODE_NAME_ENV = "NODE_NAME"
 
 
 def without_launcher(environ: dict[str, str]) -> dict[str, str]:

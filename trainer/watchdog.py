@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.config import WatchdogConfig
-from trainer.contract import STUCK, TORCHELASTIC_RESTART_COUNT, format_event
+from trainer.contract import NODE_NAME_ENV, STUCK, TORCHELASTIC_RESTART_COUNT, format_event
 from trainer.distributed import COLLECTIVES
 
 log = logging.getLogger(__name__)
@@ -58,8 +58,6 @@ log = logging.getLogger(__name__)
 RECENT_STEPS = 50
 #: Frames kept per thread in a ``stuck`` event (the innermost).
 MAX_FRAMES = 40
-#: Kubernetes' downward API puts the pod's node here (``spec.nodeName``; controller/render/pod.py).
-NODE_NAME_ENV = "NODE_NAME"
 
 # Frames that are nobody's answer to "where is it": torch's and the standard library's.
 _NOT_OF_INTEREST = tuple(

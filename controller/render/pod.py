@@ -21,7 +21,7 @@ from controller.kubeflow import (
 )
 from controller.render.args import trainer_args
 from controller.spec import JobSpec
-from trainer.contract import GRACE_PERIOD_ENV
+from trainer.contract import GRACE_PERIOD_ENV, NODE_NAME_ENV
 
 # Standard labels (https://kubernetes.io/docs/concepts/overview/working-with-objects/common-labels/)
 LABEL_NAME = "app.kubernetes.io/name"  # the application: always ddpjob
@@ -186,9 +186,16 @@ def container_args(spec: JobSpec) -> list[str]:
 
 
 def container_env(spec: JobSpec) -> list[dict[str, Any]]:
-    """The user's env in the spec's order, then Secret references (never their values), then
-    the grace period for the trainer, where the spec sets one."""
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in spec.env.items()]
+    """The pod's node (which the trainer's ``stuck`` and ``straggler`` events name; first, so
+    the user's values may say ``$(NODE_NAME)``, and not where the user sets it), the user's env
+    in the spec's order, then Secret references (never their values), then the grace
+    period for the trainer, where the spec sets one."""
+    env: list[dict[str, Any]] = []
+    if NODE_NAME_ENV not in spec.env and NODE_NAME_ENV not in spec.secret_env:
+        env.append(
+            {"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+        )
+    env += [{"name": k, "value": v} for k, v in spec.env.items()]
     for name, ref in spec.secret_env.items():
         env.append(
             {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.key}}}

@@ -121,10 +121,22 @@ def test_secret_env_is_a_reference_never_a_value(monkeypatch):
     job = render(env={"A": "1"}, secret_env={"TOKEN": {"secret": "creds", "key": "token"}})
     (c,) = templates(job)[0]["spec"]["containers"]
     assert c["env"] == [
+        NODE_NAME,
         {"name": "A", "value": "1"},
         {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}},
     ]
     assert "s3cr3t-value" not in to_yaml(job)
+
+
+#: The pod's node, from the downward API, which the trainer's stuck and straggler events name.
+NODE_NAME = {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+
+
+def test_every_pod_learns_its_node_unless_the_user_sets_node_name():
+    for role in templates(render(nodes=2)):
+        assert role["spec"]["containers"][0]["env"] == [NODE_NAME]
+    (c,) = templates(render(env={"NODE_NAME": "mine", "A": "1"}))[0]["spec"]["containers"]
+    assert c["env"] == [{"name": "NODE_NAME", "value": "mine"}, {"name": "A", "value": "1"}]
 
 
 def test_run_policy_and_gang():

@@ -73,6 +73,7 @@ def test_env_unbuffered_first_then_users_then_secret_refs():
     ]["trainer"]["env"]
     assert env == [
         {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "B", "value": "2"},
         {"name": "A", "value": "1"},
         {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "t"}}},

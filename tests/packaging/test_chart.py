@@ -67,7 +67,15 @@ SPECS: dict[str, dict[str, Any]] = {
         "resources": {"gpus": 2, "cpu": "500m", "memory": "8Gi"},
         "shm_size": "2Gi",
         # Not in sorted order on purpose: the manifest keeps the spec's order.
-        "env": {"ZED": "1", "ALPHA": "true", "MULTI": "line\nbreak", "EMPTY": "", "N": "010"},
+        # NODE_NAME: the user's own, in place of the pod's node that ddpjob sets otherwise.
+        "env": {
+            "ZED": "1",
+            "ALPHA": "true",
+            "MULTI": "line\nbreak",
+            "EMPTY": "",
+            "N": "010",
+            "NODE_NAME": "mine",
+        },
         "secret_env": {"TOKEN": {"secret": "creds", "key": "token"}},
         "volumes": [
             {

@@ -87,10 +87,20 @@ terminationGracePeriodSeconds: {{ .Values.grace_period_s | int }}
 {{- end }}
 
 {{/*
-The user's env entries in order, then Secret references, then the grace period for the trainer
-(when set) (a list body, may be empty).
+The pod's node (unless the user sets NODE_NAME), the user's env entries in order, then Secret
+references, then the grace period for the trainer (when set) (a list body).
 */}}
 {{- define "ddpjob.envEntries" -}}
+{{- $ownNodeName := false }}
+{{- range (concat .Values.env .Values.secret_env) }}
+{{- if eq .name "NODE_NAME" }}{{ $ownNodeName = true }}{{ end }}
+{{- end }}
+{{- if not $ownNodeName }}
+- name: NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+{{- end }}
 {{- range .Values.env }}
 - name: {{ .name | quote }}
   value: {{ .value | toString | quote }}
@@ -193,10 +203,8 @@ spec:
       args:
         {{- toYaml . | nindent 8 }}
       {{- end }}
-      {{- if or .Values.env .Values.secret_env (not (kindIs "invalid" .Values.grace_period_s)) }}
       env:
         {{- include "ddpjob.envEntries" . | nindent 8 }}
-      {{- end }}
       ports:
         - name: pytorchjob-port
           containerPort: 23456
