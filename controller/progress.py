@@ -12,8 +12,9 @@ beside human lines (docs/architecture.md, "The trainer's stdout contract"). Feed
 
 On a terminal it draws a rich bar (step/max, loss, samples/s, ETA) and prints events as short
 human lines. Anywhere else every line passes through unchanged, so the output stays
-machine-readable (``... | grep '"event": "eval"'``). Either way the latest state is kept in
-attributes (``step``, ``max_steps``, ``loss``, ``eta_s``, ``done``) for the caller.
+machine-readable (``... | grep '"event": "eval"'``), and what the job must hear at once (rank 0's
+verdict on a rank that is stuck, a straggler) is also said on stderr. Either way the latest state
+is kept in attributes (``step``, ``max_steps``, ``loss``, ``eta_s``, ``done``) for the caller.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from trainer.contract import (
     EVAL,
     RESUME,
     START,
+    STRAGGLER,
+    STUCK,
     TRAIN,
     parse_event,
 )
@@ -111,6 +114,7 @@ class Progress:
             self._track(event)
         if not self.live:
             self._write(line)
+            self._note_urgent(event)
         elif event is None:
             self._print(line)
         else:
@@ -125,12 +129,13 @@ class Progress:
                 self.feed(line)
             return
         lines = [line.rstrip("\r\n") for line in lines]
-        for line in lines:
-            event = parse_event(line)
-            if event is not None:
-                self._track(event)
+        events = [e for line in lines if (e := parse_event(line)) is not None]
+        for event in events:
+            self._track(event)
         self.out.write("\n".join(lines) + "\n")
         self.out.flush()
+        for event in events:
+            self._note_urgent(event)
 
     def note(self, text: str) -> None:
         """A message of the caller's own (restarts, pod events): above the bar on a terminal,
@@ -152,6 +157,11 @@ class Progress:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _note_urgent(self, event: dict[str, Any] | None) -> None:
+        """Off a terminal: say rank 0's verdict on a stuck job and a straggler on stderr too."""
+        if event is not None and is_urgent(event):
+            self.note(describe(event) or "")
 
     # -- state -------------------------------------------------------------------------------
 
@@ -248,9 +258,115 @@ def describe(event: dict[str, Any]) -> str | None:
         reason = event.get("reason", "?")
         error = f": {event['error']}" if event.get("error") else ""
         return f"stopped ({reason}) at step {step}/{event.get('max_steps')}{error}"
+    if name == STUCK:
+        return describe_stuck(event)
+    if name == STRAGGLER:
+        return describe_straggler(event)
     if name == TRAIN:
         return None
     return json.dumps(event)
+
+
+def urgent_lines(lines: list[str]) -> list[str]:
+    """What :func:`describe` says of the urgent events among raw log ``lines``. Only a line
+    that names one of their events is parsed, so a long log costs a substring test a line."""
+    found = []
+    for line in lines:
+        if f'"{STUCK}"' in line or f'"{STRAGGLER}"' in line:
+            event = parse_event(line)
+            if event is not None and is_urgent(event):
+                found.append(describe(event) or "")
+    return found
+
+
+def is_urgent(event: dict[str, Any]) -> bool:
+    """Rank 0's verdict on a job that makes no progress (or moves again), or a straggler: what a
+    person following the job must hear at once."""
+    name = event.get("event")
+    return (name == STUCK and "culprit" in event) or name == STRAGGLER
+
+
+def describe_stuck(event: dict[str, Any]) -> str:
+    """A ``stuck`` event in words: rank 0's verdict (which rank the others wait for, and where
+    it is) or a rank's own (where it is, and whether it waits in a collective)."""
+    stall = _seconds(event.get("stuck_s"))
+    culprit = event.get("culprit")
+    if "culprit" not in event:  # a rank about itself
+        rank = event.get("rank", "?")
+        if event.get("recovered"):
+            return f"rank {rank} moves again after {stall}"
+        waits = event.get("in_collective")
+        state = f"waiting in the {waits}" if waits else "not in a collective"
+        return (
+            f"rank {rank}: no progress for {stall} after step {event.get('step')}, {state}, "
+            f"at {_frame(event.get('frame'))}"
+        )
+    if event.get("recovered"):
+        who = f": rank {culprit} was the one the others waited for" if culprit is not None else ""
+        return f"moving again after {stall}{who}"
+    since = f"no progress for {stall} after step {event.get('step')}"
+    waiting, what = event.get("waiting") or [], event.get("in_collective")
+    others = f"{_ranks(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in"
+    if culprit is None:
+        if waiting:
+            return (
+                f"stuck: every rank waits in the {what} and none is behind ({since}): a network "
+                "or device fault, or ranks that call different collectives"
+            )
+        return f"stuck: no rank is in a collective ({since}); {_where(event)}"
+    where = _where(event, culprit)
+    if culprit in (event.get("silent") or []):
+        return (
+            f"stuck: rank {culprit} does not answer (its whole process is frozen, or gone) while "
+            f"{others} the {what} ({since})"
+        )
+    if event.get("rank_in_collective"):
+        return (
+            f"stuck: rank {culprit} is behind, in the {event['rank_in_collective']}, while "
+            f"{others} the {what} ({since}): {where}"
+        )
+    return f"stuck: rank {culprit} is not in the {what} that {others} ({since}): {where}"
+
+
+def describe_straggler(event: dict[str, Any]) -> str:
+    """A ``straggler`` event in words: the rank, where it runs, its time against the others'."""
+    rank, place = event.get("rank"), _place(event)
+    mine, median = _num(event.get("step_time_s")), _num(event.get("median_s"))
+    if event.get("recovered"):
+        return f"straggler: rank {rank}{place} keeps up again ({mine} s a step against {median} s)"
+    factor = event.get("factor")
+    if not isinstance(factor, (int, float)):  # only the train event's list was read
+        return f"straggler: rank {rank}{place} is busy {mine} s a step, more than the others"
+    return (
+        f"straggler: rank {rank}{place} is busy {mine} s a step, {factor:.1f}x the other ranks' "
+        f"median of {median} s, {event.get('windows')} log windows in a row"
+    )
+
+
+def _where(event: dict[str, Any], rank: int | None = None) -> str:
+    who = f"rank {rank}" if rank is not None else "it"
+    return f"{who} is at {_frame(event.get('frame'))}{_place(event)}"
+
+
+def _place(event: dict[str, Any]) -> str:
+    """`` (pod P, node N)`` of the event's rank, as far as known."""
+    pod, node = event.get("pod"), event.get("node")
+    place = ", ".join(p for p in (pod and f"pod {pod}", node and f"node {node}") if p)
+    return f" ({place})" if place else ""
+
+
+def _frame(frame: dict[str, Any] | None) -> str:
+    if not frame:
+        return "an unknown place"
+    return f"{frame.get('file')}:{frame.get('line')}, in {frame.get('function')}"
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
+
+
+def _seconds(value: Any) -> str:
+    return f"{value:.0f} s" if isinstance(value, (int, float)) else "? s"
 
 
 def _num(value: Any) -> str:

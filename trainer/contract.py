@@ -67,7 +67,9 @@ RETRYABLE_EXIT_CODES = (EXIT_SIGINT, EXIT_KILLED, EXIT_PEER_LOST, EXIT_PREEMPTED
 START = "start"
 #: Rank 0: state was loaded (``step``, ``path``, ``skipped``).
 RESUME = "resume"
-#: Rank 0, every ``log_every`` steps: ``step``, ``loss``, ``step_time_s``, ...
+#: Rank 0, every ``log_every`` steps: ``step``, ``loss``, ``step_time_s``, ...; while any rank
+#: lags, ``stragglers``: each (``rank``, ``pod``, ``node``, ``step_time_s``) named by a
+#: ``straggler`` event and not recovered since.
 TRAIN = "train"
 #: Rank 0: evaluation metrics (``step``, ``metrics``).
 EVAL = "eval"

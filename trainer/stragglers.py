@@ -131,22 +131,30 @@ class Stragglers:
         if self.enabled:
             self.timer.start()
 
-    def compare(self, step: int) -> None:
+    def compare(self, step: int) -> dict[str, Any]:
         """The window ending at ``step``: one all-gather of every rank's busy time; on rank 0,
-        a ``straggler`` event for each rank that became one, or stopped being one."""
+        a ``straggler`` event for each rank that became one, or stopped being one. Returns the
+        ``train`` event's ``stragglers`` field while there are any (rank 0), so that the newest
+        ``train`` event says who lags now."""
         if not self.enabled:
-            return
+            return {}
         times = [t for (t,) in dist_.all_gather_floats([self.timer.take()], what="straggler check")]
         if self.rank != 0:
-            return
+            return {}
         for change in self.rule.see(times):
-            place = self.places[change["rank"]] if change["rank"] < len(self.places) else {}
             self.report.event(
                 STRAGGLER,
                 **change,
-                pod=place.get("hostname"),
-                node=place.get("node"),
+                **self._place(change["rank"]),
                 step=step,
                 windows=self.rule.windows,
                 threshold=self.rule.factor,
             )
+        now = [
+            {"rank": r, **self._place(r), "step_time_s": times[r]} for r in sorted(self.rule.named)
+        ]
+        return {"stragglers": now} if now else {}
+
+    def _place(self, rank: int) -> dict[str, Any]:
+        place = self.places[rank] if rank < len(self.places) else {}
+        return {"pod": place.get("hostname"), "node": place.get("node")}

@@ -388,8 +388,8 @@ class Trainer:
             self.watchdog.step_done(self.step)
 
             if self.window.due(self.step):
-                self.window.log(self.step, self.batches.epoch, self.skips.count)
-                self.stragglers.compare(self.step)
+                slow = self.stragglers.compare(self.step)
+                self.window.log(self.step, self.batches.epoch, self.skips.count, **slow)
                 self.ledger.window()
             if self.evaluator.should_evaluate(self.step):
                 with self.ledger.part(EVAL), self.watchdog.paused("evaluation"):

@@ -97,9 +97,10 @@ class LogWindow:
             "loss": self.loss_sum / self.loss_steps if self.loss_steps else math.nan,
         }
 
-    def log(self, step: int, epoch: int, nonfinite_skips: int) -> None:
-        """The ``train`` event for the window ending at ``step``; the next window starts where
-        this one ends, so the reads and the printing here count in the next one."""
+    def log(self, step: int, epoch: int, nonfinite_skips: int, **more: object) -> None:
+        """The ``train`` event for the window ending at ``step`` (with ``more`` fields of other
+        parts); the next window starts where this one ends, so the reads and the printing here
+        count in the next one."""
         end = self.clock()  # after step's update, on the device too: the window's end
         w = self.figures(end)
         fields = dict(
@@ -118,5 +119,5 @@ class LogWindow:
             fields["tokens_per_s"] = w["samples_per_s"] * self.tokens_per_sample
         if self.scaler.is_enabled():
             fields["loss_scale"] = self.scaler.get_scale()
-        self.report.event(TRAIN, **fields)
+        self.report.event(TRAIN, **fields, **more)
         self.reset(end)

@@ -221,6 +221,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     from controller.cli.table import format_table
     from controller.jobs.read.explain import format_progress, format_reported
     from controller.jobs.status import job_status
+    from controller.progress import describe
+    from trainer.contract import STRAGGLER
 
     price = _price(args)
     cluster = _cluster(args)
@@ -267,6 +269,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         from controller.jobs.read.checkpoints import format_checkpoint
 
         print(f"checkpoint: {format_checkpoint(st['checkpoint'])}")
+    if st["stuck"]:
+        print(describe(st["stuck"]))
+    for straggler in st["stragglers"]:
+        print(describe({"event": STRAGGLER, **straggler}))
     if st["reported_progress"]:
         print(f"reported in the {st['kind']}: {format_reported(st['reported_progress'])}")
     g = st["goodput"]
@@ -341,11 +347,15 @@ def cmd_logs(args: argparse.Namespace) -> int:
             f"`{CLI} logs {args.name} -n {namespace} --all`"
         )
     if args.follow:
+        from controller.progress import urgent_lines
+
         out = sys.stdout
 
         def emit(lines: list[str]) -> None:
             out.write("\n".join(lines) + "\n")
             out.flush()
+            for text in urgent_lines(lines):  # a verdict on a stuck rank, a straggler
+                _say(f"logs: {text}")
 
         follower = RankFollower(
             cluster,

@@ -113,6 +113,11 @@ class RankFollower:
 
     Why nothing runs is said as it changes, for every pod of the job (``why.WaitNotes``): the
     job, all its pods and the namespace's events are watched (``JobWatch``), into :attr:`view`.
+
+    A caller that keeps the job's view itself (``wait``, which follows rank 0 quietly for the
+    trainer's verdicts) passes its ``view``, calls :meth:`see_pods` after each change of its
+    pods and :meth:`stop` at its end; ``final_reads=False`` leaves out the read of a run's last
+    lines once it ended, which keeps that caller from waiting for them.
     """
 
     def __init__(
@@ -129,6 +134,8 @@ class RankFollower:
         every: bool = False,
         tail_lines: int | None = None,
         since_time: str | None = None,
+        view: JobView | None = None,
+        final_reads: bool = True,
     ):
         if elastic and rank != 0 and not every:
             raise ValueError("an elastic job's node ranks are the rendezvous's: follow rank 0")
@@ -140,7 +147,8 @@ class RankFollower:
         self.latest: dict[str, _Run] = {}  # pod name -> its newest run
         self.lead: _Run | None = None  # elastic: the run printing as rank 0
         self.fallback = False  # elastic: no rank 0 found, every worker is printed
-        self.view = JobView(kind, job)  # the job, its pods and events, as watched
+        self.view = view if view is not None else JobView(kind, job)  # as watched
+        self.final_reads = final_reads
         self.notes = WaitNotes(kind, job, view=self.view)
         self._emit_lock = threading.Lock()
         self._held_since: float | None = None  # elastic: when a line was first held back
@@ -339,6 +347,11 @@ class RankFollower:
         if run.done:
             return
         run.done = True
+        if not self.final_reads:
+            run.stop.set()
+            if run.stream is not None:
+                run.stream.close()
+            return
         if run.thread is not None:
             # The process has exited and its output is in the log file; give the open stream
             # a moment to deliver the tail (a deleted pod's log cannot be read again after).
@@ -421,10 +434,18 @@ class RankFollower:
             try:
                 return self._follow(watch)
             finally:
-                for run in self.runs.values():
-                    run.stop.set()
-                    if run.stream is not None:
-                        run.stream.close()
+                self.stop()
+
+    def see_pods(self) -> None:
+        """Follow the view's pods as they are now (for a caller whose watch keeps the view)."""
+        self._follow_pods()
+
+    def stop(self) -> None:
+        """Stop every run's stream (their reader threads end)."""
+        for run in self.runs.values():
+            run.stop.set()
+            if run.stream is not None:
+                run.stream.close()
 
     def _follow(self, watch: JobWatch) -> dict[str, Any] | None:
         view = self.view

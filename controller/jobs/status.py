@@ -89,6 +89,10 @@ def job_status(
         "progress": view.trainer.progress(),
         # Rank 0's newest checkpoint event, or the checkpoint its run resumed from.
         "checkpoint": checkpoint,
+        # What ails it while it runs: rank 0's verdict on a rank the others wait for, and the
+        # ranks that lag (from rank 0's log tail, as the progress).
+        "stuck": view.trainer.stuck() if view.terminal is None else None,
+        "stragglers": view.trainer.stragglers() if view.terminal is None else [],
         # What the job's own status says (a TrainJob's trainerStatus, posted by rank 0).
         "reported_progress": kind.reported_progress(job),
         "pending": pending(view),

@@ -12,13 +12,19 @@ from collections.abc import Callable
 from typing import Any
 
 from controller.errors import DdpjobError, NotFound
+from controller.jobs.follow import RankFollower
 from controller.jobs.read.apis import PYTORCHJOB_KIND, JobKind
+from controller.jobs.read.explain import is_elastic
 from controller.jobs.read.history import RunHistory
-from controller.jobs.read.view import JobView
+from controller.jobs.read.view import POD, JobView
 from controller.jobs.read.why import Waiting, WaitNotes
 from controller.jobs.watches import JobWatch
 from controller.kube.client import Cluster
 from controller.kube.watch import RESYNC
+from controller.progress import describe
+
+#: Of rank 0's runs already there when ``wait`` starts, the lines it reads for verdicts.
+TAIL_LINES = 200
 
 
 def job_count(etype: str, obj: dict[str, Any]) -> int | None:
@@ -63,34 +69,73 @@ def wait_for_job(
 
     The job, its pods and the namespace's events are watched (``JobWatch``) and the job's view
     is tested after each change. With ``say``, why the job does not run is said as it changes
-    (``controller.jobs.read.why.WaitNotes``: a problem at once, a step once it lasts). With
-    ``history``, the pods are recorded meanwhile (their last state, and with a ``PodHistory``
-    the log tail of each failed run), for the failure report once pods are gone. ``where``
-    starts the timeout's message (the command).
+    (``controller.jobs.read.why.WaitNotes``: a problem at once, a step once it lasts), and what
+    the trainer says ails the running job as it comes: rank 0's log is followed quietly, into
+    the view, for its verdict on a rank that is stuck (and that the job moves again) and its
+    stragglers (``controller.progress.describe``). With ``history``, the pods are recorded
+    meanwhile (their last state, and with a ``PodHistory`` the log tail of each failed run), for
+    the failure report once pods are gone. ``where`` starts the timeout's message (the
+    command).
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     last = None
     next_note: float | None = None
     view = JobView(kind, name, history=history)
     notes = WaitNotes(kind, name, view=view)
+    rank0: RankFollower | None = None
+    alerts = 0  # of view.trainer.alerts, those said
     with JobWatch(cluster, view, namespace, deadline=deadline) as watch:
-        while not watch.expired():
-            watch.next(until=next_note)
-            if view.gone:
-                if not view.seen:
-                    cluster.get_job(name, namespace, api=kind.api)  # NotFound, as said
-                raise NotFound(f"wait: job {namespace}/{name} was deleted before it ended")
-            if view.job is not None and view.condition != last:
-                last = view.condition
-                if on_change is not None:
-                    on_change(view.job)
-            if view.terminal:
-                return view.job
-            if say is not None:
+        try:
+            while not watch.expired():
+                change = watch.next(until=next_note)
+                if view.gone:
+                    if not view.seen:
+                        cluster.get_job(name, namespace, api=kind.api)  # NotFound, as said
+                    raise NotFound(f"wait: job {namespace}/{name} was deleted before it ended")
+                if view.job is not None and view.condition != last:
+                    last = view.condition
+                    if on_change is not None:
+                        on_change(view.job)
+                if view.terminal:
+                    return view.job
+                if say is None:
+                    continue
+                if rank0 is None and view.job is not None:
+                    rank0 = _rank0_quietly(cluster, view, watch, namespace)
+                    rank0.see_pods()
+                elif rank0 is not None and change is not None and change.what == POD:
+                    rank0.see_pods()
+                for event in view.trainer.alerts[alerts:]:
+                    say(f"job {name}: {describe(event)}")
+                alerts = len(view.trainer.alerts)
                 lines, next_note = notes.due(time.monotonic())
                 for line in lines:
                     say(f"job {name}: {line}")
+        finally:
+            if rank0 is not None:
+                rank0.stop()
     raise timeout_error(where, namespace, name, timeout_s, last, notes.current())
+
+
+def _rank0_quietly(
+    cluster: Cluster, view: JobView, watch: JobWatch, namespace: str
+) -> RankFollower:
+    """A follower of rank 0's log that prints nothing: its lines go into ``view`` through
+    ``watch``, where the trainer's events are read (``view.trainer``)."""
+    assert view.job is not None
+    return RankFollower(
+        cluster,
+        namespace,
+        view.name,
+        0,
+        watch.put_log,
+        lambda _: None,  # re-attaching to a log is the follower's business, not wait's
+        view.kind,
+        elastic=is_elastic(view.job),
+        tail_lines=TAIL_LINES,
+        view=view,
+        final_reads=False,
+    )
 
 
 def timeout_error(

@@ -18,7 +18,7 @@ from typing import Any
 
 from controller.errors import ClusterError
 from controller.jobs.read.history import READ_TAIL_LINES, FailedRun, RunHistory
-from controller.jobs.read.view import ERROR, EVENT, JOB, POD, Change, JobView
+from controller.jobs.read.view import ERROR, EVENT, JOB, LOG, POD, Change, JobView
 from controller.kube.client import Cluster
 
 #: Items are ``(what, etype, obj)`` as :meth:`JobView.apply` takes them.
@@ -93,6 +93,12 @@ class JobWatch:
     def stop(self) -> None:
         """Stop taking items (each thread ends at its watch's next event or timeout)."""
         self._stopped.set()
+
+    def put_log(self, lines: list[str], pod: str = "") -> None:
+        """Lines of the job's log (from a follower's reader thread), folded into the view with
+        the next change, in the order given."""
+        if not self._stopped.is_set():
+            self._queue.put((LOG, pod, {"lines": list(lines)}))
 
     def expired(self) -> bool:
         """The deadline has passed."""

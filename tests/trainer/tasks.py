@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -105,8 +106,14 @@ class RecordingTask:
 
 
 def hang_here(seconds: float) -> None:
-    """Where a hung rank is: the ``stuck`` events name this function and the line below."""
+    """Where a hung rank is: the ``stuck`` events name this function and its sleep. It says when
+    it started on stderr (``HANGS``), for a test that times how soon the hang is named."""
+    print(f"{HANGS} {time.time():.3f}", file=sys.stderr, flush=True)
     time.sleep(seconds)
+
+
+#: What :func:`hang_here` prints first, then the time (seconds since the epoch).
+HANGS = "hang_here: hanging from"
 
 
 def slow_state_dict(seconds: float) -> None:

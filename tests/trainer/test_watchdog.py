@@ -108,6 +108,10 @@ def test_a_rank_slowed_every_step_is_named_a_straggler(tmp_path: Path) -> None:
     assert straggler["step"] == 9 and straggler["windows"] == 3  # the third window in a row
     assert straggler["step_time_s"] >= 0.05 > straggler["median_s"]
     assert straggler["factor"] == straggler["step_time_s"] / straggler["median_s"] >= 1.5
+    # Each train event from then on says who lags now.
+    lags = {e["step"]: e.get("stragglers") for e in r.of("train")}
+    assert lags[6] is None and [s["rank"] for s in lags[9]] == [1] == [s["rank"] for s in lags[24]]
+    assert lags[9][0]["pod"] == socket.gethostname() and lags[9][0]["step_time_s"] >= 0.05
     assert not r.of("stuck")
 
 

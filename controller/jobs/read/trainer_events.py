@@ -3,9 +3,10 @@
 
 :class:`TrainerEvents` keeps the newest event of each name (and, for the events a rank writes
 about itself, the newest per rank); whoever reads a log of the job feeds it lines, and what shows
-the job reads it. Progress (``train``/``done``) is read here; the last ``checkpoint``, a
-``stuck`` rank and a ``straggler`` are the same kind of read (:meth:`TrainerEvents.newest`,
-:meth:`TrainerEvents.of_ranks`).
+the job reads it. Progress (``train``/``done``) is read here, and what ails a running job: rank
+0's verdict on a job that makes no progress (:meth:`TrainerEvents.stuck`) and the ranks that lag
+(:meth:`TrainerEvents.stragglers`); the last ``checkpoint`` is the same kind of read
+(:meth:`TrainerEvents.newest`, :meth:`TrainerEvents.of_ranks`).
 
 Pure: lines in, dicts out.
 """
@@ -14,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.contract import DONE, RANK_EVENTS, TRAIN, parse_event
+from controller.progress import is_urgent
+from trainer.contract import DONE, RANK_EVENTS, STRAGGLER, STUCK, TRAIN, parse_event
 
 
 class TrainerEvents:
@@ -26,6 +28,14 @@ class TrainerEvents:
         self._newest: dict[str, tuple[int, dict[str, Any], str | None]] = {}
         # a rank's own events (RANK_EVENTS): event name -> rank -> the newest
         self._by_rank: dict[str, dict[int, dict[str, Any]]] = {}
+        # rank 0's newest verdict on a job that makes no progress (a `stuck` event with a
+        # `culprit`), or the one that says it moves again
+        self._verdict: dict[str, Any] | None = None
+        # rank 0's newest `straggler` event about each rank
+        self._stragglers: dict[int, dict[str, Any]] = {}
+        #: The verdicts and straggler events, in the order seen (``progress.is_urgent``): what
+        #: a command that follows the job says as they come.
+        self.alerts: list[dict[str, Any]] = []
 
     def see_lines(self, lines: list[str], pod: str | None = None) -> None:
         """Read the events among ``lines`` (plain lines are skipped), in order; ``pod``: whose
@@ -39,8 +49,14 @@ class TrainerEvents:
         self._seq += 1
         name = event["event"]
         self._newest[name] = (self._seq, event, pod)
-        if name in RANK_EVENTS and isinstance(event.get("rank"), int):
+        if name == STUCK and "culprit" in event:
+            self._verdict = event
+        elif name in RANK_EVENTS and isinstance(event.get("rank"), int):
             self._by_rank.setdefault(name, {})[event["rank"]] = event
+        if name == STRAGGLER and isinstance(event.get("rank"), int):
+            self._stragglers[event["rank"]] = event
+        if is_urgent(event):
+            self.alerts.append(event)
 
     def newest(self, *names: str) -> dict[str, Any] | None:
         """The newest event among those named ``names`` (None: none seen)."""
@@ -55,6 +71,27 @@ class TrainerEvents:
     def of_ranks(self, name: str) -> dict[int, dict[str, Any]]:
         """A rank's own events ``name`` (one of ``RANK_EVENTS``): the newest per rank."""
         return dict(self._by_rank.get(name, {}))
+
+    def stuck(self) -> dict[str, Any] | None:
+        """Rank 0's verdict while the job makes no progress (None when there is none, or the
+        job moved again after it)."""
+        verdict = self._verdict
+        return verdict if verdict is not None and not verdict.get("recovered") else None
+
+    def verdict(self) -> dict[str, Any] | None:
+        """Rank 0's newest verdict, the one that says the job moves again included."""
+        return self._verdict
+
+    def stragglers(self) -> list[dict[str, Any]]:
+        """The ranks that lag now: the newest ``train`` event's ``stragglers`` where one was
+        seen (it lists them every window), else each rank's newest ``straggler`` event that is
+        not a recovery. Each as its ``straggler`` event, where seen, with the newest time."""
+        train = self._newest.get(TRAIN)
+        if train is None:
+            return [e for _, e in sorted(self._stragglers.items()) if not e.get("recovered")]
+        now = [s for s in train[1].get("stragglers") or [] if isinstance(s.get("rank"), int)]
+        # The straggler event, where seen, has the median and the factor it was named with.
+        return [{**self._stragglers.get(s["rank"], {}), **s} for s in now]
 
     def progress(self) -> dict[str, Any] | None:
         """The newest ``train`` (or ``done``) event, with an ETA added (``eta_s``)."""

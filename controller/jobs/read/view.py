@@ -7,6 +7,8 @@ readers beside it (``why``, ``explain``, ``queue``).
 The stream is what ``controller.jobs.watches`` hands over, ``(what, etype, obj)``: ``what`` is
 the watch (``JOB``, ``POD``, ``EVENT``), ``etype`` and ``obj`` what ``controller.kube.watch``
 yields (ADDED, MODIFIED, DELETED, or RESYNC with ``{"count": n}`` after each (re-)list); or
+``(LOG, pod, {"lines": [...]})``, lines of rank 0's log that a follower read (``wait`` follows
+it quietly, for the trainer's verdict on a job that makes no progress); or
 ``(ERROR, what, {"error": exc})`` when a watch failed. ``status`` feeds it one read instead
 (:meth:`JobView.of`).
 
@@ -26,8 +28,9 @@ from controller.jobs.read.queue import workload_event
 from controller.jobs.read.trainer_events import TrainerEvents
 from controller.kube.watch import RESYNC
 
-#: The watches of a job (the ``what`` of an item), and the item of a watch that failed.
-JOB, POD, EVENT, ERROR = "job", "pod", "event", "error"
+#: The watches of a job (the ``what`` of an item), rank 0's log, and the item of a watch that
+#: failed.
+JOB, POD, EVENT, LOG, ERROR = "job", "pod", "event", "log", "error"
 DELETED = "DELETED"
 
 
@@ -85,6 +88,9 @@ class JobView:
         error of a watch that failed is raised."""
         if what == ERROR:
             raise obj["error"]
+        if what == LOG:
+            self.trainer.see_lines(obj["lines"], pod=etype or None)
+            return Change(LOG)
         if what == JOB:
             if etype == DELETED or (etype == RESYNC and not obj.get("count")):
                 self.gone = True
