@@ -262,10 +262,10 @@ class Watchdog:
         self.stopped.set()
         if self.thread is None:
             return
-        self.thread.join(timeout=10)
+        # A store read that a lost peer holds up is not worth waiting for.
+        self.thread.join(timeout=2 + self.poll_s)
         if not self.thread.is_alive() and self.reported_marks not in (None, self.marks):
-            with contextlib.suppress(Exception):  # the store may be gone with a peer
-                self._moves()
+            self._moves(publish=False)
         self.thread = None
 
     def __enter__(self) -> Watchdog:
@@ -415,13 +415,14 @@ class Watchdog:
         self.verdict = judge(records, self.world_size)
         self._say(self.verdict)
 
-    def _moves(self) -> None:
-        """The loop moved again after this rank said it was stuck."""
+    def _moves(self, publish: bool = True) -> None:
+        """The loop moved again after this rank said it was stuck (``publish``: in the store
+        too, for rank 0's next verdict)."""
         self.reported_marks = None
         self.verdict_due = None
         stuck_s = round(self.last - self.stuck_since, 3)
         self._say({"rank": self.rank, "step": self.step, "stuck_s": stuck_s, "recovered": True})
-        if self.store is not None:
+        if self.store is not None and publish:
             self.store.set(self._key(self.rank), json.dumps({"rank": self.rank, "stuck": False}))
             self._store_add("stuck", -1)
         if self.verdict is not None:
