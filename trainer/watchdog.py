@@ -7,7 +7,8 @@ is paused by itself). A pause on any rank holds every rank's watchdog, through t
 c10d store, since the others wait for that rank in their next collective.
 
 A rank whose loop made no progress for ``stuck_after_s``, or ``stuck_step_times`` times its
-slowest recent step if that is longer, prints one ``stuck`` event about itself: its step, how
+slowest recent step if that is longer (not counting the first step, nor one after a pause),
+prints one ``stuck`` event about itself: its step, how
 long, the collective it waits in, the innermost frame of its loop's thread that is not torch's or
 the standard library's, and every thread's stack, innermost frames first
 (``sys._current_frames`` and ``traceback``). It publishes the same, without the other threads,
@@ -225,6 +226,9 @@ class Watchdog:
         self.step: int | None = None
         self.last = time.time()
         self.first = True  # the first step compiles, fills caches, warms the loader: paused
+        # The step after a pause holds the wait for a peer still in its own (a checkpoint that
+        # rank 0 writes): not a step time that sets the limit.
+        self.after_pause = False
         self.pausing = 0
         self.recent: collections.deque[float] = collections.deque(maxlen=RECENT_STEPS)
         # The watchdog thread's own.
@@ -277,9 +281,9 @@ class Watchdog:
     def step_done(self, step: int) -> None:
         """The loop finished ``step``: progress."""
         now = time.time()
-        if not self.first and not self.pausing:
+        if not (self.first or self.pausing or self.after_pause):
             self.recent.append(now - self.last)
-        self.first = False
+        self.first = self.after_pause = False
         self.step, self.last = step, now
         self.marks += 1
 
@@ -308,6 +312,7 @@ class Watchdog:
         self._store_set("pause_ended", repr(time.time()))
         self.pausing -= 1
         self.last = time.time()
+        self.after_pause = True
         self.marks += 1
 
     @contextlib.contextmanager

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_run_local_says_which_rank_hangs_and_where(tmp_path: Path, write_spec) -> None:
-    hang_s, stuck_after_s = 20, 3
+    hang_s, stuck_after_s = 12, 3
     spec = write_spec(
         minimal(
             nodes=2,

@@ -279,13 +279,14 @@ def test_grace_period_is_the_pods_and_the_trainers():
     for template in templates(job):
         pod = template["spec"]
         assert pod["terminationGracePeriodSeconds"] == 600
-        assert pod["containers"][0]["env"] == [
+        assert pod["containers"][0]["env"][1:] == [
             {"name": "A", "value": "1"},
             {"name": "DDPJOB_GRACE_PERIOD_S", "value": "600"},
-        ]
+        ]  # after NODE_NAME
     # Unset: Kubernetes' default, which the trainer assumes in a pod; nothing rendered.
     pod = templates(render())[0]["spec"]
-    assert "terminationGracePeriodSeconds" not in pod and "env" not in pod["containers"][0]
+    assert "terminationGracePeriodSeconds" not in pod
+    assert [e["name"] for e in pod["containers"][0]["env"]] == ["NODE_NAME"]
 
 
 def test_the_grace_periods_variable_is_the_specs_to_set():

@@ -109,7 +109,7 @@ def test_a_pytorchjobs_hung_rank_is_named_by_wait_and_status_and_its_straggler_f
         assert f"{VERDICT} (no progress for " in status and WHERE in status
     finally:
         ddpjob(real_node, "delete", name, "-n", namespace, "--wait", timeout=150)
-        rc, _, err = wait.result(timeout=60)
+        _, _, err = wait.result(timeout=60)
     assert sum(VERDICT in line for line in err.splitlines()) == 1, err  # said once
 
 

@@ -5,7 +5,8 @@ the task appends what it saw to ``record_dir/rank<R>.jsonl`` (one line per micro
 test can compare the exact sample order of two runs. It can also inject faults on chosen
 micro-batch calls: a NaN loss, an fp16 gradient overflow, or a sleep to slow a run down; and
 on one rank: a hang (a long sleep at one call, in :func:`hang_here`), a slower step (a sleep at
-every call), or a slow checkpoint (a sleep while its state is read, in :func:`slow_state_dict`).
+every call, and a longer one at the first), or a slow checkpoint (a sleep while its state is
+read, in :func:`slow_state_dict`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class RecordingTask:
         hang_s: float = 0.0,
         slow_rank: int | None = None,
         slow_s: float = 0.0,
+        slow_first_s: float = 0.0,
         slow_state_rank: int | None = None,
         slow_state_s: float = 0.0,
     ):
@@ -54,6 +56,7 @@ class RecordingTask:
         self.hang_s = hang_s if hang_rank == self.rank else 0.0
         self.hang_call = hang_call
         self.slow_s = slow_s if slow_rank == self.rank else 0.0
+        self.slow_first_s = slow_first_s if slow_rank == self.rank else 0.0
         self.slow_state_s = slow_state_s if slow_state_rank == self.rank else 0.0
 
     def build_model(self) -> nn.Module:
@@ -100,6 +103,8 @@ class RecordingTask:
                 time.sleep(self.sleep_s)
             if self.slow_s:
                 time.sleep(self.slow_s)
+            if self.slow_first_s and self.calls == 1:
+                time.sleep(self.slow_first_s)
             if self.hang_s and self.calls == self.hang_call:
                 hang_here(self.hang_s)
         return loss, {"accuracy": (logits.argmax(1) == y).float().mean()}
