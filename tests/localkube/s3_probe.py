@@ -1,8 +1,9 @@
-"""An S3 request with no client library, for the host and for a pod of the trainer image (which
-runs this file as its script): anonymous, or with SigV4 headers carrying an access key and a
-signature of zeros. The server looks the key up before it checks the signature, so its answer
-names which of the two is wrong. Run as a script, it asks the server at ``$AWS_ENDPOINT_URL``
-what the tests compare and prints one JSON line."""
+"""S3 requests for the host and for a pod of the trainer image (which runs this file as its
+script). :func:`ask` needs no client library: anonymous, or with SigV4 headers carrying an access
+key and a signature of zeros; the server looks the key up before it checks the signature, so its
+answer names which of the two is wrong. Run as a script, it asks the server at
+``$AWS_ENDPOINT_URL`` what the tests compare, then writes, lists and reads ``$KEY`` with boto3
+configured by the environment alone (as the trainer's is), and prints one JSON line."""
 
 from __future__ import annotations
 
@@ -48,9 +49,22 @@ def main() -> None:
                 "anonymous": ask(bucket),
                 "unknown_key": ask(bucket, "nobody"),
                 "wrong_secret": ask(bucket, os.environ["AWS_ACCESS_KEY_ID"]),
+                **_with_boto3(os.environ["BUCKET"], os.environ["KEY"]),
             }
         )
     )
+
+
+def _with_boto3(bucket: str, key: str) -> dict:
+    import boto3
+
+    client = boto3.client("s3")  # endpoint, region, credentials: the environment's
+    client.put_object(Bucket=bucket, Key=key, Body=b"written in a pod")
+    listed = client.list_objects_v2(Bucket=bucket, Prefix=key.rsplit("/", 1)[0] + "/")
+    return {
+        "listed": [o["Key"] for o in listed.get("Contents", [])],
+        "read": client.get_object(Bucket=bucket, Key=key)["Body"].read().decode(),
+    }
 
 
 if __name__ == "__main__":

@@ -1,0 +1,140 @@
+"""examples/s3-checkpoints.yaml runs as written on the local cluster: its endpoint, bucket and
+Secret are the cluster's S3 server's (localkube/addons/s3.py), its pods mount no volume, and
+what it checkpoints is in the bucket, complete (a manifest beside the state it describes). The
+run is shortened, as the other examples' are (test_examples.py); the Secret is copied into the
+test's namespace, since a spec's ``secret_env`` reads the job's own."""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+import pytest
+import yaml
+
+from controller.kubeflow import LABEL_JOB_NAME
+from localkube.addons import s3
+from localkube.builds import images
+from tests.e2e.helpers import REPO, ddpjob, events, get_json
+from tests.e2e.test_examples import SHORT
+
+EXAMPLE = REPO / "examples" / "s3-checkpoints.yaml"
+
+
+def _client(cluster):
+    creds = s3.credentials(cluster.control_plane.state_dir)
+    return boto3.client(
+        "s3",
+        endpoint_url=s3.HOST_ENDPOINT,
+        region_name=s3.REGION,
+        aws_access_key_id=creds["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=creds["AWS_SECRET_ACCESS_KEY"],
+    )
+
+
+def _copy_secret(cluster, namespace: str) -> None:
+    creds = s3.credentials(cluster.control_plane.state_dir)
+    literals = [f"--from-literal={k}={v}" for k, v in creds.items()]
+    cluster.kubectl("create", "secret", "generic", s3.SECRET, "-n", namespace, *literals)
+
+
+def _keys(client, prefix: str) -> list[str]:
+    listed = client.list_objects_v2(Bucket=s3.BUCKET, Prefix=prefix)
+    return sorted(o["Key"] for o in listed.get("Contents", []))
+
+
+def test_the_example_names_the_local_clusters_server_bucket_and_secret():
+    spec = yaml.safe_load(EXAMPLE.read_text())
+    assert spec["image"] == images.published_ref()
+    assert spec["env"]["AWS_ENDPOINT_URL"] == s3.ENDPOINT
+    assert spec["env"]["AWS_REGION"] == s3.REGION
+    refs = {k: (v["secret"], v["key"]) for k, v in spec["secret_env"].items()}
+    assert refs == {k: (s3.SECRET, k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    assert spec["trainer"]["checkpoint"]["dir"].startswith(f"s3://{s3.BUCKET}/")
+    assert "volumes" not in spec
+
+
+@pytest.mark.slow
+@pytest.mark.whole_node
+def test_the_s3_example_as_written_checkpoints_into_the_clusters_bucket(cluster, namespace):
+    spec = yaml.safe_load(EXAMPLE.read_text())
+    prefix = spec["trainer"]["checkpoint"]["dir"].removeprefix(f"s3://{s3.BUCKET}/") + "/"
+    client = _client(cluster)
+    # The example resumes (resume: auto): start from an empty prefix, whatever ran before.
+    for key in _keys(client, prefix):
+        client.delete_object(Bucket=s3.BUCKET, Key=key)
+    _copy_secret(cluster, namespace)
+
+    r = ddpjob(cluster, "submit", str(EXAMPLE), "-n", namespace, "--wait", *SHORT, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert f"job {namespace}/s3-checkpoints Succeeded" in r.stdout
+    name = spec["name"]
+    log = cluster.kubectl("logs", f"{name}-master-0", "-n", namespace).stdout
+    (done,) = events(log, "done")
+    assert (done["reason"], done["step"]) == ("completed", 20)
+    # The run's end is a save (every_steps is 200): one checkpoint, at step 20, in the bucket.
+    (saved,) = events(log, "checkpoint")
+    step = f"{prefix}step_00000020"
+    assert (saved["step"], saved["path"]) == (20, f"s3://{s3.BUCKET}/{step}")
+    assert _keys(client, prefix) == [f"{step}/manifest.json", f"{step}/state.pt"]
+    manifest = json.loads(
+        client.get_object(Bucket=s3.BUCKET, Key=f"{step}/manifest.json")["Body"].read()
+    )
+    state = client.head_object(Bucket=s3.BUCKET, Key=f"{step}/state.pt")
+    assert manifest["step"] == 20
+    assert manifest["objects"]["state.pt"]["bytes"] == state["ContentLength"] == saved["bytes"]
+    # No volume: the pods' only one is their /dev/shm.
+    pods = get_json(
+        cluster, "pods", "-n", namespace, "-l", f"training.kubeflow.org/job-name={name}"
+    )
+    assert pods["items"]
+    for pod in pods["items"]:
+        assert all("persistentVolumeClaim" not in v for v in pod["spec"].get("volumes", [])), pod
+
+
+@pytest.mark.slow
+@pytest.mark.whole_node
+def test_a_wrong_bucket_or_secret_fails_the_example_at_start_with_the_servers_answer(
+    cluster, namespace
+):
+    """The trainer proves its location before the first step: on this server a bucket that does
+    not exist and a wrong secret key end the job with exit 2 (not retried), and `submit --wait`
+    says so with the URL and S3's code for what is wrong."""
+    creds = s3.credentials(cluster.control_plane.state_dir)
+    cluster.kubectl(
+        "create", "secret", "generic", "wrong-secret", "-n", namespace,
+        f"--from-literal=AWS_ACCESS_KEY_ID={creds['AWS_ACCESS_KEY_ID']}",
+        "--from-literal=AWS_SECRET_ACCESS_KEY=not-the-secret",
+    )  # fmt: skip
+    _copy_secret(cluster, namespace)
+    location = yaml.safe_load(EXAMPLE.read_text())["trainer"]["checkpoint"]["dir"]
+    cases = {
+        "no-bucket": (
+            ("--set", "trainer.checkpoint.dir=s3://no-such-bucket/x"),
+            "s3://no-such-bucket/x",
+            "NoSuchBucket",
+        ),
+        "wrong-key": (
+            ("--set", "secret_env.AWS_SECRET_ACCESS_KEY.secret=wrong-secret"),
+            location,
+            "SignatureDoesNotMatch",
+        ),
+    }
+    for name, (change, url, code) in cases.items():
+        r = ddpjob(
+            cluster, "submit", str(EXAMPLE), "-n", namespace, "--set", f"name={name}", *change,
+            "--wait", *SHORT, timeout=300,
+        )  # fmt: skip
+        said = r.stdout + r.stderr
+        assert r.returncode == 1, said[-5000:]
+        assert f"job {namespace}/{name} Failed" in said, said[-5000:]
+        assert "exit code 2 (Error, bad command-line or config)" in said, said[-5000:]
+        problem = f"checkpoint.dir: cannot write, read and delete in {url} ({code}: "
+        assert problem in said, said[-5000:]
+        pods = get_json(cluster, "pods", "-n", namespace, "-l", f"{LABEL_JOB_NAME}={name}")
+        assert pods["items"]  # every pod that is left ended with exit 2 and no restart
+        for pod in pods["items"]:
+            (status,) = pod["status"]["containerStatuses"]
+            assert status["restartCount"] == 0, status
+            ended = status["state"].get("terminated")
+            assert ended is None or ended["exitCode"] == 2, status
