@@ -384,12 +384,15 @@ def specs(draw):
         trainer["task_args"] = draw(st.dictionaries(words, json_values, max_size=3))
     if draw(st.booleans()):
         trainer["checkpoint"] = {
-            "dir": draw(
-                st.text(min_size=1, max_size=20).filter(lambda s: not _looks_like_exponent(s))
-            )
+            "dir": draw(st.text(min_size=1, max_size=20).filter(_a_local_directory))
         }
     data["trainer"] = trainer
     return validate_spec(data)
+
+
+def _a_local_directory(text: str) -> bool:
+    # The spec refuses a blank dir and any scheme but s3:// (trainer.config's _dir_form).
+    return bool(text.strip()) and "://" not in text and not _looks_like_exponent(text)
 
 
 def _looks_like_exponent(text: str) -> bool:
