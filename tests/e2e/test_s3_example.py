@@ -12,7 +12,6 @@ import boto3
 import pytest
 import yaml
 
-from controller.kubeflow import LABEL_JOB_NAME
 from localkube.addons import s3
 from localkube.builds import images
 from tests.e2e.helpers import REPO, ddpjob, events, get_json
@@ -90,51 +89,3 @@ def test_the_s3_example_as_written_checkpoints_into_the_clusters_bucket(cluster,
     assert pods["items"]
     for pod in pods["items"]:
         assert all("persistentVolumeClaim" not in v for v in pod["spec"].get("volumes", [])), pod
-
-
-@pytest.mark.slow
-@pytest.mark.whole_node
-def test_a_wrong_bucket_or_secret_fails_the_example_at_start_with_the_servers_answer(
-    cluster, namespace
-):
-    """The trainer proves its location before the first step: on this server a bucket that does
-    not exist and a wrong secret key end the job with exit 2 (not retried), and `submit --wait`
-    says so with the URL and S3's code for what is wrong."""
-    creds = s3.credentials(cluster.control_plane.state_dir)
-    cluster.kubectl(
-        "create", "secret", "generic", "wrong-secret", "-n", namespace,
-        f"--from-literal=AWS_ACCESS_KEY_ID={creds['AWS_ACCESS_KEY_ID']}",
-        "--from-literal=AWS_SECRET_ACCESS_KEY=not-the-secret",
-    )  # fmt: skip
-    _copy_secret(cluster, namespace)
-    location = yaml.safe_load(EXAMPLE.read_text())["trainer"]["checkpoint"]["dir"]
-    cases = {
-        "no-bucket": (
-            ("--set", "trainer.checkpoint.dir=s3://no-such-bucket/x"),
-            "s3://no-such-bucket/x",
-            "NoSuchBucket",
-        ),
-        "wrong-key": (
-            ("--set", "secret_env.AWS_SECRET_ACCESS_KEY.secret=wrong-secret"),
-            location,
-            "SignatureDoesNotMatch",
-        ),
-    }
-    for name, (change, url, code) in cases.items():
-        r = ddpjob(
-            cluster, "submit", str(EXAMPLE), "-n", namespace, "--set", f"name={name}", *change,
-            "--wait", *SHORT, timeout=300,
-        )  # fmt: skip
-        said = r.stdout + r.stderr
-        assert r.returncode == 1, said[-5000:]
-        assert f"job {namespace}/{name} Failed" in said, said[-5000:]
-        assert "exit code 2 (Error, bad command-line or config)" in said, said[-5000:]
-        problem = f"checkpoint.dir: cannot write, read and delete in {url} ({code}: "
-        assert problem in said, said[-5000:]
-        pods = get_json(cluster, "pods", "-n", namespace, "-l", f"{LABEL_JOB_NAME}={name}")
-        assert pods["items"]  # every pod that is left ended with exit 2 and no restart
-        for pod in pods["items"]:
-            (status,) = pod["status"]["containerStatuses"]
-            assert status["restartCount"] == 0, status
-            ended = status["state"].get("terminated")
-            assert ended is None or ended["exitCode"] == 2, status
