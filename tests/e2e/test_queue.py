@@ -22,6 +22,7 @@ import json
 import pytest
 
 from controller import kubeflow
+from controller.jobs.read.goodput import PARTS
 from localkube.addons import kueue
 from localkube.handle import temporary_namespace, wait_until
 from tests.e2e.helpers import (
@@ -119,8 +120,8 @@ def _spec(cluster, tmp_path, name, namespace, **fields):
     return write_spec(cluster, tmp_path, name, namespace, queue="user-queue", **fields)
 
 
-def _status(cluster, name: str, namespace: str) -> dict:
-    r = ddpjob(cluster, "status", name, "-n", namespace, "-o", "json")
+def _status(cluster, name: str, namespace: str, *flags: str) -> dict:
+    r = ddpjob(cluster, "status", name, "-n", namespace, "-o", "json", *flags)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -333,7 +334,7 @@ def test_a_low_priority_job_preempted_by_a_high_one_checkpoints_resumes_and_lose
     by_high = [i for i, line in enumerate(told) if f"by {api} {ns}/high (prioritization" in line]
     again = [i for i, line in enumerate(told) if line.startswith(f"job low: admitted by {ns} at")]
     assert by_high and again and by_high[0] < again[-1], err_w
-    st = _status(cluster, "low", ns)
+    st = _status(cluster, "low", ns, "--price-per-gpu-hour", "2.5")
     assert st["condition"] == "Succeeded"
     assert st["queue"]["preempted"] == 1
     assert st["queue"]["preempted_by"] == f"{api} {ns}/high"
@@ -342,3 +343,30 @@ def test_a_low_priority_job_preempted_by_a_high_one_checkpoints_resumes_and_lose
     assert f"queue: preempted 1 time, last by {api} {ns}/high" in text
     high_st = _status(cluster, "high", ns)
     assert high_st["condition"] == "Succeeded" and high_st["queue"]["preempted"] == 0
+    _check_goodput(cluster, ns, api, st["goodput"], high_st["goodput"])
+
+
+def _check_goodput(cluster, ns: str, api: str, g: dict, high: dict) -> None:
+    """What the preempted job cost (status -o json's goodput, `goodput`): two runs, no step
+    lost (the SIGTERM checkpoint), queued at least while the high job trained, every moment of
+    its wall time in one part; priced, a job without GPUs has no GPU cost."""
+    assert sum(g[k] for k in PARTS) == pytest.approx(g["wall_s"], abs=0.05)
+    assert (g["running"], g["runs"], g["lost_steps"]) == (False, 2, 0)
+    assert g["sources"] == {"queue": "kueue events", "trainer": "ledger"}
+    assert g["productive_s"] >= MAX_STEPS * STEP_S  # each step sleeps STEP_S
+    assert g["startup_s"] > 0 and g["scheduling_s"] > 0 and g["checkpoint_s"] > 0
+    # Kueue admits the high job once the low one's pods are gone, and the low one again once
+    # the high one is done: the high one's start-up and steps lie in the low one's wait.
+    assert g["queued_s"] >= high["startup_s"] + high["productive_s"] > 0
+    assert (g["price_per_gpu_hour"], g["cost"], g["gpus"], g["replicas"]) == (2.5, None, 0, 2)
+    r = ddpjob(cluster, "goodput", "low", "-n", ns, "--price-per-gpu-hour", "2.5")
+    assert r.returncode == 0, r.stderr
+    print(r.stdout)  # the account, as a user reads it (pytest -rP shows it)
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith(f"{api} {ns}/low: ") and lines[0].endswith("(ended), 2 run(s)")
+    assert [line.split()[0] for line in lines[1:9]] == [
+        "queued", "scheduling", "start-up", "productive", "checkpoint", "evaluation", "work",
+        "restarts,",
+    ]  # fmt: skip
+    assert lines[9].startswith(f"goodput: {g['goodput_pct']:.1f}% (productive / wall)")
+    assert "cost: none at 2.5 per GPU-hour (no GPUs held)" in lines

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 
 import pytest
 
+from controller.jobs.read.goodput import PARTS
 from controller.jobs.read.loglines import split_timestamp
 from controller.kubeflow import LABEL_JOB_NAME
 from localkube.handle import wait_until
@@ -113,6 +114,22 @@ def test_kill_9_of_a_worker_is_retried_and_resumes_from_its_checkpoint(
     st = json.loads(ddpjob(cluster, "status", name, "-n", namespace, "-o", "json").stdout)
     assert st["condition"] == "Succeeded" and st["progress"]["step"] == MAX_STEPS
     _checkpoints_written_by_uid_1000(cluster, namespace, name)
+
+    # What the kill cost (status -o json's goodput, from rank 0's ledger): the master's first
+    # run trained past the checkpoint it was resumed from for nothing; every moment of the wall
+    # time is in one part.
+    g = st["goodput"]
+    killed, last = events(out0, "goodput")[-1]["runs"]
+    assert (g["runs"], g["sources"]["trainer"], last["end"]) == (2, "ledger", "completed")
+    assert killed["kept_step"] == resumed[-1]["step"] and killed["last_step"] >= 30
+    assert g["lost_steps"] == killed["last_step"] - killed["kept_step"] == killed["lost_steps"]
+    assert g["lost_s"] >= 0.1 * g["lost_steps"]  # each step sleeps 0.1 s
+    assert g["productive_s"] >= 0.1 * MAX_STEPS and g["other_s"] > 0  # other: the restart
+    assert sum(g[k] for k in PARTS) == pytest.approx(g["wall_s"], abs=0.05)
+    r = ddpjob(cluster, "goodput", name, "-n", namespace)
+    assert r.returncode == 0, r.stderr
+    print(r.stdout)  # the account, as a user reads it (pytest -rP shows it)
+    assert f"{g['lost_steps']} step(s) trained again" in r.stdout or g["lost_steps"] == 0
 
 
 def _seconds_to_events(cluster, namespace: str, pod: str, since: float) -> dict[str, float]:
