@@ -10,7 +10,8 @@ ledger travels two ways:
 - in the checkpoint state (``state["ledger"]``): the runs as of the save;
 - in a small object beside the checkpoints (:data:`RECORD`, a local dir or S3 through
   ``trainer.storage``), rewritten in the background at every log window, every save and at
-  least every :data:`HEARTBEAT_S` seconds: how far the run got past its last checkpoint.
+  least every :data:`HEARTBEAT_S` seconds (the step reached, the time): how far the run got
+  past its last checkpoint.
 
 A resumed run reads both and settles the runs before it: the steps a run trained after the
 checkpoint the new run resumed from are trained again (``lost_steps``), and the run's time
@@ -249,6 +250,8 @@ class Ledger:
             self._t0 = self._t = time.perf_counter()
             self.run["first_step_at"] = time.time()
         self.run["last_step"] = step
+        if self._writer is not None:
+            self._writer.live_step = step
 
     def lap(self, bucket: str) -> None:
         """The time since the last lap was ``bucket``'s (before the first step: start-up's)."""
@@ -352,8 +355,12 @@ def _open(location: str | None):
 
 class _Writer:
     """Rewrites :data:`RECORD` in a daemon thread: the newest record submitted, at once, and
-    while the run goes on every :data:`HEARTBEAT_S` seconds with ``ended_at`` moved to now (so a
-    run killed inside a long step is known alive until shortly before)."""
+    while the run goes on every :data:`HEARTBEAT_S` seconds with ``ended_at`` moved to now and
+    ``last_step`` to :attr:`live_step` (so a run killed inside a long step or a long log window
+    is known alive, and how far it got, until shortly before)."""
+
+    #: The last step done, set by the loop's thread (one int: no lock needed).
+    live_step: int | None = None
 
     def __init__(self, store, heartbeat_s: float):
         self.store, self.heartbeat_s = store, heartbeat_s
@@ -388,6 +395,8 @@ class _Writer:
             elif record is not None and running and not closing:
                 # A heartbeat: the run is alive now, whatever step it is in.
                 current = dict(record["runs"][-1], ended_at=time.time())
+                if self.live_step is not None:
+                    current["last_step"] = max(current["last_step"], self.live_step)
                 self._write(dict(record, runs=[*record["runs"][:-1], current]))
             if closing:
                 return

@@ -134,6 +134,9 @@ def test_the_writer_beats_while_the_run_goes_on_and_stops_once_it_ended():
     store.wait_for(4)
     beats = [w["runs"][-1]["ended_at"] for w in store.writes]
     assert beats[0] == 0.0 and beats[1] < beats[2] < beats[3]  # alive, later each time
+    writer.live_step = 7  # a step done after the record was submitted: the beats carry it
+    store.wait_for(len(store.writes) + 2)
+    assert store.writes[-1]["runs"][-1]["last_step"] == 7
     final = dict(run_, end="completed", ended_at=1.0)
     writer.submit({"runs": [final]}, running=False)
     store.wait_for(len(store.writes) + 1)
@@ -141,7 +144,3 @@ def test_the_writer_beats_while_the_run_goes_on_and_stops_once_it_ended():
     time.sleep(0.05)  # five heartbeats' time: none may come after the end
     writer.close(timeout_s=10)
     assert len(store.writes) == count and store.writes[-1]["runs"][-1] == final
-
-
-# ---------------------------------------------------------------------------------------------
-# Real runs

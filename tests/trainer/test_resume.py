@@ -145,9 +145,9 @@ def _check_the_ledger(record: dict, killed: list[dict], resumed, n: int, killed_
         assert parts + v["other_s"] == pytest.approx(v["ended_at"] - v["launched_at"], abs=0.01)
 
     printed = [e["step"] for e in killed if e["event"] == "train"]
-    # The record is rewritten in the background after each window: it holds the last window,
-    # or the one before if the kill came first.
-    assert printed[-1] - 1 <= record["last_step"] <= printed[-1]
+    # The record is rewritten in the background after each window (and a heartbeat): it holds
+    # the last window printed, or the one before if the kill came first, or a step after it.
+    assert record["last_step"] >= printed[-1] - 1
 
     goodput = resumed.of(GOODPUT)
     killed_view, this = goodput[0]["runs"]  # the killed run, settled at the start
