@@ -78,7 +78,8 @@ class Store(Protocol):
         """Write, list, read back and delete a small object: raise StorageError if any fails."""
 
     def remove_partial(self) -> None:
-        """Remove what a writer killed mid-object left behind (temp files, open uploads)."""
+        """Remove what a writer killed mid-object left behind: temp files, open uploads,
+        directories emptied by a delete cut short."""
 
 
 def is_url(location: str) -> bool:
@@ -204,6 +205,11 @@ class LocalStore:
     def remove_partial(self) -> None:
         stale = [n for n in self.list() if _TEMP.fullmatch(n.rpartition("/")[2])]
         self.delete(stale)
+        # A delete cut short between a directory's last unlink and its rmdir leaves it empty.
+        for top in _scandir(self.root):
+            if top.is_dir(follow_symlinks=False):
+                with contextlib.suppress(OSError):  # not empty: someone's objects
+                    os.rmdir(top.path)
 
 
 def _scandir(path: Path) -> list[os.DirEntry]:
