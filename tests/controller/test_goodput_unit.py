@@ -173,11 +173,14 @@ def _preempted() -> tuple[dict, list[dict], dict]:
     return job, [pod_b], ledger
 
 
-def test_a_job_preempted_by_kueue_and_resumed_from_kueues_events():
+@pytest.mark.parametrize("stopped_again", [None, 40.24])  # a TrainJob's eviction, said twice
+def test_a_job_preempted_by_kueue_and_resumed_from_kueues_events(stopped_again):
     job, pods, ledger = _preempted()
     events = [
         kueue_event("Started", 2, again=99.6),
-        kueue_event("Stopped", 40, message="Preempted to accommodate a workload"),
+        kueue_event(
+            "Stopped", 40, again=stopped_again, message="Preempted to accommodate a workload"
+        ),
     ]
     g = gp.account(
         PYTORCHJOB_KIND, job, pods, ledger=ledger, events=events, workload=None, now=T0 + 1000

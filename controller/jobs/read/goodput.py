@@ -161,6 +161,9 @@ def queue_intervals(
         complete &= whole
         marks += [(t, e["reason"]) for t in times]
     marks.sort()
+    # Kueue may say one eviction twice (a TrainJob's Stopped, a quarter second apart): the state
+    # changed at the first of a run of the same mark.
+    marks = [m for i, m in enumerate(marks) if i == 0 or marks[i - 1][1] != m[1]]
     alternating = all(
         reason == (KUEUE_STARTED if i % 2 == 0 else KUEUE_STOPPED)
         for i, (_, reason) in enumerate(marks)
