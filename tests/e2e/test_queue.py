@@ -346,13 +346,25 @@ def test_a_low_priority_job_preempted_by_a_high_one_checkpoints_resumes_and_lose
     _check_goodput(cluster, ns, api, st["goodput"], high_st["goodput"])
 
 
+def _job_events(cluster, ns: str) -> list[tuple]:
+    """The low job's events, as goodput reads Kueue's in them (for a failure's message)."""
+    items = get_json(cluster, "events", "-n", ns, "--field-selector", "involvedObject.name=low")
+    return [
+        (e["involvedObject"].get("kind"), e.get("reason"), e.get("message"), e.get("count"),
+         e.get("firstTimestamp") or e.get("eventTime"), e.get("lastTimestamp"), e.get("series"))
+        for e in items["items"]
+    ]  # fmt: skip
+
+
 def _check_goodput(cluster, ns: str, api: str, g: dict, high: dict) -> None:
     """What the preempted job cost (status -o json's goodput, `goodput`): two runs, no step
     lost (the SIGTERM checkpoint), queued at least while the high job trained, every moment of
     its wall time in one part; priced, a job without GPUs has no GPU cost."""
     assert sum(g[k] for k in PARTS) == pytest.approx(g["wall_s"], abs=0.05)
     assert (g["running"], g["runs"], g["lost_steps"]) == (False, 2, 0)
-    assert g["sources"] == {"queue": "kueue events", "trainer": "ledger"}
+    assert g["sources"] == {"queue": "kueue events", "trainer": "ledger"}, "\n".join(
+        map(str, _job_events(cluster, ns))
+    )
     assert g["productive_s"] >= MAX_STEPS * STEP_S  # each step sleeps STEP_S
     assert g["startup_s"] > 0 and g["scheduling_s"] > 0 and g["checkpoint_s"] > 0
     # Kueue admits the high job once the low one's pods are gone, and the low one again once
