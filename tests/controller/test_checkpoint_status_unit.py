@@ -31,6 +31,12 @@ def train(step: int) -> str:
     return format_event("train", step=step, max_steps=1000, loss=0.5, steps_per_s=2.0)
 
 
+def ledger() -> str:
+    """The goodput event the trainer prints with every log window (status's goodput reads it
+    from the same tail, so no other read)."""
+    return format_event("goodput", at=NOW.timestamp(), runs=[])
+
+
 def test_the_newest_checkpoint_event_with_the_time_its_line_was_logged():
     lines = [
         stamped(300, "plain text"),
@@ -143,7 +149,9 @@ def test_status_shows_the_last_checkpoint_in_json_and_in_one_line(monkeypatch, c
     from controller.cli.main import main
 
     now = datetime.now(timezone.utc)  # status's clock
-    fake = FakeCluster([stamped(90, saved(100), now=now), stamped(20, train(120), now=now)])
+    fake = FakeCluster(
+        [stamped(90, saved(100), now=now), stamped(20, train(120), now=now), stamped(20, ledger())]
+    )
     st = job_status(fake, "j", "ml", "pytorchjob")
     assert st["progress"]["step"] == 120  # the same read feeds the progress
     assert (st["checkpoint"]["step"], st["checkpoint"]["path"]) == (100, URL.format(100))
@@ -162,12 +170,12 @@ def test_status_reads_further_back_for_a_checkpoint_its_tail_lacks():
     """A run that logs every step and checkpoints every 1000: its last checkpoint is older
     than the tail read for the progress."""
     log = [stamped(2000, saved(1000))] + [stamped(1000 - i, train(1000 + i)) for i in range(400)]
-    fake = FakeCluster(log)
+    fake = FakeCluster([*log, stamped(600, ledger())])
     st = job_status(fake, "j", "ml", "pytorchjob")
     assert st["checkpoint"]["step"] == 1000
     assert fake.reads == [TAIL_LINES, CHECKPOINT_LINES]
     # A short log that has none is read once: there is nothing further back.
-    fake = FakeCluster([stamped(5, train(10))])
+    fake = FakeCluster([stamped(5, train(10)), stamped(5, ledger())])
     assert job_status(fake, "j", "ml", "pytorchjob")["checkpoint"] is None
     assert fake.reads == [TAIL_LINES]
 
@@ -175,7 +183,12 @@ def test_status_reads_further_back_for_a_checkpoint_its_tail_lacks():
 def test_an_elastic_jobs_checkpoint_keeps_the_time_of_its_line():
     """In an elastic job the tail that found rank 0 (by its newest event) is the one read."""
     now = datetime.now(timezone.utc)
-    fake = FakeCluster([stamped(90, saved(100), now=now), stamped(20, train(120), now=now)], True)
+    log = [
+        stamped(90, saved(100), now=now),
+        stamped(20, train(120), now=now),
+        stamped(20, ledger()),
+    ]
+    fake = FakeCluster(log, elastic=True)
     st = job_status(fake, "j", "ml", "pytorchjob")
     assert st["rank0_pod"] == "j-worker-0" and st["progress"]["step"] == 120
     assert st["checkpoint"]["step"] == 100 and 90 <= st["checkpoint"]["age_s"] < 3600
