@@ -58,13 +58,10 @@ if TYPE_CHECKING:  # this module runs without torch in the re-launching parent
 
 def exit_preempted() -> NoReturn:
     """Leave at once with 143 once preempted: the checkpoint is written and fsynced, the group
-    torn down and every line flushed; what is left is the interpreter's own teardown of torch,
-    which took 8-10 s per process on the 2-core machine under load (atexit done, then the
-    worker exited 10.3 s after SIGTERM, torchrun 20.5 s, this launcher 29.3 s: one after the
-    other, against Kubernetes' default 30 s grace period, after which the kubelet's SIGKILL
-    makes the exit 137 and a TrainJob's pod, run under torchrun, was seen to end so when Kueue
-    preempted it). Measured before the re-launching parent stopped importing torch
-    (``trainer.launch``): that parent has no torch to tear down now; the worker still has."""
+    torn down and every line flushed. What is left is the interpreter's own teardown of torch,
+    which can take seconds on a loaded node; under torchrun the worker and torchrun take theirs
+    one after the other, inside the pod's grace period (Kubernetes' default: 30 s), past which
+    the kubelet's SIGKILL makes the exit 137."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(EXIT_PREEMPTED)
@@ -254,8 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         from trainer.launch import needs_torchrun
 
         if needs_torchrun():
-            # This process only re-launches: it never imports torch (3 s of CPU and ~300 MB it
-            # would hold while the workers train). What can be checked without torch fails
+            # This process only re-launches: it never imports torch (seconds of CPU, and memory
+            # it would hold while the workers train). What can be checked without torch fails
             # here, once, before torchrun; the factory's own arguments are the workers' to check.
             _check_task_module(cfg.task)
             named = cfg.resume not in ("auto", "never") and "://" not in cfg.resume

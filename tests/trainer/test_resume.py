@@ -174,11 +174,12 @@ def _check_the_ledger(record: dict, killed: list[dict], resumed, n: int, killed_
 @pytest.mark.slow
 def test_sigterm_checkpoints_exits_143_and_rerun_resumes(tmp_path: Path) -> None:
     """Preemption in a Kubeflow pod with nprocPerNode=2 (the trainer re-launched torchrun)."""
+    # More paced steps than the run lives for: the SIGTERM comes whenever the test gets to it.
     args = common_args(
         tmp_path,
-        max_steps=200,
+        max_steps=10_000,
         log_every=1,
-        **{"task_args.sleep_s": 0.05, "checkpoint.every_steps": 1000},
+        **{"task_args.sleep_s": 0.05, "checkpoint.every_steps": 100_000},
     )
     env = kubeflow_env(nproc_per_node=2, world_size=2)
     proc = subprocess.Popen(
@@ -197,7 +198,7 @@ def test_sigterm_checkpoints_exits_143_and_rerun_resumes(tmp_path: Path) -> None
     (ckpt,) = [e for e in events if e["event"] == "checkpoint"]
     done = events[-1]
     assert done["event"] == "done" and done["reason"] == "preempted"
-    assert 3 <= ckpt["step"] == done["step"] < 200
+    assert 3 <= ckpt["step"] == done["step"] < 10_000
     assert (Path(ckpt["path"]) / "manifest.json").is_file()
 
     # log_every=1: one train event per step, whatever the parity of the preempted step (with
@@ -210,7 +211,7 @@ def test_sigterm_checkpoints_exits_143_and_rerun_resumes(tmp_path: Path) -> None
 
 
 def test_sigterm_standalone_exits_143(tmp_path: Path) -> None:
-    args = common_args(tmp_path, max_steps=500, log_every=1, **{"task_args.sleep_s": 0.02})
+    args = common_args(tmp_path, max_steps=10_000, log_every=1, **{"task_args.sleep_s": 0.02})
     proc = subprocess.Popen(
         trainer_cmd(*args),
         cwd=REPO,
@@ -289,7 +290,7 @@ def test_unreadable_explicit_resume_path_is_exit_2_on_every_rank(tmp_path: Path)
 def test_a_lost_peer_exits_138_retryable_not_1(tmp_path: Path) -> None:
     """kill -9 of one pod's trainer: the survivor's collective fails, and it must exit with a
     code the operator retries under restartPolicy ExitCode (138), not a permanent 1."""
-    args = common_args(tmp_path, max_steps=500, log_every=1, **{"task_args.sleep_s": 0.02})
+    args = common_args(tmp_path, max_steps=10_000, log_every=1, **{"task_args.sleep_s": 0.02})
     master = kubeflow_env(nproc_per_node=1, world_size=2, rank=0)
     worker = {**master, "RANK": "1", "PET_NODE_RANK": "1"}
     procs = [
@@ -315,7 +316,7 @@ def test_a_lost_peer_exits_138_retryable_not_1(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_lost_peer_under_the_torchrun_relaunch_still_exits_138(tmp_path: Path) -> None:
     """torchrun reports any worker failure as 1; the relaunching pod must still report 138."""
-    args = common_args(tmp_path, max_steps=500, log_every=1, **{"task_args.sleep_s": 0.02})
+    args = common_args(tmp_path, max_steps=10_000, log_every=1, **{"task_args.sleep_s": 0.02})
     proc = subprocess.Popen(
         trainer_cmd(*args),
         cwd=REPO,
