@@ -1,12 +1,14 @@
 """A task plug-in for the tests (``task=tests.trainer.tasks:build``): tiny, fast, observable.
 
-A small MLP classifies random vectors. Each sample carries its dataset index, and in train mode
-the task appends what it saw to ``record_dir/rank<R>.jsonl`` (one line per micro-batch), so a
-test can compare the exact sample order of two runs. It can also inject faults on chosen
-micro-batch calls: a NaN loss, an fp16 gradient overflow, or a sleep to slow a run down; and
-on one rank: a hang (a long sleep at one call, in :func:`hang_here`), a slower step (a sleep at
-every call, and a longer one at the first), or a slow checkpoint (a sleep while its state is
-read, in :func:`slow_state_dict`).
+A small MLP classifies random vectors. Each sample carries its dataset index and the DataLoader
+worker that loaded it, and in train mode the task appends what it saw to
+``record_dir/rank<R>.jsonl`` (one line per micro-batch: the indices, the workers, the autocast
+dtype, whether torch's deterministic algorithms are on), so a test can compare the exact sample
+order of two runs. It can scale the loss (and so the gradients) and give the model a layer its
+forward never uses. It can also inject faults on chosen micro-batch calls: a NaN loss, an fp16
+gradient overflow, or a sleep to slow a run down; and on one rank: a hang (a long sleep at one
+call, in :func:`hang_here`), a slower step (a sleep at every call, and a longer one at the
+first), or a slow checkpoint (a sleep while its state is read, in :func:`slow_state_dict`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,32 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, get_worker_info
+
+
+class Samples(Dataset):
+    """``(x, y, index, worker)``, ``worker`` the id of the DataLoader worker (-1: main process)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, offset: int):
+        self.x, self.y, self.offset = x, y, offset
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        info = get_worker_info()
+        return self.x[i], self.y[i], self.offset + i, -1 if info is None else info.id
+
+
+class WithSpare(nn.Module):
+    """A model plus a layer that its forward never calls: that layer gets no gradient."""
+
+    def __init__(self, model: nn.Module, spare: nn.Module):
+        super().__init__()
+        self.model, self.spare = model, spare
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
 
 
 class RecordingTask:
@@ -44,6 +71,8 @@ class RecordingTask:
         slow_first_s: float = 0.0,
         slow_state_rank: int | None = None,
         slow_state_s: float = 0.0,
+        loss_scale: float = 1.0,
+        unused_layer: bool = False,
     ):
         self.n, self.dim, self.hidden, self.classes, self.dropout = n, dim, hidden, classes, dropout
         self.record_dir = Path(record_dir) if record_dir else None
@@ -51,6 +80,7 @@ class RecordingTask:
         self.nan_ranks = None if nan_ranks is None else set(nan_ranks)
         self.overflow_calls = set(overflow_calls)
         self.sleep_s = sleep_s
+        self.loss_scale, self.unused_layer = loss_scale, unused_layer
         self.calls = 0
         self.rank = int(os.environ.get("RANK", "0"))
         self.hang_s = hang_s if hang_rank == self.rank else 0.0
@@ -69,28 +99,35 @@ class RecordingTask:
         if self.slow_state_s:
             seconds = self.slow_state_s
             model.register_state_dict_pre_hook(lambda *_: slow_state_dict(seconds))
-        return model
+        return WithSpare(model, nn.Linear(self.dim, self.classes)) if self.unused_layer else model
 
     def build_datasets(self):
         g = torch.Generator().manual_seed(0)
         w = torch.randn(self.dim, self.classes, generator=g)
 
-        def make(n: int, offset: int) -> TensorDataset:
+        def make(n: int, offset: int) -> Samples:
             x = torch.randn(n, self.dim, generator=g)
-            return TensorDataset(x, (x @ w).argmax(dim=1), torch.arange(offset, offset + n))
+            return Samples(x, (x @ w).argmax(dim=1), offset)
 
         return make(self.n, 0), make(64, self.n)
 
     def loss(self, model: nn.Module, batch):
-        x, y, ids = batch
+        x, y, ids, workers = batch
         logits = model(x)
-        loss = F.cross_entropy(logits, y)
+        loss = F.cross_entropy(logits, y) * self.loss_scale
         if model.training:
             self.calls += 1
             if self.record_dir is not None:
                 self.record_dir.mkdir(parents=True, exist_ok=True)
+                record = {
+                    "ids": ids.tolist(),
+                    "workers": sorted(set(workers.tolist())),
+                    "dtype": str(logits.dtype),
+                    "deterministic": torch.are_deterministic_algorithms_enabled(),
+                    "cublas_workspace": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+                }
                 with open(self.record_dir / f"rank{self.rank}.jsonl", "a") as f:
-                    f.write(json.dumps({"ids": ids.tolist(), "dtype": str(logits.dtype)}) + "\n")
+                    f.write(json.dumps(record) + "\n")
             if self.calls in self.nan_calls and (
                 self.nan_ranks is None or self.rank in self.nan_ranks
             ):

@@ -31,9 +31,9 @@ from trainer.contract import GOODPUT
 from trainer.ledger import RECORD
 
 
-def _records(record_dir: Path, rank: int) -> list[list[int]]:
+def _records(record_dir: Path, rank: int, field: str = "ids") -> list:
     lines = (record_dir / f"rank{rank}.jsonl").read_text().splitlines()
-    return [json.loads(line)["ids"] for line in lines]
+    return [json.loads(line)[field] for line in lines]
 
 
 def _wait_for_event(proc: subprocess.Popen, pred, timeout: float = 120) -> list[dict]:
@@ -50,7 +50,13 @@ def _wait_for_event(proc: subprocess.Popen, pred, timeout: float = 120) -> list[
 
 @pytest.mark.slow
 def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(tmp_path: Path) -> None:
+    """Also what ``deterministic`` and ``num_workers`` do to this run: deterministic algorithms
+    and cuBLAS's fixed workspace inside every rank's step (the environment sets no workspace),
+    and two DataLoader workers a rank loading every batch, resumed mid-epoch (8 steps an epoch)
+    onto exactly the batches of the straight run."""
     n, accum = 6, 2
+    env = base_env()
+    env.pop("CUBLAS_WORKSPACE_CONFIG", None)
 
     # Dropout makes every rank's RNG stream matter; the sleep keeps the killed run mid-way.
     def args(name: str, **kw) -> list[str]:
@@ -59,6 +65,8 @@ def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(tmp_path: Path) ->
             max_steps=2 * n,
             grad_accum=accum,
             log_every=1,
+            deterministic=True,
+            num_workers=2,
             **{
                 "checkpoint.every_steps": n,
                 "task_args.dropout": 0.3,
@@ -68,7 +76,7 @@ def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(tmp_path: Path) ->
             **kw,
         )
 
-    straight = run(torchrun_cmd(2, *args("straight")))
+    straight = run(torchrun_cmd(2, *args("straight")), env=env)
     assert straight.rc == 0, straight.stderr[-2000:]
 
     # Run to the step-n checkpoint, then kill -9 every process of the job, launcher included
@@ -76,7 +84,7 @@ def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(tmp_path: Path) ->
     proc = subprocess.Popen(
         torchrun_cmd(2, *args("resumed", **{"task_args.sleep_s": 0.2})),
         cwd=REPO,
-        env=base_env(),
+        env=env,
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -109,7 +117,7 @@ def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(tmp_path: Path) ->
     # run rewrites it.
     record = json.loads((tmp_path / "resumed" / "ckpt" / RECORD).read_text())["runs"][-1]
 
-    resumed = run(torchrun_cmd(2, *args("resumed")))
+    resumed = run(torchrun_cmd(2, *args("resumed")), env=env)
     assert resumed.rc == 0, resumed.stderr[-8000:]  # the rank's own error is above torchrun's
     (note,) = resumed.of("resume")
     assert note["step"] == n and note["path"].endswith(f"step_{n:08d}")
@@ -133,6 +141,13 @@ def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(tmp_path: Path) ->
         first, rest = got[: n * accum], got[-(n * accum) :]
         assert len(want) == 2 * n * accum
         assert first + rest == want
+    assert resumed.of("train")[-1]["epoch"] == 1  # the resumed part crossed into the next epoch
+    for rank in (0, 1):
+        rec = tmp_path / "resumed" / "rec"
+        # Every batch from a DataLoader worker (-1 would be the main process), both serving.
+        assert {w for ws in _records(rec, rank, "workers") for w in ws} == {0, 1}
+        assert set(_records(rec, rank, "deterministic")) == {True}
+        assert set(_records(rec, rank, "cublas_workspace")) == {":4096:8"}
 
 
 def _check_the_ledger(record: dict, killed: list[dict], resumed, n: int, killed_at: float) -> None:
