@@ -25,6 +25,7 @@ from tests.trainer.conftest import (
     trainjob_envs,
 )
 from trainer.contract import GOODPUT
+from trainer.ledger import RECORD
 
 
 def _check_completed(r, world_size: int) -> None:
@@ -97,8 +98,10 @@ def test_standalone_ignores_no_env_and_writes_no_stray_files(tmp_path) -> None:
     r = run(trainer_cmd(*common_args(tmp_path, max_steps=2, log_every=1)), env=base_env())
     assert r.rc == 0
     files = sorted(str(p.relative_to(tmp_path / "ckpt")) for p in (tmp_path / "ckpt").rglob("*"))
-    # The temp file was renamed, and nothing else is left behind (the location's probe either).
-    assert files == ["step_00000002", "step_00000002/manifest.json", "step_00000002/state.pt"]
+    # The temp file was renamed, and nothing else is left behind (the location's probe either)
+    # but the ledger's record (trainer/ledger.py).
+    want = ["step_00000002", "step_00000002/manifest.json", "step_00000002/state.pt"]
+    assert files == sorted([RECORD, *want])
 
 
 def test_progress_bar_and_tensorboard_when_asked(tmp_path) -> None:
