@@ -8,11 +8,12 @@ is admitted, what waits and what is preempted does not depend on other tests sha
 cluster (Kueue counts only the jobs of its queue; the node's CPUs are shared, so a job may be
 admitted and still wait for the node a while).
 
-The preemption test runs both APIs. A low-priority job trains with checkpoints on the node's
-PersistentVolume; a high-priority job arrives; Kueue evicts the low one (its pods get the
-kubelet's SIGTERM: the trainer checkpoints and exits 143), runs the high one, then admits the
-low one again, which resumes from the checkpoint it wrote on SIGTERM: every step from 1 to
-max_steps is trained once, none lost, none repeated, read from rank 0's events.
+The preemption test runs both APIs. A low-priority job trains with checkpoints on the local
+cluster's S3 server (no checkpoint volume); a high-priority job arrives; Kueue evicts the low
+one (its pods get the kubelet's SIGTERM: the trainer checkpoints and exits 143), runs the high
+one, then admits the low one again, which resumes from the checkpoint it wrote on SIGTERM:
+every step from 1 to max_steps is trained once, none lost, none repeated, read from rank 0's
+events.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from tests.e2e.helpers import (
     get_json,
     last_step,
     paced,
+    s3_checkpoints,
+    s3_url,
     write_spec,
 )
 
@@ -287,7 +290,8 @@ def test_a_low_priority_job_preempted_by_a_high_one_checkpoints_resumes_and_lose
     ns = own_queue
     low = _spec(
         cluster, tmp_path, "low", ns, api=api, priority_class=LOW, max_steps=MAX_STEPS,
-        every_steps=5, log_every=1, **paced(cluster, ns, STEP_S),
+        log_every=1,
+        **s3_checkpoints(cluster, ns, "low", paced(cluster, ns, STEP_S), every_steps=5),
     )  # fmt: skip
     high = _spec(cluster, tmp_path, "high", ns, api=api, priority_class=HIGH, max_steps=10)
     exits = ExitCodes(cluster, ns, _rank0_selector(api, "low"))
@@ -319,6 +323,10 @@ def test_a_low_priority_job_preempted_by_a_high_one_checkpoints_resumes_and_lose
     assert preempted_at in [e["step"] for e in events(out_f, "checkpoint")]
     (resumed,) = events(out_f, "resume")
     assert resumed["step"] == preempted_at
+    # Every checkpoint went to object storage, and the resume read it from there.
+    where = s3_url(ns, "low")
+    assert all(e["path"].startswith(where) for e in events(out_f, "checkpoint"))
+    assert resumed["path"].startswith(where)
     assert len(events(out_f, "start")) == 2
     # Exactly max_steps steps: each step from 1 to max_steps trained once (log_every=1).
     steps = [e["step"] for e in events(out_f, "train")]
