@@ -212,11 +212,32 @@ class RankFollower:
                 broke = True
             finally:
                 stream.close()
+            if not broke and self._ended_in_view(run):
+                return  # its container exited: the stream has delivered its log
             if not run.stop.is_set():
                 failures += 1
                 if broke and failures == 1:
                     self.say(f"logs: stream of {run.pod} broke; re-attaching")
                 run.stop.wait(min(2.0, 0.1 * failures))
+
+    def _ended_in_view(self, run: _Run) -> bool:
+        """After a stream ended without breaking: wait (at most ``END_GRACE_S``) for the watched
+        pods to say whether the run's container exited, which is why a follow stream ends. Its
+        pod's watch event comes a moment after the stream's end; re-attaching meanwhile would
+        read the ended log again and again until then."""
+        deadline = time.monotonic() + END_GRACE_S
+        while not run.stop.is_set():
+            pod = self.view.pods.get(run.uid)
+            if pod is None and self.view.pods_listed:
+                return True  # deleted
+            if pod is not None and (
+                _terminated(pod) or int(container_status(pod).get("restartCount", 0)) > run.restart
+            ):
+                return True
+            if time.monotonic() >= deadline:
+                return False  # still running, as far as the watch says: attach again
+            run.stop.wait(0.1)
+        return True
 
     def _offer(
         self, run: _Run, batch: list[str], *, final: bool = False, end: bool = False

@@ -54,6 +54,7 @@ class FakeCluster:
         self.sent = dict.fromkeys(self.queues, 0)  # changes put, by watch
         self.taken = dict.fromkeys(self.queues, 0)  # changes the follower's watch took in
         self.listed: set[str] = set()  # the watches past their first list
+        self.exited: set[str] = set()  # uids whose container exited: a follow stream ends
 
     # the test drives these
     def pod_event(self, etype: str, name: str, uid: str, state: str) -> None:
@@ -187,6 +188,9 @@ class FakeStream:
             with self.c.cond:
                 lines = self.c.files[self.uid]
                 while not self.closed and i >= len(lines) and self.follow:
+                    if self.uid in self.c.exited:  # the kubelet ends a follow at the exit
+                        self.ended = True
+                        return
                     self.c.cond.wait(0.05)
                 if self.closed:
                     return
@@ -239,6 +243,29 @@ def test_follow_through_a_broken_stream_and_a_recreated_pod():
     ]
     assert any("broke; re-attaching" in n for n in notes)
     assert any("following j-master-0 (attempt 2)" in n for n in notes)
+
+
+def test_a_stream_that_ends_at_the_exit_is_not_opened_again_before_the_pod_says_so():
+    """The kubelet ends a follow stream when the container exits; the pod's watch event says
+    so a moment later. Meanwhile the ended log is not opened again (and again)."""
+    c = FakeCluster()
+    out: list[str] = []
+    follower = RankFollower(c, "ns", "j", 0, out.extend, lambda s: None)
+    c.pod_event("ADDED", "j-master-0", "a", "running")
+    t = threading.Thread(target=lambda: follower.follow(time.monotonic() + 30))
+    t.start()
+    c.print("a", "one")
+    until(lambda: out == ["one"])
+    with c.cond:
+        c.exited.add("a")
+        c.cond.notify_all()
+    time.sleep(1.0)  # the pod's event is late: a re-attach every 0.1 s would show here
+    assert [pod for pod, follow, _ in c.opened if follow] == ["j-master-0"]
+    c.pod_event("MODIFIED", "j-master-0", "a", "terminated")
+    c.job_event("Succeeded")
+    t.join(timeout=20)
+    assert not t.is_alive() and out == ["one"]
+    assert [pod for pod, follow, _ in c.opened if follow] == ["j-master-0"]
 
 
 def test_lines_written_after_the_stream_closed_come_from_the_final_read():
