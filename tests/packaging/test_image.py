@@ -357,10 +357,13 @@ def test_source_digest_follows_the_package_files_only(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def built_image() -> Iterator[str]:
-    """`make image` into a tag of this checkout's own (removed afterwards); the reference."""
+    """`make image` into a tag of this checkout's and this xdist worker's own (removed
+    afterwards; each worker that runs these tests tears its fixture down when it is done with
+    them, while another may still run its own); the reference."""
     need("podman", "buildah", "skopeo", "mmdebstrap", "make")
     checkout = hashlib.sha256(str(ROOT).encode()).hexdigest()[:8]
-    image, tag = "localhost/ddpjob-make-image-test", f"t-{checkout}"
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    image, tag = "localhost/ddpjob-make-image-test", f"t-{checkout}-{worker}"
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     env.pop("CONTAINER_ENGINE", None)
     with outside_test_timeout():
@@ -411,7 +414,7 @@ def test_a_code_change_reaches_the_image(built_image, tmp_path, monkeypatch):
     (tmp_path / "trainer" / "_code_change.py").write_text(f"MARKER = {marker!r}\n")
     monkeypatch.setattr(product, "ROOT", tmp_path)
     monkeypatch.setattr(product, "DOCKERFILE", tmp_path / "Dockerfile")
-    ref = built_image.rsplit(":", 1)[0] + ":code-change"
+    ref = built_image + "-code-change"
     try:
         with outside_test_timeout():
             product.build_trainer(ref, log=sys.stderr)
