@@ -385,7 +385,7 @@ class Watchdog:
             "rank": self.rank,
             "step": self.step,
             "stuck_s": round(now - last, 3),
-            "in_collective": _in_collective(COLLECTIVES.name, recorder),
+            "in_collective": _in_collective(COLLECTIVES.name, recorder, self.backend),
             "collective": recorder,
             "frame": frame_of_interest(loop["frames"]),
             "stack": [loop],  # the loop's thread; the event has every thread's
@@ -455,10 +455,14 @@ class Watchdog:
             self.store.set(self.prefix + name, value)
 
 
-def _in_collective(loop_says: str | None, recorder: dict[str, Any] | None) -> str | None:
+def _in_collective(
+    loop_says: str | None, recorder: dict[str, Any] | None, backend: str | None = None
+) -> str | None:
     """What this rank waits in: the Flight Recorder decides whether (a collective enqueued and
-    not completed), the loop's record what for; the loop's record alone without a recorder."""
-    if recorder is None:
+    not completed), the loop's record what for; the loop's record alone without a recorder, or
+    on gloo, whose recorder can still show a collective the rank has left as not completed
+    (DDP's gradient all-reduce, while the rank hangs in its next forward)."""
+    if recorder is None or backend == "gloo":
         return loop_says
     if recorder["completed"]:
         return None
