@@ -45,6 +45,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from controller.local.processes import free_port  # noqa: E402
+
 TARGET = 0.10
 GiB = 1 << 30
 
@@ -150,12 +152,6 @@ def save_rounds(location: str, gib: float, rounds: int) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 # S3: a server named by the environment, or moto's
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def s3_location(bucket: str) -> tuple[str, subprocess.Popen | None]:

@@ -21,7 +21,6 @@ import argparse
 import io
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from controller.local.processes import free_port  # noqa: E402
 
 TASK_ARGS = {"image_size": 16, "width": 32, "train_size": 8192}
 LOG_EVERY = 10
@@ -100,12 +101,6 @@ def worker(args: argparse.Namespace) -> None:
     distributed.teardown()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -133,7 +128,7 @@ def main() -> int:
         "--master-addr",
         "127.0.0.1",
         "--master-port",
-        str(_free_port()),
+        str(free_port()),
         str(Path(__file__).resolve()),
         "--worker",
         *sys.argv[1:],
