@@ -28,6 +28,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture
+def one_rank_group(monkeypatch):
+    """A 1-rank gloo group: what torchrun or a one-replica PyTorchJob gives a single process."""
+    for k, v in {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }.items():
+        monkeypatch.setenv(k, v)
+    from trainer import distributed
+
+    env = distributed.setup("cpu", "gloo", 60)
+    try:
+        yield env
+    finally:
+        distributed.teardown()
+
+
 def base_env(**extra: str) -> dict[str, str]:
     """The parent's env minus any launcher variables, plus ``extra``."""
     env = without_launcher(dict(os.environ))

@@ -16,7 +16,6 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tests.trainer.conftest import free_port
 from trainer import distributed
 from trainer.config import build_config
 from trainer.metrics import Reporter
@@ -28,23 +27,6 @@ LM_TINY = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32, "dropout":
 # The aten ops by which each SDPA path shows itself on CPU.
 FLASH_OP = "aten._scaled_dot_product_flash_attention_for_cpu.default"
 MATH_OP = "aten._safe_softmax.default"  # the math path's softmax; flash does not call it
-
-
-@pytest.fixture
-def one_rank_group(monkeypatch):
-    """A 1-rank gloo group: what torchrun or a one-replica PyTorchJob gives a single process."""
-    for k, v in {
-        "RANK": "0",
-        "WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-    }.items():
-        monkeypatch.setenv(k, v)
-    env = distributed.setup("cpu", "gloo", 60)
-    try:
-        yield env
-    finally:
-        distributed.teardown()
 
 
 def _trainer(

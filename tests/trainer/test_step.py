@@ -15,7 +15,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tests.trainer.conftest import TEST_TASK, free_port
+from tests.trainer.conftest import TEST_TASK
 from trainer import distributed
 from trainer.config import build_config
 from trainer.metrics import Reporter
@@ -41,23 +41,6 @@ def _trainer(env: distributed.DistEnv, tmp_path: Path, **settings) -> Trainer:
     )
     reporter = Reporter(env.is_main, cfg.max_steps, "never", None, stream=io.StringIO())
     return Trainer(cfg, env, load_task(cfg.task, cfg.task_args), reporter)
-
-
-@pytest.fixture
-def one_rank_group(monkeypatch):
-    """A 1-rank gloo group: what torchrun or a one-replica PyTorchJob gives a single process."""
-    for k, v in {
-        "RANK": "0",
-        "WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-    }.items():
-        monkeypatch.setenv(k, v)
-    env = distributed.setup("cpu", "gloo", 60)
-    try:
-        yield env
-    finally:
-        distributed.teardown()
 
 
 def test_one_rank_compiles_the_lm_model_whole(one_rank_group, tmp_path: Path) -> None:
