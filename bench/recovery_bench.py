@@ -208,7 +208,10 @@ class Job:
             agents = [
                 p for p in launcher.children() if "torch.distributed.run" in " ".join(p.cmdline())
             ]
-            workers = agents[0].children() if agents else []
+            # Not the agent's first child: importing torch runs ``/sbin/ldconfig -p`` before.
+            workers = [
+                c for c in (agents[0].children() if agents else []) if "trainer" in c.cmdline()
+            ]
         except (psutil.NoSuchProcess, SystemExit):
             return None
         return workers[0] if workers else None

@@ -22,6 +22,7 @@ torchrun again at once.
 
 from __future__ import annotations
 
+import itertools
 import signal
 import socket
 import subprocess
@@ -87,10 +88,13 @@ class Pod:
             return []
 
     def worker(self) -> psutil.Process | None:
-        """The agent's worker, once the agent has started it."""
-        agents = [p for p in self.tree() if "torch.distributed.run" in p.cmdline()]
+        """The agent's worker, once the agent has started it. The agent has another child
+        before it: importing torch runs ``/sbin/ldconfig -p`` (``ctypes.util.find_library``,
+        from ``cuda.pathfinder``), so a child counts only by its command line."""
+        agents = [p for p in self.tree() if "torch.distributed.run" in _cmdline(p)]
         children = agents[0].children() if agents else []
-        return children[0] if children else None
+        workers = [c for c in children if _runs_trainer(_cmdline(c))]
+        return workers[0] if workers else None
 
     def kill(self) -> None:
         procs = self.tree()
@@ -98,6 +102,17 @@ class Pod:
             p.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=60)
         psutil.wait_procs(procs, timeout=60)
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _runs_trainer(argv: list[str]) -> bool:
+    return any(a == "-m" and b == "trainer" for a, b in itertools.pairwise(argv))
 
 
 def _until(what: str, pred, timeout: float = 300):
