@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -238,8 +239,31 @@ def ckpt_tmp(tmp_path: Path) -> Path:
     return tmp_path
 
 
+# What every rank started by ``spawn_ranks`` imports first: torch, torch._dynamo (DDP's
+# constructor reads its config), the trainer and these helpers.
+_RANK_PRELOAD = [
+    "torch",
+    "torch._dynamo",
+    "torch.distributed.nn.functional",
+    "trainer.train",
+    __name__,
+]
+
+
+def spawn_ranks(fn: Callable[..., None], args: tuple, nprocs: int = 2) -> None:
+    """``mp.spawn(fn, args, nprocs)``, each rank a fresh process forked from a server that has
+    imported what every rank imports (forkserver): that server starts once per test process,
+    and a rank then starts in a fraction of the seconds the imports take a new interpreter."""
+    import multiprocessing
+
+    import torch.multiprocessing as mp
+
+    multiprocessing.set_forkserver_preload(_RANK_PRELOAD)
+    mp.start_processes(fn, args=args, nprocs=nprocs, start_method="forkserver")
+
+
 def one_of_two_ranks(rank: int, port: int, settings: dict[str, Any]) -> Trainer:
-    """Rank ``rank`` of a 2-rank gloo group in this process (a worker of ``mp.spawn``), and its
+    """Rank ``rank`` of a 2-rank gloo group in this process (a worker of ``spawn_ranks``), and its
     Trainer for ``settings``; the caller tears the group down."""
     from trainer import distributed
     from trainer.config import build_config

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from tests.trainer.conftest import (
     REPO,
@@ -20,6 +19,7 @@ from tests.trainer.conftest import (
     kubeflow_env,
     read_checkpoint,
     run_pods,
+    spawn_ranks,
 )
 
 CHUNK = 1000  # bytes: tensors straddle chunks, chunks hold several tensors
@@ -78,7 +78,7 @@ def _worker(rank: int, port: int, out: str) -> None:
 
 @pytest.mark.slow
 def test_every_rank_gets_rank_0s_state_and_only_its_skeleton_is_pickled(tmp_path: Path) -> None:
-    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=2)
+    spawn_ranks(_worker, (free_port(), str(tmp_path)))
     tensor_bytes = sum(
         t.numel() * t.element_size()
         for t in (_expected()["model"]["w"], _expected()["ids"], _expected()["rng"][0]["torch"])

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from tests.trainer.conftest import (
     TEST_TASK,
@@ -17,6 +16,7 @@ from tests.trainer.conftest import (
     one_of_two_ranks,
     read_checkpoint,
     run,
+    spawn_ranks,
     torchrun_cmd,
     trainer_cmd,
 )
@@ -98,7 +98,7 @@ def _hook_worker(rank: int, port: int, out_dir: str, grad_accum: int, max_steps:
 @pytest.mark.slow
 def test_one_allreduce_round_per_optimizer_step(tmp_path: Path) -> None:
     max_steps, grad_accum = 5, 3
-    mp.spawn(_hook_worker, args=(free_port(), str(tmp_path), grad_accum, max_steps), nprocs=2)
+    spawn_ranks(_hook_worker, (free_port(), str(tmp_path), grad_accum, max_steps))
     for rank in (0, 1):
         counts = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert counts["micro_batches"] == max_steps * grad_accum  # 15 backward passes ...
@@ -170,7 +170,7 @@ def test_batchnorm_statistics_are_rank_0s_at_eval_without_a_broadcast_every_forw
     """DDP's broadcast of the buffers before every forward is a collective a step (about a
     quarter of the bench's step on CPU); a BatchNorm-only model has rank 0's statistics
     broadcast before each evaluation instead, so every rank evaluates the checkpointed model."""
-    mp.spawn(_buffers_worker, args=(free_port(), str(tmp_path), "vision"), nprocs=2)
+    spawn_ranks(_buffers_worker, (free_port(), str(tmp_path), "vision"))
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert not r0["per_forward"] and not r1["per_forward"]
     # Each rank's statistics moved with its own batches: they differ before the evaluation ...
@@ -185,6 +185,6 @@ def test_a_buffer_that_is_not_a_batchnorm_statistic_is_broadcast_every_forward(
     tmp_path: Path,
 ) -> None:
     task = "tests.trainer.test_ddp_equivalence:_VisionWithACounter"
-    mp.spawn(_buffers_worker, args=(free_port(), str(tmp_path), task), nprocs=2)
+    spawn_ranks(_buffers_worker, (free_port(), str(tmp_path), task))
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["per_forward"] and r1["per_forward"]

@@ -1,7 +1,7 @@
 """What each ``ddp.*`` field does to a real 2-rank gloo run: ``find_unused_parameters``,
 ``broadcast_buffers: false``, and ``bucket_cap_mb`` with ``gradient_as_bucket_view``.
 
-The runs are the real ``Trainer.fit`` in two processes (``mp.spawn``, or torchrun where the run
+The runs are the real ``Trainer.fit`` in two processes (``spawn_ranks``, or torchrun where the run
 is to fail); what each test reads is DDP's own doing: the buckets its communication hook is
 given, where the gradients the optimizer steps with live, the buffers each rank evaluates with.
 """
@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from tests.trainer.conftest import (
     TEST_TASK,
@@ -23,6 +22,7 @@ from tests.trainer.conftest import (
     one_of_two_ranks,
     read_checkpoint,
     run,
+    spawn_ranks,
     torchrun_cmd,
 )
 from tests.trainer.tasks import build as build_task
@@ -89,7 +89,7 @@ def _train_two_ranks(out: Path, **settings: Any) -> list[dict[str, Any]]:
         **settings,
     }
     out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_observing_worker, args=(free_port(), str(out), settings), nprocs=2)
+    spawn_ranks(_observing_worker, (free_port(), str(out), settings))
     return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
