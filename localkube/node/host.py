@@ -89,6 +89,8 @@ CNI_COMMENT = f'name: \\"{CNI_NETWORK}\\"'
 #: Top-level chains the portmap plugin shares between CNI networks: removed only when we made
 #: them and nothing else uses them.
 SHARED_CNI_CHAINS = ("CNI-HOSTPORT-DNAT", "CNI-HOSTPORT-SETMARK", "CNI-HOSTPORT-MASQ")
+#: Where containerd mounts the pods' network namespaces (and podman its containers').
+NETNS_DIR = Path("/run/netns")
 #: Host paths the kubelet or containerd create outside our own folders.
 SHARED_PATHS = (
     "/run/netns",
@@ -342,6 +344,23 @@ def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     return proc
 
 
+def share_netns_dir() -> None:
+    """Make /run/netns a shared mount point of its own before the first pod, as ``ip netns``
+    and podman do when they find it is not one.
+
+    containerd 1.6 mounts each pod's network namespace at /run/netns/cni-<uuid> and leaves the
+    folder as it is. podman (a ``controller run --local`` container, anyone's) binds the
+    folder onto itself (recursively) when it is not a mount point yet: the pods' namespaces
+    mounted before then stay underneath, where the copy containerd unmounts is not, and their
+    files cannot be removed ("device or resource busy"). Such a pod never leaves Terminating.
+    With the folder a mount point already, podman only makes it shared. ``down`` unmounts it
+    (:func:`_ours`)."""
+    NETNS_DIR.mkdir(parents=True, exist_ok=True)
+    if str(NETNS_DIR) not in mountpoints():
+        run("mount", "--rbind", str(NETNS_DIR), str(NETNS_DIR))
+    run("mount", "--make-shared", str(NETNS_DIR))
+
+
 def create_bridge() -> None:
     """The pods' bridge with the gateway address, before the kubelet (its node IP) and CoreDNS
     (bound to it) start. The CNI bridge plugin finds it and attaches each pod's veth."""
@@ -536,11 +555,11 @@ def _ours(mount: str, before: dict) -> bool:
     roots = (str(KUBELET_ROOT), str(RUN_DIR), str(CONTAINERD_ROOT), str(VOLUMES_DIR))
     if any(mount == r or mount.startswith(r + "/") for r in roots):
         return True
-    # containerd names its pod network namespaces cni-<uuid> (podman's are netns-<uuid>), and
-    # binds /run/netns onto itself when it is not a mount yet: one made since the record is
-    # the node's (even where the folder existed before), and a pod's namespace can lie hidden
-    # under it (_unmount_ours).
-    return mount.startswith("/run/netns/cni-") or mount == "/run/netns"
+    # containerd names its pod network namespaces cni-<uuid> (podman's are netns-<uuid>). The
+    # node makes /run/netns a mount point of its own (share_netns_dir): one made since the
+    # record is the node's, even where the folder existed before. A namespace can lie hidden
+    # under a later bind of the folder, by podman before the node shared it (_unmount_ours).
+    return mount.startswith("/run/netns/cni-") or mount == str(NETNS_DIR)
 
 
 def _unmount_ours(before: dict, say: Say) -> None:

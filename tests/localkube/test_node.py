@@ -427,6 +427,44 @@ def test_trainer_image_trains_across_two_pods(real_node, ns):
     assert env["MASTER_ADDR"] == "ddp-master-0"  # no rewrite: the name resolves for real
 
 
+def _netns_mounts() -> list[tuple[str, int, int]]:
+    """(mount point, mount id, parent id) of /run/netns and what is mounted in it."""
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        mount_id, parent, _, _, point = line.split()[:5]
+        if point == str(host.NETNS_DIR) or point.startswith(f"{host.NETNS_DIR}/"):
+            found.append((point, int(mount_id), int(parent)))
+    return found
+
+
+def test_a_podman_container_beside_the_node_leaves_every_pod_removable(real_node, ns):
+    """podman binds /run/netns onto itself when it is not a mount point yet, over the pods'
+    network namespaces mounted before: containerd could then never remove one, and its pod
+    would stay Terminating. The node shares the folder before its first pod, so a container
+    podman starts now (with a network, as `controller run --local` does) hides nothing."""
+    from tools.podman import podman_env
+
+    create(real_node, pod_spec("before", ns, "sleep 3600", terminationGracePeriodSeconds=0))
+    wait_running(real_node, ns, "before")
+    ran = subprocess.run(
+        ["podman", "run", "--rm", "--network", "bridge", images.images()["init"], "true"],
+        env=podman_env(), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    mounts = _netns_mounts()
+    top = [m for m in mounts if m[0] == str(host.NETNS_DIR)]
+    assert len(top) == 1, mounts  # one bind of the folder, the node's
+    pods = [m for m in mounts if m[0].startswith(f"{host.NETNS_DIR}/cni-")]
+    assert pods and all(parent == top[0][1] for _, _, parent in pods), mounts
+    real_node.kubectl("delete", "pod", "before", "-n", ns, "--wait=false")
+
+    def gone() -> bool:
+        listed = _get(real_node, "pods", "-n", ns, "--field-selector", "metadata.name=before")
+        return not listed["items"]
+
+    wait_until("the pod to be removed", gone, 60, 0.5)
+
+
 # ------------------------------------------------------------------------------------ teardown
 
 
