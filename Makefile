@@ -58,7 +58,8 @@ demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 # 1. the node's Debian packages (a no-op when installed);
 # 2. at once, in the background: the one-time builds, the Go tools and the images (on a warm
 #    machine they build nothing; logged to $(BUILD_LOG)), and the tests that need neither, on 2
-#    workers (logged to $(OFFLINE_LOG), printed when they end). Those run at nice 10: they fill
+#    workers (logged to $(OFFLINE_LOG), printed when they end), the slow ones first and one at
+#    a time to each worker, so the phase ends on short tests. Those run at nice 10: they fill
 #    the CPUs that the builds and the cluster tests leave, and never hold up either (a pod's
 #    grace period or a test's timeout is the cluster tests', not theirs);
 # 3. ruff, once the builds are done;
@@ -95,7 +96,8 @@ test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, 
 		"tests run in the background ($(OFFLINE_LOG)) beside the cluster tests"; \
 	$(MAKE) --no-print-directory -j2 tools test-images > $(BUILD_LOG) 2>&1 \
 		|| { tail -n 40 $(BUILD_LOG); rc=1; }; t2=$$SECONDS; \
-	( nice -n 10 $(PYTEST) $(DURATIONS) -n 2 -m "not cluster and not built"; code=$$?; \
+	( nice -n 10 $(PYTEST) $(DURATIONS) -n 2 --slow-first --maxschedchunk 1 \
+		-m "not cluster and not built"; code=$$?; \
 		echo "offline tests done at $$(( $$(date +%s) - start ))s"; exit $$code ) \
 		> $(OFFLINE_LOG) 2>&1 & offline=$$!; \
 	grep -E "^\[(cluster|images)\] (built|wheelhouse|preloaded|not preloaded)" $(BUILD_LOG) || true; \
@@ -117,7 +119,7 @@ test-images: venv  ## make images for make test, then preload them into the node
 	else echo "make test: images not built; see the image tests" >&2; fi
 
 test-fast: venv  ## everything that needs no cluster and no built image
-	$(PYTEST) -n 2 -m "not cluster and not built"
+	$(PYTEST) -n 2 --slow-first --maxschedchunk 1 -m "not cluster and not built"
 
 lint: venv  ## ruff: lint and check formatting
 	$(PY) -m ruff check .

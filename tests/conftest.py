@@ -80,11 +80,25 @@ BUILT_FIXTURES = frozenset(
 )
 
 
-def pytest_collection_modifyitems(items):
-    """Mark each test ``cluster`` and ``built`` by the fixtures it uses, directly or not."""
+def pytest_addoption(parser):
+    parser.addoption(
+        "--slow-first",
+        action="store_true",
+        help="run the tests marked slow before the others, each group in its own order (make "
+        "test's offline phase, with --maxschedchunk 1: each worker takes the next test when it "
+        "is done, so the last minutes hold the short tests and no worker idles while another "
+        "ends a long one)",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test ``cluster`` and ``built`` by the fixtures it uses, directly or not; with
+    ``--slow-first``, put the tests marked slow first."""
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if used & CLUSTER_FIXTURES:
             item.add_marker(pytest.mark.cluster)
         if used & BUILT_FIXTURES:
             item.add_marker(pytest.mark.built)
+    if config.getoption("--slow-first"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -76,6 +76,7 @@ def _what_the_controller_reads(lines: list[str]) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_the_controller_reads_what_a_real_trainer_prints(printed):
     read = _what_the_controller_reads(printed)
     assert read["events"][0] == START and read["events"][-1] == DONE

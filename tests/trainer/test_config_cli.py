@@ -65,6 +65,7 @@ def test_the_relaunching_parent_imports_no_torch_and_a_missing_task_module_fails
     assert "torch.distributed" not in r.stderr.replace("import time:", "")
 
 
+@pytest.mark.slow
 def test_a_bad_factory_argument_in_a_relaunched_pod_is_exit_2_said_once() -> None:
     """What needs the task's code (its factory's arguments) is checked by the workers torchrun
     started; each exits 2, the pod exits 2, and only local rank 0 prints the line."""

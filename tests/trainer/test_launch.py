@@ -59,6 +59,7 @@ def _check_pods(results, world_size: int) -> None:
     assert all(r.events == [] for r in results[1:])
 
 
+@pytest.mark.slow
 def test_standalone(tmp_path) -> None:
     _check_completed(run(trainer_cmd(*common_args(tmp_path))), world_size=1)
 
@@ -94,6 +95,7 @@ def test_kubeflow_pod_with_nproc_per_node_relaunches_under_torchrun(tmp_path) ->
     assert before - 0.05 <= this_run["launched_at"] <= after + 0.05
 
 
+@pytest.mark.slow
 def test_standalone_ignores_no_env_and_writes_no_stray_files(tmp_path) -> None:
     r = run(trainer_cmd(*common_args(tmp_path, max_steps=2, log_every=1)), env=base_env())
     assert r.rc == 0
@@ -104,6 +106,7 @@ def test_standalone_ignores_no_env_and_writes_no_stray_files(tmp_path) -> None:
     assert files == sorted([RECORD, *want])
 
 
+@pytest.mark.slow
 def test_progress_bar_and_tensorboard_when_asked(tmp_path) -> None:
     tb = tmp_path / "tb"
     r = run(trainer_cmd(*common_args(tmp_path, progress="always", tensorboard_dir=str(tb))))
@@ -114,11 +117,13 @@ def test_progress_bar_and_tensorboard_when_asked(tmp_path) -> None:
     assert all(line.startswith("{") or "\r" not in line for line in r.stdout.splitlines())
 
 
+@pytest.mark.slow
 def test_no_progress_bar_when_stdout_is_not_a_tty(tmp_path) -> None:
     r = run(trainer_cmd(*common_args(tmp_path, progress="auto")))  # stdout is a pipe
     assert r.rc == 0 and "train: " not in r.stderr and "it/s" not in r.stderr
 
 
+@pytest.mark.slow
 def test_custom_task_plugin_from_the_command_line(tmp_path) -> None:
     r = run(
         trainer_cmd(

@@ -30,6 +30,7 @@ def _dtypes(record_dir: Path) -> set[str]:
     return {json.loads(line)["dtype"] for line in lines}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overflow", [False, True])
 def test_fp16_grad_scaler_skips_overflowing_steps(tmp_path: Path, overflow: bool) -> None:
     extra = {"precision": "fp16", "task_args.record_dir": str(tmp_path / "rec")}
@@ -47,6 +48,7 @@ def test_fp16_grad_scaler_skips_overflowing_steps(tmp_path: Path, overflow: bool
     assert int(state["optimizer"]["state"][0]["step"]) == (5 if overflow else 6)
 
 
+@pytest.mark.slow
 def test_bf16_autocast_trains(tmp_path: Path) -> None:
     r = run(
         trainer_cmd(
@@ -66,6 +68,7 @@ def test_bf16_autocast_trains(tmp_path: Path) -> None:
     assert _last_ckpt(tmp_path)["model"]["0.weight"].dtype == torch.float32  # master weights
 
 
+@pytest.mark.slow
 def test_ema_is_an_exponential_average_of_the_weights(tmp_path: Path) -> None:
     r = run(
         trainer_cmd(
@@ -91,6 +94,7 @@ def test_ema_is_an_exponential_average_of_the_weights(tmp_path: Path) -> None:
     assert {"loss", "accuracy", "ema_loss", "ema_accuracy"} <= set(metrics)
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_with_the_step_and_exit_1(tmp_path: Path) -> None:
     r = run(trainer_cmd(*common_args(tmp_path, **{"task_args.nan_calls": "[3]"})))
     assert r.rc == 1
@@ -122,6 +126,7 @@ def test_nan_on_one_rank_is_skipped_by_all_ranks(tmp_path: Path) -> None:
     assert int(state["optimizer"]["state"][0]["step"]) == 6  # 8 steps, 2 skipped
 
 
+@pytest.mark.slow
 def test_nan_beyond_the_skip_budget_stops(tmp_path: Path) -> None:
     r = run(
         trainer_cmd(

@@ -315,6 +315,7 @@ def test_training_never_waits_for_a_server_that_does_not_answer(server):
     assert server.posts[-1][2]["trainerStatus"]["progressPercentage"] == 100
 
 
+@pytest.mark.slow
 def test_a_trainjob_run_posts_from_rank_0_only_at_upstreams_rate_and_100_at_the_end(
     server, tmp_path
 ):
@@ -363,6 +364,7 @@ def _two_paced_ranks_past_step_5(server, tmp_path) -> list[subprocess.Popen]:
     return procs
 
 
+@pytest.mark.slow
 def test_a_preempted_trainjob_run_does_not_wait_for_a_slow_status_server(server, tmp_path):
     """The pod of rank 1 is deleted (SIGTERM) while the status server holds every post: both
     ranks checkpoint and exit 143. Rank 0 gives the progress API a moment (2 s), not its full
@@ -381,6 +383,7 @@ def test_a_preempted_trainjob_run_does_not_wait_for_a_slow_status_server(server,
     assert any("was not posted within 2 s" in line for line in said), said
 
 
+@pytest.mark.slow
 def test_a_rank_signalled_after_the_run_stopped_waits_for_the_others_in_the_barrier(
     server, tmp_path
 ):

@@ -225,6 +225,7 @@ def test_sigterm_checkpoints_exits_143_and_rerun_resumes(tmp_path: Path) -> None
     assert [e["step"] for e in rerun.of("train")] == [ckpt["step"] + 1, ckpt["step"] + 2]
 
 
+@pytest.mark.slow
 def test_sigterm_standalone_exits_143(tmp_path: Path) -> None:
     args = common_args(tmp_path, max_steps=10_000, log_every=1, **{"task_args.sleep_s": 0.02})
     proc = subprocess.Popen(
@@ -243,6 +244,7 @@ def test_sigterm_standalone_exits_143(tmp_path: Path) -> None:
     assert len(checkpoints(tmp_path / "ckpt")) == 1
 
 
+@pytest.mark.slow
 def test_truncated_newest_checkpoint_falls_back_to_previous(tmp_path: Path) -> None:
     first = run(trainer_cmd(*common_args(tmp_path, max_steps=6, **{"checkpoint.every_steps": 3})))
     assert first.rc == 0
@@ -258,6 +260,7 @@ def test_truncated_newest_checkpoint_falls_back_to_previous(tmp_path: Path) -> N
     assert again.of("train")[0]["step"] == 4
 
 
+@pytest.mark.slow
 def test_resume_never_starts_fresh_and_keep_prunes(tmp_path: Path) -> None:
     r = run(
         trainer_cmd(
@@ -273,6 +276,7 @@ def test_resume_never_starts_fresh_and_keep_prunes(tmp_path: Path) -> None:
     assert fresh.of("start")[0]["step"] == 0
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_model_is_one_line_and_exit_2(tmp_path: Path) -> None:
     """Resuming a checkpoint written for another model (other task_args, or an lm checkpoint
     from before issue 22's model) is the user's mistake: one line naming the file, no

@@ -75,6 +75,7 @@ def test_a_collective_stuck_past_timeout_s_fails_as_a_lost_peer_after_about_that
     assert events[-1]["event"] == "done" and events[-1]["reason"] == "peer_lost"
 
 
+@pytest.mark.slow
 def test_grad_clip_0_lets_a_gradient_above_the_clip_reach_the_optimizer(tmp_path: Path) -> None:
     """One step with a gradient norm far above the default clip of 1 (the loss scaled by 50).
     AdamW's first moment after one step is (1 - beta1) * the gradient it got, so the checkpoint

@@ -11,6 +11,8 @@ import math
 import socket
 from pathlib import Path
 
+import pytest
+
 from tests.trainer import tasks
 from tests.trainer.conftest import Result, base_env, common_args, run, torchrun_cmd
 from trainer.stragglers import SlowRanks
@@ -45,6 +47,7 @@ def _stuck(r: Result) -> tuple[list[dict], list[dict]]:
     return [e for e in stuck if "culprit" in e], [e for e in stuck if "culprit" not in e]
 
 
+@pytest.mark.slow
 def test_a_hung_rank_is_named_with_its_frame_a_slow_one_flagged_and_slow_moments_pass(
     tmp_path: Path,
 ) -> None:
