@@ -84,7 +84,8 @@ def pytest_addoption(parser):
     parser.addoption(
         "--slow-first",
         action="store_true",
-        help="run the tests marked slow before the others, each group in its own order (make "
+        help="run the tests marked long, then those marked slow, then the others, each group in "
+        "its own order (make "
         "test's offline phase, with --maxschedchunk 1: each worker takes the next test when it "
         "is done, so the last minutes hold the short tests and no worker idles while another "
         "ends a long one)",
@@ -93,7 +94,7 @@ def pytest_addoption(parser):
 
 def pytest_collection_modifyitems(config, items):
     """Mark each test ``cluster`` and ``built`` by the fixtures it uses, directly or not; with
-    ``--slow-first``, put the tests marked slow first."""
+    ``--slow-first``, put the tests marked long first, then those marked slow."""
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if used & CLUSTER_FIXTURES:
@@ -101,4 +102,4 @@ def pytest_collection_modifyitems(config, items):
         if used & BUILT_FIXTURES:
             item.add_marker(pytest.mark.built)
     if config.getoption("--slow-first"):
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+        items.sort(key=lambda item: [item.get_closest_marker(m) is None for m in ("long", "slow")])

@@ -283,6 +283,7 @@ def test_stop_ends_a_launcher_and_the_workers_in_their_own_sessions() -> None:
     assert _gone(worker)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_cpu_dry_run_runs_the_real_trainer_and_reports(tmp_path: Path) -> None:
     """The harness end to end on CPU: real trainer runs (torchrun, gloo), a forced fp16

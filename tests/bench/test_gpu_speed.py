@@ -48,6 +48,7 @@ def test_the_first_call_fits_one_device_call() -> None:
     assert call["command"] == "bash bench/gpu/speed.sh"
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_first_call_runs_on_cpu(tmp_path: Path) -> None:
     """The runbook's command, as written, with --cpu-dry-run (and compile=false: compiling on

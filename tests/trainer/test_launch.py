@@ -60,8 +60,10 @@ def _check_pods(results, world_size: int) -> None:
 
 
 @pytest.mark.slow
-def test_standalone(tmp_path) -> None:
-    _check_completed(run(trainer_cmd(*common_args(tmp_path))), world_size=1)
+def test_standalone_without_a_progress_bar_when_stdout_is_not_a_tty(tmp_path) -> None:
+    r = run(trainer_cmd(*common_args(tmp_path, progress="auto")))  # stdout is a pipe
+    _check_completed(r, world_size=1)
+    assert "train: " not in r.stderr and "it/s" not in r.stderr
 
 
 @pytest.mark.slow
@@ -118,12 +120,6 @@ def test_progress_bar_and_tensorboard_when_asked(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_no_progress_bar_when_stdout_is_not_a_tty(tmp_path) -> None:
-    r = run(trainer_cmd(*common_args(tmp_path, progress="auto")))  # stdout is a pipe
-    assert r.rc == 0 and "train: " not in r.stderr and "it/s" not in r.stderr
-
-
-@pytest.mark.slow
 def test_custom_task_plugin_from_the_command_line(tmp_path) -> None:
     r = run(
         trainer_cmd(
@@ -168,15 +164,11 @@ def test_elastic_pods_rendezvous_through_torchrun(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_trainjob_two_pods_of_one_process(tmp_path) -> None:
-    """A Trainer v2 TrainJob: each pod gets only the five PET_ variables and no torchrun, so the
-    trainer must start torchrun itself (no RANK or WORLD_SIZE anywhere) and join one group."""
-    _check_pods(run_pods(trainjob_envs(2, "1"), common_args(tmp_path)), world_size=2)
-
-
-@pytest.mark.slow
 def test_trainjob_two_pods_of_two_processes(tmp_path) -> None:
-    """numNodes=2, numProcPerNode=2: 4 ranks; node 1's pod holds ranks 2 and 3."""
+    """A Trainer v2 TrainJob: each pod gets only the five PET_ variables and no torchrun, so the
+    trainer must start torchrun itself (no RANK or WORLD_SIZE anywhere) and join one group.
+    numNodes=2, numProcPerNode=2: 4 ranks; node 1's pod holds ranks 2 and 3 (one process a
+    pod: tests/trainer/test_progress_api.py and test_stale_rendezvous.py)."""
     envs = trainjob_envs(2, "2")
     _check_pods(run_pods(envs, common_args(tmp_path, batch_size=4)), world_size=4)
 

@@ -149,6 +149,7 @@ def test_failure_exit_code_survives_the_kubeflow_relaunch(tmp_path: Path) -> Non
     assert r.of("done")[-1]["reason"] == "nonfinite"
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_compiled_model_trains_to_a_finite_loss(tmp_path: Path) -> None:
     """compile=true for real: inductor compiles the model (its generated code lands in a fresh

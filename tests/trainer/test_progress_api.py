@@ -326,6 +326,10 @@ def test_a_trainjob_run_posts_from_rank_0_only_at_upstreams_rate_and_100_at_the_
     results = run_pods(envs, args)
     took = time.monotonic() - started
     assert [r.rc for r in results] == [0, 0], results[0].stderr[-2000:]
+    # One process a pod, under the torchrun each pod's trainer starts: one group of two, and
+    # only rank 0's pod prints events.
+    (start,) = results[0].of("start")
+    assert start["world_size"] == 2 and results[1].events == []
     said = [line for line in results[0].stderr.splitlines() if "progress:" in line]
     # No error logged; one line at the end says what the TrainJob's status was left at.
     assert len(said) == 1 and "posts to the TrainJob's status, the last at 100%" in said[0], said

@@ -48,6 +48,7 @@ def _wait_for_event(proc: subprocess.Popen, pred, timeout: float = 120) -> list[
     raise AssertionError(f"process ended first; events: {seen}")
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(tmp_path: Path) -> None:
     """Also what ``deterministic`` and ``num_workers`` do to this run: deterministic algorithms
@@ -186,6 +187,7 @@ def _check_the_ledger(record: dict, killed: list[dict], resumed, n: int, killed_
     _sums_to_its_time(last)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_sigterm_checkpoints_exits_143_and_rerun_resumes(tmp_path: Path) -> None:
     """Preemption in a Kubeflow pod with nprocPerNode=2 (the trainer re-launched torchrun)."""

@@ -119,6 +119,7 @@ def _read_kill_log(path: Path) -> tuple[list[tuple[int, int, str, str]], dict[in
 COMPLETE = ("after:PutObject", "manifest.json")
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_sigkill_anywhere_inside_an_s3_upload_leaves_the_newest_complete_one(
     tmp_path: Path, moto, s3

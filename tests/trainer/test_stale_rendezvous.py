@@ -140,6 +140,7 @@ def _connected(proc: psutil.Process, port: int, *, gone: bool = False) -> bool:
         return gone
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.parametrize("held", ["before the store", "on the old store"])
 def test_a_node_restarted_while_the_master_agent_exits_joins_without_another_restart(

@@ -63,6 +63,7 @@ print(json.dumps({"rc": rc, "before": before, "after": threads(), "freed": freed
 """
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 def test_the_group_is_freed_and_no_thread_outlives_teardown(tmp_path: Path) -> None:
