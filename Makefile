@@ -58,8 +58,8 @@ demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 # 1. the node's Debian packages (a no-op when installed);
 # 2. at once, in the background: the one-time builds, the Go tools and the images (on a warm
 #    machine they build nothing; logged to $(BUILD_LOG)), and the tests that need neither, on 2
-#    workers (logged to $(OFFLINE_LOG), printed when they end), the slow ones first and one at
-#    a time to each worker, so the phase ends on short tests. Those run at nice 10: they fill
+#    workers (logged to $(OFFLINE_LOG), printed when they end), one at a time to each worker
+#    and in the order of tests/conftest.py's _phase_order. Those run at nice 10: they fill
 #    the CPUs that the builds and the cluster tests leave, and never hold up either (a pod's
 #    grace period or a test's timeout is the cluster tests', not theirs);
 # 3. ruff, once the builds are done;

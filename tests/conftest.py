@@ -84,17 +84,25 @@ def pytest_addoption(parser):
     parser.addoption(
         "--slow-first",
         action="store_true",
-        help="run the tests marked long, then those marked slow, then the others, each group in "
-        "its own order (make "
-        "test's offline phase, with --maxschedchunk 1: each worker takes the next test when it "
-        "is done, so the last minutes hold the short tests and no worker idles while another "
-        "ends a long one)",
+        help="run the tests marked long first, then the unmarked ones, then the other slow ones "
+        "(make test's offline phase; see _phase_order)",
     )
+
+
+def _phase_order(item) -> int:
+    """make test's offline phase runs beside the cluster tests, one test at a time to each of
+    its workers (--maxschedchunk 1). The longest tests go first, so that none of them ends the
+    phase alone; the short tests, mostly waiting on a timeout or a thread, next, while the
+    cluster tests keep the CPUs busy; the multi-process tests last, to fill the CPUs the
+    cluster tests leave when they end."""
+    if item.get_closest_marker("long"):
+        return 0
+    return 2 if item.get_closest_marker("slow") else 1
 
 
 def pytest_collection_modifyitems(config, items):
     """Mark each test ``cluster`` and ``built`` by the fixtures it uses, directly or not; with
-    ``--slow-first``, put the tests marked long first, then those marked slow."""
+    ``--slow-first``, order them by :func:`_phase_order`."""
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if used & CLUSTER_FIXTURES:
@@ -102,4 +110,4 @@ def pytest_collection_modifyitems(config, items):
         if used & BUILT_FIXTURES:
             item.add_marker(pytest.mark.built)
     if config.getoption("--slow-first"):
-        items.sort(key=lambda item: [item.get_closest_marker(m) is None for m in ("long", "slow")])
+        items.sort(key=_phase_order)
