@@ -90,10 +90,10 @@ CNI_COMMENT = f'name: \\"{CNI_NETWORK}\\"'
 #: them and nothing else uses them.
 SHARED_CNI_CHAINS = ("CNI-HOSTPORT-DNAT", "CNI-HOSTPORT-SETMARK", "CNI-HOSTPORT-MASQ")
 #: Where containerd mounts the pods' network namespaces (and podman its containers').
-NETNS_DIR = Path("/run/netns")
+NETNS_DIR = "/run/netns"
 #: Host paths the kubelet or containerd create outside our own folders.
 SHARED_PATHS = (
-    "/run/netns",
+    NETNS_DIR,
     "/var/log/pods",
     "/var/log/containers",
     "/var/lib/cni",
@@ -179,7 +179,7 @@ def snapshot() -> dict:
         "paths": {p: os.path.lexists(p) for p in SHARED_PATHS},
         "entries": {
             p: sorted(os.listdir(p)) if os.path.isdir(p) else []
-            for p in ("/var/log/pods", "/var/log/containers", "/run/netns")
+            for p in ("/var/log/pods", "/var/log/containers", NETNS_DIR)
         },
     }
 
@@ -355,10 +355,10 @@ def share_netns_dir() -> None:
     files cannot be removed ("device or resource busy"). Such a pod never leaves Terminating.
     With the folder a mount point already, podman only makes it shared. ``down`` unmounts it
     (:func:`_ours`)."""
-    NETNS_DIR.mkdir(parents=True, exist_ok=True)
-    if str(NETNS_DIR) not in mountpoints():
-        run("mount", "--rbind", str(NETNS_DIR), str(NETNS_DIR))
-    run("mount", "--make-shared", str(NETNS_DIR))
+    Path(NETNS_DIR).mkdir(parents=True, exist_ok=True)
+    if NETNS_DIR not in mountpoints():
+        run("mount", "--rbind", NETNS_DIR, NETNS_DIR)
+    run("mount", "--make-shared", NETNS_DIR)
 
 
 def create_bridge() -> None:
@@ -559,7 +559,7 @@ def _ours(mount: str, before: dict) -> bool:
     # node makes /run/netns a mount point of its own (share_netns_dir): one made since the
     # record is the node's, even where the folder existed before. A namespace can lie hidden
     # under a later bind of the folder, by podman before the node shared it (_unmount_ours).
-    return mount.startswith("/run/netns/cni-") or mount == str(NETNS_DIR)
+    return mount.startswith(f"{NETNS_DIR}/cni-") or mount == NETNS_DIR
 
 
 def _unmount_ours(before: dict, say: Say) -> None:
@@ -572,9 +572,7 @@ def _unmount_ours(before: dict, say: Say) -> None:
         failed: dict[str, int] = {}
         done = 0
         for mount in reversed([m for m in mountpoints() if _ours(m, before)]):
-            if mount == "/run/netns" and any(
-                not n.startswith("cni-") for n in os.listdir("/run/netns")
-            ):
+            if mount == NETNS_DIR and any(not n.startswith("cni-") for n in os.listdir(NETNS_DIR)):
                 continue  # someone else's namespaces live there now (podman): leave it mounted
             if _umount(mount):
                 done += 1
@@ -681,12 +679,12 @@ def _remove_files(before: dict, say: Say) -> None:
     """The kubelet's and containerd's entries in shared host folders, and our own folders."""
     existed = before.get("paths", {})
     entries = before.get("entries", {})
-    for folder in ("/var/log/pods", "/var/log/containers", "/run/netns"):
+    for folder in ("/var/log/pods", "/var/log/containers", NETNS_DIR):
         if not os.path.isdir(folder) or os.path.ismount(folder):
             continue
         for name in set(os.listdir(folder)) - set(entries.get(folder, [])):
             path = Path(folder) / name
-            if folder == "/run/netns" and not name.startswith("cni-"):
+            if folder == NETNS_DIR and not name.startswith("cni-"):
                 continue
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)

@@ -432,7 +432,7 @@ def _netns_mounts() -> list[tuple[str, int, int]]:
     found = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         mount_id, parent, _, _, point = line.split()[:5]
-        if point == str(host.NETNS_DIR) or point.startswith(f"{host.NETNS_DIR}/"):
+        if point == host.NETNS_DIR or point.startswith(f"{host.NETNS_DIR}/"):
             found.append((point, int(mount_id), int(parent)))
     return found
 
@@ -452,7 +452,7 @@ def test_a_podman_container_beside_the_node_leaves_every_pod_removable(real_node
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr
     mounts = _netns_mounts()
-    top = [m for m in mounts if m[0] == str(host.NETNS_DIR)]
+    top = [m for m in mounts if m[0] == host.NETNS_DIR]
     assert len(top) == 1, mounts  # one bind of the folder, the node's
     pods = [m for m in mounts if m[0].startswith(f"{host.NETNS_DIR}/cni-")]
     assert pods and all(parent == top[0][1] for _, _, parent in pods), mounts
