@@ -241,36 +241,25 @@ def test_linear_lr_scaling_with_world_size() -> None:
     assert plain.param_groups[0]["lr"] == 1e-3
 
 
-def test_checkpoint_keys_have_no_compile_prefix(tmp_path: Path, monkeypatch) -> None:
+def test_checkpoint_keys_have_no_compile_prefix(tmp_path: Path, one_rank_group) -> None:
     """A 1-rank gloo group, as a one-replica job has: the model is torch.compile(model) with no
     DDP around it (nobody to all-reduce with), and the checkpoint holds the plain model."""
-    from tests.trainer.conftest import TEST_TASK, free_port
-    from trainer import distributed
+    from tests.trainer.conftest import TEST_TASK
     from trainer.config import build_config
     from trainer.train import Trainer
 
-    for k, v in {
-        "RANK": "0",
-        "WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-    }.items():
-        monkeypatch.setenv(k, v)
     cfg = build_config(
         {"task": TEST_TASK, "compile": True, "ema_decay": 0.9, "checkpoint": {"dir": str(tmp_path)}}
     )
-    env = distributed.setup("cpu", "gloo", 60)
-    try:
-        trainer = Trainer(
-            cfg, env, load_task(cfg.task, cfg.task_args), Reporter(False, 1, "never", None)
-        )
-        assert env.distributed and not trainer.ddp
-        assert trainer.model is trainer.fwd_model
-        assert type(trainer.model).__name__ == "OptimizedModule"
-        assert trainer.step_flags is None and trainer.train_step.grads_to_none
-        state = trainer.state_dict()
-    finally:
-        distributed.teardown()
+    env = one_rank_group
+    trainer = Trainer(
+        cfg, env, load_task(cfg.task, cfg.task_args), Reporter(False, 1, "never", None)
+    )
+    assert env.distributed and not trainer.ddp
+    assert trainer.model is trainer.fwd_model
+    assert type(trainer.model).__name__ == "OptimizedModule"
+    assert trainer.step_flags is None and trainer.train_step.grads_to_none
+    state = trainer.state_dict()
     assert sorted(state["model"]) == ["0.bias", "0.weight", "3.bias", "3.weight"]
     assert sorted(state["ema"]["model"]) == sorted(state["model"])
     assert len(state["rng"]) == 1 and state["config"]["compile"] is True
