@@ -96,7 +96,7 @@ test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, 
 		"tests run in the background ($(OFFLINE_LOG)) beside the cluster tests"; \
 	$(MAKE) --no-print-directory -j2 tools test-images > $(BUILD_LOG) 2>&1 \
 		|| { tail -n 40 $(BUILD_LOG); rc=1; }; t2=$$SECONDS; \
-	( nice -n 10 $(PYTEST) $(DURATIONS) -n 2 --slow-first --maxschedchunk 1 \
+	( nice -n 10 $(PYTEST) $(DURATIONS) -n 2 --phase-order --maxschedchunk 1 \
 		-m "not cluster and not built"; code=$$?; \
 		echo "offline tests done at $$(( $$(date +%s) - start ))s"; exit $$code ) \
 		> $(OFFLINE_LOG) 2>&1 & offline=$$!; \
@@ -119,7 +119,7 @@ test-images: venv  ## make images for make test, then preload them into the node
 	else echo "make test: images not built; see the image tests" >&2; fi
 
 test-fast: venv  ## everything that needs no cluster and no built image
-	$(PYTEST) -n 2 --slow-first --maxschedchunk 1 -m "not cluster and not built"
+	$(PYTEST) -n 2 --phase-order --maxschedchunk 1 -m "not cluster and not built"
 
 lint: venv  ## ruff: lint and check formatting
 	$(PY) -m ruff check .

@@ -82,7 +82,7 @@ BUILT_FIXTURES = frozenset(
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--slow-first",
+        "--phase-order",
         action="store_true",
         help="run the tests marked long first, then the unmarked ones, then the other slow ones "
         "(make test's offline phase; see _phase_order)",
@@ -102,12 +102,12 @@ def _phase_order(item) -> int:
 
 def pytest_collection_modifyitems(config, items):
     """Mark each test ``cluster`` and ``built`` by the fixtures it uses, directly or not; with
-    ``--slow-first``, order them by :func:`_phase_order`."""
+    ``--phase-order``, order them by :func:`_phase_order`."""
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if used & CLUSTER_FIXTURES:
             item.add_marker(pytest.mark.cluster)
         if used & BUILT_FIXTURES:
             item.add_marker(pytest.mark.built)
-    if config.getoption("--slow-first"):
+    if config.getoption("--phase-order"):
         items.sort(key=_phase_order)
