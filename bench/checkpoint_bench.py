@@ -19,8 +19,8 @@ and ``--bucket``), or else moto's S3 server, started here (``python -m moto.serv
 far slower than a real server; the ratio, not the seconds, is the figure).
 
 **Broadcast.** Two gloo ranks on CPU. Rank 0 holds the state; each rank reports the seconds of
-``trainer.broadcast.broadcast_state`` and its peak RSS above what it held before (rank 1 must
-allocate the state itself: its figure less the state is the broadcast's own memory). With
+``trainer.checkpoint.broadcast.broadcast_state`` and its peak RSS above what it held before (rank
+1 must allocate the state itself: its figure less the state is the broadcast's own memory). With
 ``--naive``, the same for one ``broadcast_object`` of the whole state (pickled).
 
 Exit status 1 if a save ratio misses the target.
@@ -106,7 +106,7 @@ class Training:
 
 
 def save_rounds(location: str, gib: float, rounds: int) -> dict:
-    from trainer.checkpoint import CheckpointManager
+    from trainer.checkpoint.manager import CheckpointManager
 
     state = make_state(gib)
     mgr = CheckpointManager(location, keep=1, is_main=True)
@@ -197,7 +197,7 @@ def broadcast_worker(rank: int, port: int, gib: float, naive: bool, out: str) ->
     import torch.distributed as dist
 
     from trainer import distributed as distributed_
-    from trainer.broadcast import broadcast_state
+    from trainer.checkpoint.broadcast import broadcast_state
 
     os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     dist.init_process_group("gloo", rank=rank, world_size=2)

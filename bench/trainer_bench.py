@@ -80,8 +80,8 @@ def _parts(cfg):
 
 def run_trainer(cfg, env, warmup: int) -> list[float]:
     """The real Trainer.fit; window times from its own train events."""
-    from trainer.metrics import Reporter
     from trainer.tasks import load_task
+    from trainer.telemetry.events import Reporter
     from trainer.train import Trainer
 
     out = io.StringIO()
@@ -119,7 +119,7 @@ def run_minimal(cfg, env, warmup: int) -> list[float]:
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from trainer.optim import build_optimizer, build_scheduler
+    from trainer.parts.optimizer import build_optimizer, build_scheduler
 
     model, train = _parts(cfg)
     ddp = DDP(model)
@@ -145,7 +145,7 @@ def run_accelerate(cfg, env, warmup: int) -> list[float]:
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
 
-    from trainer.optim import build_optimizer, build_scheduler
+    from trainer.parts.optimizer import build_optimizer, build_scheduler
 
     acc = Accelerator(cpu=True)
     model, train = _parts(cfg)

@@ -64,8 +64,8 @@ def _config(args: argparse.Namespace, ckpt_dir: str, name: str):
 
 def _samples_per_s(cfg, env, warmup: int) -> float:
     """One real Trainer.fit; global samples/s over its windows after ``warmup`` steps."""
-    from trainer.metrics import Reporter
     from trainer.tasks import load_task
+    from trainer.telemetry.events import Reporter
     from trainer.train import Trainer
 
     out = io.StringIO()

@@ -1,15 +1,16 @@
 """ddpjob's DDP trainer: ``python -m trainer [--config FILE.yaml] [key=value ...]``.
 
-Modules, in the order a run uses them:
+The house, in the order a run uses it:
 
-- ``__main__``     CLI, exit codes, re-launch under torchrun in a Kubeflow pod that needs it
+- ``__main__``     parses the command line and dispatches: re-launch or train
+- ``contract``     torch-free: exit codes, event names and their parser, launcher variables
 - ``config``       TrainConfig (pydantic, no torch): the one schema of a run
-- ``distributed``  the launcher's env -> rank/device/process group; small collective helpers
+- ``launch``       the launcher's environment, and the re-launch under torchrun (no torch)
+- ``distributed``  the process group (join, teardown) and the collectives every room uses
 - ``tasks/``       the Task protocol, built-in ``vision`` and ``lm``, loading ``pkg.mod:factory``
-- ``loader``       sharded, resumable micro-batch stream (DistributedSampler, drop_last)
-- ``optim``        AdamW + warmup/cosine schedule
-- ``rng``          per-rank seeding and RNG state capture
-- ``checkpoint``   atomic writes, keep-last-k, resume past a torn file
-- ``metrics``      rank 0's JSON-lines events, tqdm, NVML, TensorBoard
+- ``parts/``       the loop's parts: step, window, evaluation, stop, optimizer, loader, seeds
+- ``checkpoint/``  stores, the manager, the broadcast of a resumed state, the save cadence
+- ``health/``      the watchdog, stragglers, the goodput ledger
+- ``telemetry/``   rank 0's events, TensorBoard, NVML, the TrainJob progress poster
 - ``train``        the Trainer: build the parts, run the loop
 """

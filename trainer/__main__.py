@@ -52,8 +52,8 @@ from trainer.launch import record_exit
 
 if TYPE_CHECKING:  # this module runs without torch in the re-launching parent
     from trainer.distributed import DistEnv
-    from trainer.metrics import Reporter
     from trainer.tasks import Task
+    from trainer.telemetry.events import Reporter
 
 
 def exit_preempted() -> NoReturn:
@@ -107,8 +107,8 @@ def relaunch_under_torchrun(argv: list[str]) -> int:
     (``EXIT_STALE_RENDEZVOUS``, see ``trainer.distributed._join_watchdog``), torchrun starts
     again here, at once, instead of the container restarting.
     """
+    from trainer.health.ledger import process_started_at
     from trainer.launch import RENDEZVOUS_ATTEMPTS, rendezvous_was_stale, torchrun_argv
-    from trainer.ledger import process_started_at
 
     exit_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"ddpjob-exit-{os.getpid()}"
     # The workers' ledger counts start-up from the container's start (this process's), not theirs.
@@ -165,8 +165,8 @@ def _fit(cfg: TrainConfig, env: DistEnv, task: Task, reporter: Reporter) -> str:
 def train(cfg: TrainConfig) -> int:
     """Join the job, train, and map the outcome to an exit code. Always leaves the group."""
     from trainer import distributed
-    from trainer.metrics import Reporter
     from trainer.tasks import load_task
+    from trainer.telemetry.events import Reporter
 
     task = load_task(cfg.task, cfg.task_args)  # a bad task is a config error: before joining
     env = distributed.setup(cfg.device, cfg.backend, cfg.timeout_s)

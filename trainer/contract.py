@@ -1,7 +1,7 @@
 """The trainer's contract with its launchers and with the controller, in one torch-free place.
 
 Both halves read these names from here: the trainer writes them (``trainer.__main__``,
-``trainer.launch``, ``trainer.metrics``), the controller reads them (``controller.jobs``,
+``trainer.launch``, ``trainer.telemetry.events``), the controller reads them (``controller.jobs``,
 ``controller.kubeflow``, ``controller.local``). Keys of an event are added, never renamed.
 
 - **Exit codes** of ``python -m trainer`` and what each means to the person reading a failed job.
@@ -101,7 +101,7 @@ STUCK = "stuck"
 STRAGGLER = "straggler"
 
 #: Rank 0: what each run of the job cost, from the ledger it carries across restarts
-#: (``trainer/ledger.py``): at the start, every log window and the end. ``at``: when printed
+#: (``trainer/health/ledger.py``): at the start, every log window and the end. ``at``: when printed
 #: (epoch seconds); ``runs``: every run of the job so far, oldest first, the last this one, each
 #: ``{"id", "launched_at", "first_step_at", "ended_at", "start_step", "last_step", "kept_step",
 #: "lost_steps", "startup_s", "productive_s", "stall_s", "eval_s", "lost_s", "other_s", "end"}``:

@@ -278,10 +278,10 @@ def teardown() -> None:
 
 class Collectives:
     """Which collective this process's loop is in, by what it is for (``name``), read by the
-    watchdog (``trainer.watchdog``) from its own thread. torch's Flight Recorder knows a
+    watchdog (``trainer.health.watchdog``) from its own thread. torch's Flight Recorder knows a
     collective's sequence number and op; this knows the gradient all-reduce from the
     evaluation's. Set around each collective below, and by the gradient all-reduce's comm hook
-    (``StepFlags``) until the step reads its flags (``trainer.step``)."""
+    (``StepFlags``) until the step reads its flags (``trainer.parts.step``)."""
 
     def __init__(self) -> None:
         self.name: str | None = None
@@ -397,7 +397,7 @@ class StepFlags:
         self.calls = 0
         self.rounds = 0
         #: Called when the step's last bucket is ready: this rank's share of the step is done
-        #: and only the wait for its peers is left (``trainer.stragglers``).
+        #: and only the wait for its peers is left (``trainer.health.stragglers``).
         self.on_last_bucket: Callable[[], None] | None = None
 
     def hook(self, _state, bucket):

@@ -6,14 +6,14 @@ Runbook (all of these run the same code; see trainer/__main__.py for the launch 
     torchrun --nproc-per-node 2 -m trainer task=lm batch_size=16    # two ranks, one machine
     python -m trainer --config run.yaml lr=3e-4                     # in a PyTorchJob/TrainJob pod
 
-The loop runs one optimizer step (``trainer.step``: micro-batches, the update, the step's one
-read of the host) and then asks each part whether this step is its own: the log window
-(``trainer.window``), evaluation (``trainer.evaluation``), checkpoints (``trainer.checkpointer``),
-and the stop decisions (``trainer.stop``: a non-finite loss, SIGTERM). Each part keeps its own
-cadence; the checkpoint composes their state. Beside the loop, the watchdog (``trainer.watchdog``)
-names a rank that makes no progress, and each log window ``trainer.stragglers`` names a rank
-that lags. At world size 1 there is no DDP wrapper: nothing to all-reduce, and
-``torch.compile`` sees the model whole.
+The loop runs one optimizer step (``trainer.parts.step``: micro-batches, the update, the step's
+one read of the host) and then asks each part whether this step is its own: the log window
+(``trainer.parts.window``), evaluation (``trainer.parts.evaluation``), checkpoints
+(``trainer.checkpoint.cadence``), and the stop decisions (``trainer.parts.stop``: a non-finite
+loss, SIGTERM). Each part keeps its own cadence; the checkpoint composes their state. Beside the
+loop, the watchdog (``trainer.health.watchdog``) names a rank that makes no progress, and each
+log window ``trainer.health.stragglers`` names a rank that lags. At world size 1 there is no DDP
+wrapper: nothing to all-reduce, and ``torch.compile`` sees the model whole.
 """
 
 from __future__ import annotations
@@ -35,22 +35,22 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer import distributed as dist_
-from trainer.checkpoint import CheckpointManager
-from trainer.checkpointer import Checkpointer
+from trainer.checkpoint.cadence import Checkpointer
+from trainer.checkpoint.manager import CheckpointManager
 from trainer.config import ConfigError, TrainConfig
 from trainer.contract import COMPLETED, DONE, NONFINITE, PREEMPTED, RESUME, START
-from trainer.evaluation import Evaluator
-from trainer.ledger import EVAL, STALL, Ledger
-from trainer.loader import MicroBatches, build_loader
-from trainer.metrics import Reporter
-from trainer.optim import Ema, build_optimizer, build_scheduler
-from trainer.rng import get_rng_state, seed_everything, set_rng_state
-from trainer.step import TrainStep
-from trainer.stop import NonfiniteSkips, StopRequest
-from trainer.stragglers import Stragglers
+from trainer.health.ledger import EVAL, STALL, Ledger
+from trainer.health.stragglers import Stragglers
+from trainer.health.watchdog import Watchdog
+from trainer.parts.evaluation import Evaluator
+from trainer.parts.loader import MicroBatches, build_loader
+from trainer.parts.optimizer import Ema, build_optimizer, build_scheduler
+from trainer.parts.rng import get_rng_state, seed_everything, set_rng_state
+from trainer.parts.step import TrainStep
+from trainer.parts.stop import NonfiniteSkips, StopRequest
+from trainer.parts.window import LogWindow
 from trainer.tasks import Task, tokens_per_sample
-from trainer.watchdog import Watchdog
-from trainer.window import LogWindow
+from trainer.telemetry.events import Reporter
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +253,7 @@ class Trainer:
         elif skipped:
             self.report.event(RESUME, step=0, path=None, skipped=skipped)
             self.report.say("no readable checkpoint; starting from scratch")
-        # What each run of the job cost, carried across restarts (trainer.ledger).
+        # What each run of the job cost, carried across restarts (trainer.health.ledger).
         self.ledger = Ledger(
             cfg.checkpoint.dir,
             env.is_main,

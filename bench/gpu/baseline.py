@@ -18,13 +18,13 @@ the corpus, pinned, copied with ``non_blocking``) while the GPU works, backward 
 GradScaler (enabled for fp16 only); then unscale, clip, step, update, ``zero_grad(set_to_none)``.
 AdamW is nanoGPT's: decay on 2-D weights only, fused on CUDA. The host reads the loss once per
 log window (nanoGPT's ``loss.item()`` every ``log_interval``). Windows are timed with the
-trainer's own clock (``trainer.window.StepClock``: a device synchronize, then the time) at the
+trainer's own clock (``trainer.parts.window.StepClock``: a device synchronize, then the time) at the
 same point of a step as the trainer's: after the window's last update, before its event is
 printed, and the next window starts at that reading.
 
 It prints the trainer's JSON-lines events (``start``, ``train``, ``done``) through
-``trainer.metrics.Reporter`` (so ``train`` events carry NVML readings), and ``gpu_check`` reads
-them as it reads the trainer's.
+``trainer.telemetry.events.Reporter`` (so ``train`` events carry NVML readings), and
+``gpu_check`` reads them as it reads the trainer's.
 """
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ def train(model_name: str, cfg, stream=None) -> dict:
     """Run the loop; print the events; return the ``done`` event's fields."""
     import torch
 
-    from trainer.metrics import Reporter
-    from trainer.window import StepClock
+    from trainer.parts.window import StepClock
+    from trainer.telemetry.events import Reporter
 
     device_type = "cuda" if cfg.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
     device = torch.device(device_type)

@@ -563,7 +563,7 @@ def _stop(proc: subprocess.Popen, grace_s: float = 30) -> None:
 
 def checkpoint_facts(ckpt_dir: Path) -> dict[str, Any] | None:
     """What the newest checkpoint says about the optimizer and the loss scaler."""
-    from trainer.checkpoint import read_path
+    from trainer.checkpoint.manager import read_path
 
     files = sorted(p for p in ckpt_dir.glob("step_*") if (p / "manifest.json").is_file())
     if not files:

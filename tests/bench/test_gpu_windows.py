@@ -1,7 +1,7 @@
 """The trainer's and nanoGPT's loop's timed windows start and end at the same point of a step.
 
-Both read one clock, ``trainer.window.StepClock``, which synchronizes the device before it reads
-the time. Each reading is recorded here with what had happened by then (optimizer steps taken,
+Both read one clock, ``trainer.parts.window.StepClock``, which synchronizes the device before it
+reads the time. Each reading is recorded here with what had happened by then (optimizer steps taken,
 ``train`` events printed), for both loops on CPU with the same settings: a window must end after
 its last step's update and before its own event is printed, the next one must start at that same
 reading, and each event's time must be the difference of its two readings.
@@ -20,10 +20,11 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from bench.gpu import baseline
 from tests.trainer.conftest import free_port
-from trainer import distributed, window
+from trainer import distributed
 from trainer.config import build_config
-from trainer.metrics import Reporter
+from trainer.parts import window
 from trainer.tasks import load_task
+from trainer.telemetry.events import Reporter
 from trainer.train import Trainer
 
 SETTINGS = {

@@ -21,7 +21,8 @@ STEP_FRAME = {"file": "/app/trainer/step.py", "line": 114, "function": "_forward
 
 
 def verdict(**fields: Any) -> dict[str, Any]:
-    """Rank 0's verdict as the trainer prints it (trainer.watchdog.judge), rank 1 to blame."""
+    """Rank 0's verdict as the trainer prints it (trainer.health.watchdog.judge), rank 1 to
+    blame."""
     return {
         "event": "stuck",
         "culprit": 1,

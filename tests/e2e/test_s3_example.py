@@ -75,7 +75,7 @@ def test_the_s3_example_as_written_checkpoints_into_the_clusters_bucket(cluster,
     (saved,) = events(log, "checkpoint")
     step = f"{prefix}step_00000020"
     assert (saved["step"], saved["path"]) == (20, f"s3://{s3.BUCKET}/{step}")
-    # (Beside the checkpoints, the trainer's goodput ledger: trainer/ledger.py.)
+    # (Beside the checkpoints, the trainer's goodput ledger: trainer/health/ledger.py.)
     saved_keys = [k for k in _keys(client, prefix) if k.startswith(f"{prefix}step_")]
     assert saved_keys == [f"{step}/manifest.json", f"{step}/state.pt"]
     manifest = json.loads(

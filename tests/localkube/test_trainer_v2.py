@@ -21,7 +21,7 @@ from localkube.addons import trainer_v2
 from localkube.builds import gotools, images
 from localkube.handle import temporary_namespace, wait_until
 
-#: What the TrainJobStatus plugin gives every trainer container (trainer/progress_api.py).
+#: What the TrainJobStatus plugin gives every trainer container (trainer/telemetry/progress_api.py).
 PROGRESS_ENV = (
     "KUBEFLOW_TRAINER_SERVER_URL",
     "KUBEFLOW_TRAINER_SERVER_CA_CERT",

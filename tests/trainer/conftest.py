@@ -211,7 +211,7 @@ def checkpoints(ckpt_dir: Path) -> list[Path]:
 
 def read_checkpoint(path: Path) -> dict:
     """A checkpoint's state (a step directory, checked against its manifest, or a .pt file)."""
-    from trainer.checkpoint import read_path
+    from trainer.checkpoint.manager import read_path
 
     return read_path(str(path))
 
@@ -267,8 +267,8 @@ def one_of_two_ranks(rank: int, port: int, settings: dict[str, Any]) -> Trainer:
     Trainer for ``settings``; the caller tears the group down."""
     from trainer import distributed
     from trainer.config import build_config
-    from trainer.metrics import Reporter
     from trainer.tasks import load_task
+    from trainer.telemetry.events import Reporter
     from trainer.train import Trainer
 
     os.environ |= {

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-#: The ledger's writer (trainer/ledger.py): its small record beside the checkpoints is none.
+#: The ledger's writer (trainer/health/ledger.py): its small record beside the checkpoints is none.
 LEDGER = "ddpjob-ledger"
 #: Checkpoint into this bucket (``s3://name``), not into a local directory.
 S3 = "KILLPOINTS_S3" in os.environ
@@ -104,7 +104,7 @@ def _final_name(path) -> str:
 def _instrument(point: _Points) -> None:
     import builtins
 
-    from trainer import checkpoint, storage
+    from trainer.checkpoint import manager, storage
 
     def wrap(owner, name: str, kind: str, after: str | None = None, path_arg: int = 0) -> None:
         real = getattr(owner, name)
@@ -119,7 +119,7 @@ def _instrument(point: _Points) -> None:
 
         setattr(owner, name, wrapped)
 
-    real_save, real_write = checkpoint.CheckpointManager.save, checkpoint.CheckpointManager._write
+    real_save, real_write = manager.CheckpointManager.save, manager.CheckpointManager._write
 
     def save(self, step, state_dict):
         def capture():
@@ -141,9 +141,9 @@ def _instrument(point: _Points) -> None:
         f = builtins.open(path, mode, *args, **kwargs)  # noqa: SIM115 (the caller closes it)
         return _File(f, point, _final_name(path)) if "w" in mode else f
 
-    checkpoint.CheckpointManager.save = save
-    checkpoint.CheckpointManager._write = write
-    storage.open = open_  # shadows the builtin for trainer/storage.py alone
+    manager.CheckpointManager.save = save
+    manager.CheckpointManager._write = write
+    storage.open = open_  # shadows the builtin for trainer/checkpoint/storage.py alone
     wrap(os, "fsync", "fsync", path_arg=99)  # a file descriptor: no name
     wrap(os, "replace", "replace", after="replaced", path_arg=1)
     wrap(Path, "unlink", "unlink")
@@ -206,8 +206,8 @@ def run(base: Path, kill_points: list[int], trainer_args: list[str]) -> dict[int
 
 
 def load(keep: int, directories: list[str]) -> None:
-    from trainer.checkpoint import CheckpointManager, read
-    from trainer.ledger import RECORD
+    from trainer.checkpoint.manager import CheckpointManager, read
+    from trainer.health.ledger import RECORD
 
     for d in directories:
         mgr = CheckpointManager(d, keep=keep, is_main=True)  # as a restarted trainer opens it

@@ -1,5 +1,6 @@
 """Resume without a shared filesystem: rank 0 alone reads, the others receive the state by
-broadcast (trainer/broadcast.py), in chunks, never as one pickled object. Real gloo ranks."""
+broadcast (trainer/checkpoint/broadcast.py), in chunks, never as one pickled object. Real gloo
+ranks."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     import os
 
     from trainer import distributed as distributed_
-    from trainer.broadcast import broadcast_state
+    from trainer.checkpoint.broadcast import broadcast_state
 
     os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)

@@ -1,5 +1,5 @@
-"""The checkpoint manager (trainer/checkpoint.py), one process, on a local dir and on S3 (moto's
-server): complete only by the manifest, saved in the background from a copy, pruned whole,
+"""The checkpoint manager (trainer/checkpoint/manager.py), one process, on a local dir and on S3
+(moto's server): complete only by the manifest, saved in the background from a copy, pruned whole,
 damaged ones skipped, the layout before still read."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import checkpoint
-from trainer.checkpoint import CheckpointError, CheckpointManager, read_path, scan
+from trainer.checkpoint import manager
+from trainer.checkpoint.manager import CheckpointError, CheckpointManager, read_path, scan
+from trainer.checkpoint.storage import LocalStore
 from trainer.config import ConfigError
 from trainer.contract import GRACE_PERIOD_ENV
-from trainer.storage import LocalStore
 
 
 def _state(step: int, n: int = 1000) -> dict:
@@ -234,11 +234,11 @@ def test_a_write_longer_than_the_grace_period_warns_once(tmp_path, monkeypatch, 
 def test_the_grace_period_is_kubernetes_default_in_a_pod_and_none_outside(monkeypatch) -> None:
     monkeypatch.delenv(GRACE_PERIOD_ENV, raising=False)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    assert checkpoint.grace_period_s() is None
+    assert manager.grace_period_s() is None
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
-    assert checkpoint.grace_period_s() == 30
+    assert manager.grace_period_s() == 30
     monkeypatch.setenv(GRACE_PERIOD_ENV, "120")
-    assert checkpoint.grace_period_s() == 120
+    assert manager.grace_period_s() == 120
 
 
 def test_a_location_that_cannot_be_written_is_a_config_error(s3, tmp_path: Path) -> None:
@@ -263,7 +263,7 @@ def test_a_location_that_lists_but_refuses_writes_is_a_config_error(tmp_path, mo
         def write(self, name, produce):
             raise OSError(30, "Read-only file system")
 
-    monkeypatch.setattr(checkpoint, "open_store", lambda location: ReadOnly(Path(location)))
+    monkeypatch.setattr(manager, "open_store", lambda location: ReadOnly(Path(location)))
     with pytest.raises(ConfigError) as e:
         CheckpointManager(tmp_path, keep=3, is_main=True)
     (line,) = e.value.problems

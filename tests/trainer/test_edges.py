@@ -18,9 +18,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainer import distributed
 from trainer.config import build_config
-from trainer.metrics import Reporter
-from trainer.optim import clip_in_step
+from trainer.parts.optimizer import clip_in_step
 from trainer.tasks import load_task
+from trainer.telemetry.events import Reporter
 from trainer.train import Trainer
 
 LM_TINY = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32, "dropout": 0.0}

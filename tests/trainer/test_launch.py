@@ -25,7 +25,7 @@ from tests.trainer.conftest import (
     trainjob_envs,
 )
 from trainer.contract import GOODPUT
-from trainer.ledger import RECORD
+from trainer.health.ledger import RECORD
 
 
 def _check_completed(r, world_size: int) -> None:
@@ -82,7 +82,7 @@ def test_kubeflow_env_two_pods(tmp_path) -> None:
 @pytest.mark.slow
 def test_kubeflow_pod_with_nproc_per_node_relaunches_under_torchrun(tmp_path) -> None:
     """One pod, PET_NPROC_PER_NODE=2: `python -m trainer` becomes two torchrun workers, whose
-    ledger (trainer/ledger.py) counts the run from the pod's process start, not theirs."""
+    ledger (trainer/health/ledger.py) counts the run from the pod's process start, not theirs."""
     before = time.time()
     env = kubeflow_env(nproc_per_node=2, world_size=2)
     proc = subprocess.Popen(
@@ -103,7 +103,7 @@ def test_standalone_ignores_no_env_and_writes_no_stray_files(tmp_path) -> None:
     assert r.rc == 0
     files = sorted(str(p.relative_to(tmp_path / "ckpt")) for p in (tmp_path / "ckpt").rglob("*"))
     # The temp file was renamed, and nothing else is left behind (the location's probe either)
-    # but the ledger's record (trainer/ledger.py).
+    # but the ledger's record (trainer/health/ledger.py).
     want = ["step_00000002", "step_00000002/manifest.json", "step_00000002/state.pt"]
     assert files == sorted([RECORD, *want])
 

@@ -1,4 +1,4 @@
-"""The ledger (``trainer/ledger.py``): what each run of a job cost, carried across restarts.
+"""The ledger (``trainer/health/ledger.py``): what each run of a job cost, carried across restarts.
 
 Its arithmetic on plain records (settling the runs before a resume, merging old ones, choosing
 between the checkpoint's copy and the record's) and its background writer. Real runs check it
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from trainer import ledger
-from trainer.ledger import EVAL, STALL, STEPS, choose, merge_oldest, settle, view
+from trainer.health import ledger
+from trainer.health.ledger import EVAL, STALL, STEPS, choose, merge_oldest, settle, view
 
 PARTS = ("startup_s", "productive_s", "stall_s", "eval_s", "lost_s", "other_s")
 

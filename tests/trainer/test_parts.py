@@ -17,10 +17,10 @@ from torch.utils.data import TensorDataset
 from tests.trainer.conftest import REPO, base_env
 from trainer.config import ConfigError
 from trainer.launch import needs_torchrun, torchrun_argv
-from trainer.loader import MicroBatches, build_loader
-from trainer.metrics import Reporter
-from trainer.optim import lr_factor
+from trainer.parts.loader import MicroBatches, build_loader
+from trainer.parts.optimizer import lr_factor
 from trainer.tasks import load_task
+from trainer.telemetry.events import Reporter
 
 
 def test_lr_warmup_then_cosine_to_the_floor() -> None:
@@ -229,7 +229,7 @@ def test_trainer_config_imports_without_torch() -> None:
 
 def test_linear_lr_scaling_with_world_size() -> None:
     from trainer.config import build_config
-    from trainer.optim import build_optimizer
+    from trainer.parts.optimizer import build_optimizer
 
     model = torch.nn.Linear(4, 2)
     cfg = build_config({"lr": 1e-3, "scale_lr": True})

@@ -1,6 +1,7 @@
-"""Rank 0's progress posted to Kubeflow Trainer's progress API (trainer/progress_api.py), against
-a stand-in of the controller's status server: HTTPS with a certificate from a throw-away CA, a
-bearer token read from a file, the request upstream's server parses (pkg/statusserver, v2.3.0).
+"""Rank 0's progress posted to Kubeflow Trainer's progress API
+(trainer/telemetry/progress_api.py), against a stand-in of the controller's status server: HTTPS
+with a certificate from a throw-away CA, a bearer token read from a file, the request upstream's
+server parses (pkg/statusserver, v2.3.0).
 The real server, on the local cluster's real node: tests/e2e/test_trainjob_progress.py."""
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pytest
 
 from localkube.controlplane.pki import PKI
 from tests.trainer.conftest import REPO, common_args, run_pods, trainer_cmd, trainjob_envs
-from trainer.progress_api import (
+from trainer.telemetry.progress_api import (
     ENV_CA_CERT,
     ENV_TOKEN,
     ENV_URL,
@@ -176,7 +177,7 @@ def test_a_refused_post_is_logged_once_and_posting_stops(tmp_path, caplog):
     server = StatusServer(tmp_path, answer=403)
     try:
         poster = ProgressPoster(server.url, server.ca, str(server.token), interval_s=0.1)
-        with caplog.at_level(logging.WARNING, logger="trainer.progress_api"):
+        with caplog.at_level(logging.WARNING, logger="trainer.telemetry.progress_api"):
             for step in range(1, 21):
                 poster.event("train", {"step": step, "max_steps": 20})
                 time.sleep(0.05)
@@ -195,7 +196,7 @@ def test_a_server_that_fails_for_a_while_still_gets_the_end(server, caplog):
     server.first_answers = [503, 503, 503]
     poster = ProgressPoster(server.url, server.ca, str(server.token), interval_s=0.1)
     sent = _timed_sends(poster)
-    with caplog.at_level(logging.WARNING, logger="trainer.progress_api"):
+    with caplog.at_level(logging.WARNING, logger="trainer.telemetry.progress_api"):
         # Until the server has answered once (closing would cut a back-off short).
         for step in range(1, 10_000):
             poster.event("train", {"step": step, "max_steps": 10_000})
@@ -236,7 +237,7 @@ def test_a_last_post_still_under_way_when_the_run_ends_is_said(server, caplog):
     trainer exits anyway (it never waits long for the server), and says so in one line."""
     server.release.clear()  # the server takes the request and holds it until the end
     poster = ProgressPoster(server.url, server.ca, str(server.token), interval_s=0.0, timeout_s=600)
-    with caplog.at_level(logging.WARNING, logger="trainer.progress_api"):
+    with caplog.at_level(logging.WARNING, logger="trainer.telemetry.progress_api"):
         poster.event("done", {"step": 10, "max_steps": 10, "reason": "completed"})
         assert server.entered.wait(10)
         poster.close(timeout_s=0.5)  # returns, though the post can only end with the server

@@ -28,7 +28,7 @@ from tests.trainer.conftest import (
     trainer_cmd,
 )
 from trainer.contract import GOODPUT
-from trainer.ledger import RECORD
+from trainer.health.ledger import RECORD
 
 
 def _records(record_dir: Path, rank: int, field: str = "ids") -> list:
@@ -114,8 +114,8 @@ def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(tmp_path: Path) ->
     for rank in (0, 1):
         assert n * accum <= len(_records(tmp_path / "resumed" / "rec", rank)) < 2 * n * accum
 
-    # What the killed run wrote beside its checkpoints (trainer/ledger.py), before the resumed
-    # run rewrites it.
+    # What the killed run wrote beside its checkpoints (trainer/health/ledger.py), before the
+    # resumed run rewrites it.
     record = json.loads((tmp_path / "resumed" / "ckpt" / RECORD).read_text())["runs"][-1]
 
     resumed = run(torchrun_cmd(2, *args("resumed")), env=env)
@@ -152,7 +152,7 @@ def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(tmp_path: Path) ->
 
 
 def _check_the_ledger(record: dict, killed: list[dict], resumed, n: int, killed_at: float) -> None:
-    """The ledger (trainer/ledger.py) of a run killed past its step-n checkpoint and resumed:
+    """The ledger (trainer/health/ledger.py) of a run killed past its step-n checkpoint and resumed:
     the resumed run names the steps the killed one trained again and the time it lost, checked
     against what the killed run printed and wrote beside its checkpoints (``record``)."""
 
@@ -304,7 +304,7 @@ def test_unreadable_explicit_resume_path_is_exit_2_on_every_rank(tmp_path: Path)
     # it once (local rank 0: the ranks of a node all find the same one), with no traceback of ours.
     assert r.stderr.count("resume: cannot load UnpicklingError") == 1
     assert "exitcode  : 2" in r.stderr, r.stderr[-2000:]
-    assert "trainer/checkpoint.py" not in r.stderr
+    assert "trainer/checkpoint/manager.py" not in r.stderr
 
 
 @pytest.mark.slow

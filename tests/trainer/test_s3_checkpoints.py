@@ -22,9 +22,9 @@ from tests.trainer.conftest import (
     run,
     run_pods,
 )
-from trainer.checkpoint import read_path
+from trainer.checkpoint.manager import read_path
 from trainer.contract import EXIT_CONFIG
-from trainer.ledger import RECORD
+from trainer.health.ledger import RECORD
 
 
 def _pods(tmp_path: Path, env: dict[str, str]) -> tuple[list[dict[str, str]], list[Path]]:

@@ -18,11 +18,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tests.trainer.conftest import TEST_TASK
 from trainer import distributed
 from trainer.config import build_config
-from trainer.metrics import Reporter
-from trainer.optim import Ema
+from trainer.parts.optimizer import Ema
 from trainer.tasks import load_task
 from trainer.tasks.lm import LMTask
 from trainer.tasks.vision import VisionTask
+from trainer.telemetry.events import Reporter
 from trainer.train import Trainer
 
 # A two-layer lm model small enough for Dynamo to trace in a second on CPU.

@@ -1,5 +1,5 @@
-"""The stores under checkpoints (trainer/storage.py): a local directory and S3, the latter against
-moto's S3 server through the real boto3 (tests/trainer/s3.py)."""
+"""The stores under checkpoints (trainer/checkpoint/storage.py): a local directory and S3, the
+latter against moto's S3 server through the real boto3 (tests/trainer/s3.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.s3 import MotoServer, free_port
-from trainer import storage
-from trainer.storage import LocalStore, S3Store, StorageError, open_store
+from trainer.checkpoint import storage
+from trainer.checkpoint.storage import LocalStore, S3Store, StorageError, open_store
 
 MiB = 1 << 20
 

@@ -1,7 +1,7 @@
 """A rank that hangs is named with where it is; a rank that lags is flagged; slow moments (a
 first step, a checkpoint) are neither. One real 2-rank gloo run under torchrun,
-and the verdict's and the straggler's rules on their own (``trainer.watchdog.judge``,
-``trainer.stragglers.SlowRanks``)."""
+and the verdict's and the straggler's rules on their own (``trainer.health.watchdog.judge``,
+``trainer.health.stragglers.SlowRanks``)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 
 from tests.trainer import tasks
 from tests.trainer.conftest import Result, base_env, common_args, run, torchrun_cmd
-from trainer.stragglers import SlowRanks
-from trainer.watchdog import frame_of_interest, judge
+from trainer.health.stragglers import SlowRanks
+from trainer.health.watchdog import frame_of_interest, judge
 
 TASKS_FILE = str(Path(tasks.__file__).resolve())
 #: The line of hang_here that sleeps: where a hung rank 1 is.
@@ -113,7 +113,7 @@ def test_a_hung_rank_is_named_with_its_frame_a_slow_one_flagged_and_slow_moments
         "seq": hung["collective"]["seq"] + 1,
         "completed": False,
     }
-    assert waiting["frame"]["file"].endswith("trainer/step.py")
+    assert waiting["frame"]["file"].endswith("trainer/parts/step.py")
     # Every thread's stack (gloo's are C++ threads, the watchdog's is left out), the loop's
     # first, innermost frames first.
     loop = hung["stack"][0]
@@ -216,7 +216,7 @@ def test_a_straggler_is_named_after_n_slow_windows_in_a_row_and_once_more_when_i
 def test_on_gloo_the_loops_record_says_whether_a_rank_waits() -> None:
     """gloo's recorder can show the collective a rank has left (and hangs after) as not
     completed; NCCL's marks completion from its own watchdog and is believed."""
-    from trainer.watchdog import _in_collective
+    from trainer.health.watchdog import _in_collective
 
     stale = {"op": "gloo:all_reduce", "seq": 41, "completed": False}
     assert _in_collective(None, stale, "gloo") is None

@@ -271,7 +271,8 @@ class TrainJobKind(JobKind):
     def reported_progress(self, job: dict[str, Any]) -> dict[str, Any] | None:
         """``status.trainerStatus`` (Trainer v2.2+, feature gate TrainJobStatus, KEP-2779):
         ``progressPercentage``, ``estimatedRemainingSeconds``, ``metrics`` (name/value strings)
-        and ``lastUpdatedTime``, as rank 0 last posted them (``trainer/progress_api.py``)."""
+        and ``lastUpdatedTime``, as rank 0 last posted them
+        (``trainer/telemetry/progress_api.py``)."""
         return job.get("status", {}).get("trainerStatus") or None
 
     def owners(self, job_name: str) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ now while it runs. Every moment of it goes to exactly one part:
 - **other**: the rest: a run's end until its container ended, pods deleted and made again,
   restart back-offs, the job's controllers reacting.
 
-The runs come from the trainer's newest ``goodput`` event (``trainer/ledger.py``): rank 0
+The runs come from the trainer's newest ``goodput`` event (``trainer/health/ledger.py``): rank 0
 carries the ledger of every run across restarts, since a re-created pod's earlier log is gone.
 Where two parts claim a moment, the run's own account wins over the queue, the queue over
 scheduling (a run still stopping after Kueue evicted it is the run's).

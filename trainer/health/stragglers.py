@@ -25,8 +25,8 @@ import torch
 from trainer import distributed as dist_
 from trainer.config import WatchdogConfig
 from trainer.contract import STRAGGLER
-from trainer.metrics import Reporter
-from trainer.watchdog import where
+from trainer.health.watchdog import where
+from trainer.telemetry.events import Reporter
 
 
 class BusyTimer:

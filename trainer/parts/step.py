@@ -20,10 +20,10 @@ import torch
 from torch import nn
 
 from trainer.distributed import COLLECTIVES, StepFlags
-from trainer.loader import MicroBatches
-from trainer.optim import clip_in_step
-from trainer.stop import StopRequest
-from trainer.window import LogWindow
+from trainer.parts.loader import MicroBatches
+from trainer.parts.optimizer import clip_in_step
+from trainer.parts.stop import StopRequest
+from trainer.parts.window import LogWindow
 
 
 class HostFlags:

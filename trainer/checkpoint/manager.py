@@ -41,10 +41,10 @@ from typing import Any
 import torch
 
 from trainer import distributed as distributed_
-from trainer.broadcast import broadcast_state
+from trainer.checkpoint.broadcast import broadcast_state
+from trainer.checkpoint.storage import StorageError, Store, describe, is_url, open_store
 from trainer.config import ConfigError
 from trainer.contract import GRACE_PERIOD_ENV, KUBERNETES_DEFAULT_GRACE_PERIOD_S
-from trainer.storage import StorageError, Store, describe, is_url, open_store
 
 log = logging.getLogger(__name__)
 

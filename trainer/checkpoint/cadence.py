@@ -1,7 +1,7 @@
 """When the loop checkpoints, and what: every ``checkpoint.every_steps`` steps and at the end of a
 run that did not fail, the state its parts compose; and the ``checkpoint`` event once a save is
 complete. Where and how the state is stored (in the background, a manifest last, keep-last-k,
-fallback on resume) is ``trainer.checkpoint``'s.
+fallback on resume) is ``trainer.checkpoint.manager``'s.
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from trainer.checkpoint import CheckpointManager
+from trainer.checkpoint.manager import CheckpointManager
 from trainer.contract import CHECKPOINT
-from trainer.metrics import Reporter
+from trainer.telemetry.events import Reporter
 
 
 class Checkpointer:
@@ -45,7 +45,7 @@ class Checkpointer:
 
     def report_completed(self, wait: bool = False) -> None:
         """A ``checkpoint`` event for each save that completed (``wait``: once the save in
-        flight has). Raises trainer.checkpoint.CheckpointError if a write failed."""
+        flight has). Raises trainer.checkpoint.manager.CheckpointError if a write failed."""
         for fields in self.storage.flush() if wait else self.storage.completed():
             self.report.event(CHECKPOINT, **fields)
 

@@ -9,8 +9,8 @@ ledger travels two ways:
 
 - in the checkpoint state (``state["ledger"]``): the runs as of the save;
 - in a small object beside the checkpoints (:data:`RECORD`, a local dir or S3 through
-  ``trainer.storage``), rewritten in the background at every log window, every save and at
-  least every :data:`HEARTBEAT_S` seconds (the step reached, the time): how far the run got
+  ``trainer.checkpoint.storage``), rewritten in the background at every log window, every save
+  and at least every :data:`HEARTBEAT_S` seconds (the step reached, the time): how far the run got
   past its last checkpoint.
 
 A resumed run reads both and settles the runs before it: the steps a run trained after the
@@ -344,7 +344,7 @@ class Ledger:
 def _open(location: str | None):
     if not location:
         return None
-    from trainer.storage import open_store
+    from trainer.checkpoint.storage import open_store
 
     try:
         return open_store(location)

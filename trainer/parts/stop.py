@@ -1,7 +1,7 @@
 """Why a run stops before ``max_steps``: SIGTERM (preemption) or a loss that is not finite.
 
 Both are decided together by every rank: the loop reads them from the step's ``[loss, stop]``
-flags, which are reduced over the ranks with the gradients (``trainer.step``).
+flags, which are reduced over the ranks with the gradients (``trainer.parts.step``).
 """
 
 from __future__ import annotations

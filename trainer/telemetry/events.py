@@ -74,9 +74,9 @@ class Reporter:
         self.progress_api = None
         if not enabled:
             return
-        from trainer.progress_api import ProgressPoster
+        from trainer.telemetry.progress_api import ProgressPoster
 
-        # Inside a TrainJob whose controller serves the progress API (trainer/progress_api.py).
+        # Inside a TrainJob whose controller serves the progress API (progress_api.py).
         self.progress_api = ProgressPoster.from_env()
         show_bar = progress == "always" or (progress == "auto" and self.stream.isatty())
         if show_bar:

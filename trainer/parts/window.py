@@ -12,7 +12,7 @@ import time
 import torch
 
 from trainer.contract import TRAIN
-from trainer.metrics import Reporter
+from trainer.telemetry.events import Reporter
 
 
 class StepClock:

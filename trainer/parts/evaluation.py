@@ -14,9 +14,9 @@ from torch.utils.data import DataLoader
 
 from trainer import distributed as dist_
 from trainer.contract import EVAL
-from trainer.loader import batch_len, to_device
-from trainer.metrics import Reporter
-from trainer.optim import Ema
+from trainer.parts.loader import batch_len, to_device
+from trainer.parts.optimizer import Ema
+from trainer.telemetry.events import Reporter
 
 
 class Evaluator:

@@ -4,7 +4,7 @@ A store holds named objects (``step_00000100/state.pt``: ``/`` separates the par
 one root, a directory or ``s3://bucket/prefix``. It writes an object whole or not at all: on disk
 through a temp file that is fsynced and renamed into place, on S3 as one PUT or one multipart
 upload, which is invisible until it completes. What makes a *checkpoint* complete (its manifest,
-written last) is ``trainer.checkpoint``'s business, not the store's.
+written last) is ``trainer.checkpoint.manager``'s business, not the store's.
 
 S3 goes through boto3, configured the way the AWS tools are: ``AWS_ACCESS_KEY_ID`` /
 ``AWS_SECRET_ACCESS_KEY`` (or any other source of boto3's credential chain), ``AWS_REGION`` /
@@ -369,7 +369,7 @@ class S3Store:
 
     def delete(self, names: list[str]) -> None:
         # One request deletes up to 1,000 keys; S3 applies them in no promised order, so each
-        # object that must go first gets a request of its own (see trainer.checkpoint).
+        # object that must go first gets a request of its own (see trainer.checkpoint.manager).
         for name in names:
             try:
                 self.client.delete_object(Bucket=self.bucket, Key=self._key(name))
