@@ -1,8 +1,9 @@
 """``python -m controller`` (and the ``ddpjob`` console script): the parser and the entry point.
 
-The commands live beside: ``spec_commands.py`` (validate, render, schema, run --local) and
-``job_commands.py`` (submit, wait, status, logs, list, delete, events, doctor, plot,
-goodput). Nothing imports this package; it imports the commands.
+The commands live beside, one file per family: ``spec_commands.py`` (validate, render, schema,
+run --local), ``submit_commands.py`` (submit, wait, delete, doctor), ``status_commands.py``
+(status, list, events, goodput), ``log_commands.py`` (logs, plot); ``cluster.py`` holds what
+every cluster command starts with. Nothing imports this package; it imports the commands.
 
 Exit codes: 0 ok, 1 the job or the cluster failed, 2 bad input (one ``error:`` line a problem,
 no traceback; ``--debug`` shows it). Start-up stays cheap: argparse only at import time.
@@ -14,7 +15,7 @@ import argparse
 import sys
 import traceback
 
-from controller.cli import job_commands, spec_commands
+from controller.cli import log_commands, spec_commands, status_commands, submit_commands
 from controller.cli.advice import CLI, error_lines
 from controller.errors import DdpjobError
 
@@ -32,8 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--debug", action="store_true", help="show tracebacks for errors (for bug reports)"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    spec_commands.add_commands(sub)
-    job_commands.add_commands(sub)
+    for family in (spec_commands, submit_commands, status_commands, log_commands):
+        family.add_commands(sub)
     return parser
 
 

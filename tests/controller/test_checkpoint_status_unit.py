@@ -145,7 +145,7 @@ class FakeCluster:
 
 
 def test_status_shows_the_last_checkpoint_in_json_and_in_one_line(monkeypatch, capsys):
-    from controller.cli import job_commands
+    from controller.cli import cluster as cli_cluster
     from controller.cli.main import main
 
     now = datetime.now(timezone.utc)  # status's clock
@@ -158,7 +158,7 @@ def test_status_shows_the_last_checkpoint_in_json_and_in_one_line(monkeypatch, c
     assert 90 <= st["checkpoint"]["age_s"] < 3600
     assert fake.reads == [TAIL_LINES]
 
-    monkeypatch.setattr(job_commands, "_cluster", lambda args: fake)
+    monkeypatch.setattr(cli_cluster, "cluster_of", lambda args: fake)
     assert main(["status", "j", "-n", "ml"]) == 0
     out = capsys.readouterr().out
     (line,) = [x for x in out.splitlines() if x.startswith("checkpoint: ")]

@@ -245,7 +245,7 @@ def test_logs_refuses_a_bad_since_or_tail_before_asking_the_cluster(args, said, 
 def test_since_is_a_go_duration_as_kubectl_takes_it():
     from datetime import datetime, timedelta, timezone
 
-    from controller.cli.job_commands import _since_time
+    from controller.cli.log_commands import _since_time
 
     for text, seconds in (("30s", 30), ("5m", 300), ("1h30m", 5400), ("1.5h", 5400)):
         got = datetime.strptime(_since_time(text), "%Y-%m-%dT%H:%M:%SZ")

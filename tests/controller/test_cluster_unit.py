@@ -195,7 +195,8 @@ def test_cluster_commands_import_without_kubernetes_and_torch():
         import sys
         for mod in ("kubernetes", "torch", "matplotlib"):
             sys.modules[mod] = None
-        import controller.cli.job_commands, controller.kube.client, controller.kube.watch
+        import controller.cli.submit_commands, controller.cli.status_commands
+        import controller.cli.log_commands, controller.kube.client, controller.kube.watch
         import controller.kube.logstream, controller.jobs.follow, controller.jobs.doctor
         import controller.jobs.wait, controller.jobs.read.explain, controller.jobs.status
         import controller.plot

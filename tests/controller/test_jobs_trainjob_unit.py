@@ -284,7 +284,7 @@ def test_status_and_list_show_the_progress_the_trainjob_itself_reports(monkeypat
     (`-o json`: reported_progress) and in one line, `list` its percentage; a job without it (a
     PyTorchJob, or a TrainJob whose pods post nothing) shows none. The e2e test on the real
     node: test_trainjob.py's quickstart."""
-    from controller.cli import job_commands
+    from controller.cli import cluster as cli_cluster
     from controller.cli.main import main
     from controller.jobs.read.explain import format_reported
 
@@ -314,7 +314,7 @@ def test_status_and_list_show_the_progress_the_trainjob_itself_reports(monkeypat
     fake.logs[("tj-node-0-0-abc0d", False)] = ""
     assert job_status(fake, "tj", "ml", "trainjob")["reported_progress"] == reported
     assert job_status(fake, "quiet", "ml", "trainjob")["reported_progress"] is None
-    monkeypatch.setattr(job_commands, "_cluster", lambda args: fake)
+    monkeypatch.setattr(cli_cluster, "cluster_of", lambda args: fake)
 
     assert main(["status", "tj", "--api", "trainjob"]) == 0
     said = capsys.readouterr().out.splitlines()
