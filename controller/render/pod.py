@@ -1,9 +1,10 @@
 """The pod of a training job, as both job APIs carry it: labels, the training container, its
 resources, env, volumes and the restricted security context.
 
-Pure: spec in, plain dict out. ``pytorchjob.py`` wraps this template in Master/Worker replicas;
-a TrainJob renderer uses the same pieces. No key ever carries null: optional fields are left
-out.
+Pure: spec in, plain dict out. ``pytorchjob.py`` wraps :func:`pod_template` in Master/Worker
+replicas; ``trainjob.py`` puts the container's pieces into ``spec.trainer`` and the same
+:func:`pod_metadata` and :func:`pod_spec` into its runtime patch. No key ever carries null:
+optional fields are left out.
 """
 
 from __future__ import annotations
@@ -84,15 +85,24 @@ def job_metadata(spec: JobSpec) -> dict[str, Any]:
 
 
 def pod_template(spec: JobSpec, rank0: bool = True) -> dict[str, Any]:
-    """A pod of the job; ``rank0``: the pod rank 0 runs in, which mounts the ``rank0_only``
-    volumes too."""
+    """A PyTorchJob replica's pod: the one training container, whole; ``rank0``: the pod rank 0
+    runs in, which mounts the ``rank0_only`` volumes too."""
+    return {"metadata": pod_metadata(spec), "spec": pod_spec(spec, container(spec, rank0), rank0)}
+
+
+def pod_metadata(spec: JobSpec) -> dict[str, Any]:
+    """Every pod's labels (the standard ones and the user's) and the user's annotations."""
     meta: dict[str, Any] = {"labels": pod_labels(spec)}
     if spec.annotations:
         meta["annotations"] = dict(spec.annotations)
-    return {"metadata": meta, "spec": pod_spec(spec, rank0)}
+    return meta
 
 
-def pod_spec(spec: JobSpec, rank0: bool = True) -> dict[str, Any]:
+def pod_spec(spec: JobSpec, training: dict[str, Any], rank0: bool = True) -> dict[str, Any]:
+    """The pod-level fields of both APIs' pods, in one order, around the ``training`` container
+    (a PyTorchJob's whole container; for a TrainJob, what patches its runtime's). A TrainJob's
+    spec never sets what a TrainJob cannot carry (a pod priority class, gang scheduling):
+    ``controller.spec`` refuses it."""
     pod: dict[str, Any] = {}
     if spec.service_account:
         pod["serviceAccountName"] = spec.service_account
@@ -109,7 +119,7 @@ def pod_spec(spec: JobSpec, rank0: bool = True) -> dict[str, Any]:
     if spec.grace_period_s is not None:
         pod["terminationGracePeriodSeconds"] = spec.grace_period_s
     pod["securityContext"] = pod_security_context()
-    pod["containers"] = [container(spec, rank0)]
+    pod["containers"] = [training]
     pod["volumes"] = volumes(spec, rank0)
     return pod
 

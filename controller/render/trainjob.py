@@ -44,15 +44,12 @@ from controller.render.pod import (
     container_command,
     container_env,
     container_security_context,
-    image_pull_secrets,
     job_metadata,
-    pod_labels,
-    pod_security_context,
+    pod_metadata,
+    pod_spec,
     resources,
     suspended,
-    tolerations,
     volume_mounts,
-    volumes,
 )
 from controller.spec import JobSpec
 
@@ -103,39 +100,16 @@ def trainer(spec: JobSpec) -> dict[str, Any]:
 
 
 def runtime_patch(spec: JobSpec) -> dict[str, Any]:
-    """The pod settings the TrainJob API has no field for, patched into replicated job node."""
-    pod_meta: dict[str, Any] = {"labels": pod_labels(spec)}
-    if spec.annotations:
-        pod_meta["annotations"] = dict(spec.annotations)
-    replicated_job = {
-        "name": TRAINJOB_REPLICATED_JOB,
-        "template": {"spec": {"template": {"metadata": pod_meta, "spec": pod_patch(spec)}}},
+    """The pod settings the TrainJob API has no field for, patched into replicated job node:
+    the pod-level fields of ``pod.py``, around a patch of the runtime's ``node`` container."""
+    node = {
+        "name": TRAINJOB_CONTAINER,
+        "securityContext": container_security_context(),
+        "volumeMounts": volume_mounts(spec),
     }
+    pod = {"metadata": pod_metadata(spec), "spec": pod_spec(spec, node)}
+    replicated_job = {"name": TRAINJOB_REPLICATED_JOB, "template": {"spec": {"template": pod}}}
     return {
         "manager": RUNTIME_PATCH_MANAGER,
         "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [replicated_job]}}},
     }
-
-
-def pod_patch(spec: JobSpec) -> dict[str, Any]:
-    pod: dict[str, Any] = {}
-    if spec.service_account:
-        pod["serviceAccountName"] = spec.service_account
-    if spec.node_selector:
-        pod["nodeSelector"] = dict(spec.node_selector)
-    if spec.tolerations:
-        pod["tolerations"] = tolerations(spec)
-    if spec.image_pull_secrets:
-        pod["imagePullSecrets"] = image_pull_secrets(spec)
-    if spec.grace_period_s is not None:
-        pod["terminationGracePeriodSeconds"] = spec.grace_period_s
-    pod["securityContext"] = pod_security_context()
-    pod["containers"] = [
-        {
-            "name": TRAINJOB_CONTAINER,
-            "securityContext": container_security_context(),
-            "volumeMounts": volume_mounts(spec),
-        }
-    ]
-    pod["volumes"] = volumes(spec)
-    return pod

@@ -20,11 +20,29 @@ annotations:
 {{- end }}
 {{- end }}
 
-{{/* serviceAccountName (when set). */}}
-{{- define "ddpjob.serviceAccount" -}}
+{{/*
+The pod-level fields before the containers, as both APIs' pods get them (render's pod_spec):
+serviceAccountName, the pods' PriorityClass (not with a queue: then it is Kueue's), the gang's
+scheduler, placement, the grace period, the pod's security context. A TrainJob never has a
+priority class without a queue nor a gang: ddpjob.trainjobFits refuses them.
+*/}}
+{{- define "ddpjob.podFields" -}}
 {{- with .Values.service_account }}
 serviceAccountName: {{ . | quote }}
 {{- end }}
+{{- if not .Values.queue }}
+{{- with .Values.priority_class }}
+priorityClassName: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- if kindIs "map" .Values.gang }}
+{{- with .Values.gang.scheduler_name }}
+schedulerName: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- include "ddpjob.placement" . }}
+{{- include "ddpjob.gracePeriod" . }}
+{{ include "ddpjob.podSecurityContext" . }}
 {{- end }}
 
 {{/* nodeSelector, tolerations and imagePullSecrets (each when set). */}}
@@ -180,20 +198,7 @@ The PyTorchJob's pod template, shared by the Master and Worker replicas: one con
 metadata:
   {{- include "ddpjob.podMetadata" . | nindent 2 }}
 spec:
-  {{- include "ddpjob.serviceAccount" . | nindent 2 }}
-  {{- if not .Values.queue }}
-  {{- with .Values.priority_class }}
-  priorityClassName: {{ . | quote }}
-  {{- end }}
-  {{- end }}
-  {{- if kindIs "map" .Values.gang }}
-  {{- with .Values.gang.scheduler_name }}
-  schedulerName: {{ . | quote }}
-  {{- end }}
-  {{- end }}
-  {{- include "ddpjob.placement" . | nindent 2 }}
-  {{- include "ddpjob.gracePeriod" . | nindent 2 }}
-  {{- include "ddpjob.podSecurityContext" . | nindent 2 }}
+  {{- include "ddpjob.podFields" . | nindent 2 }}
   containers:
     - name: pytorch
       image: {{ .Values.image | quote }}
