@@ -34,7 +34,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -45,8 +44,9 @@ import yaml
 from .. import procs
 from ..builds.operators import KUEUE_SECRETS_ROLE as SECRETS_ROLE
 from ..controlplane import bootstrap
-from ..controlplane.context import Component, http_get
+from ..controlplane.context import Component
 from ..procs import LocalkubeError
+from . import manager
 
 if TYPE_CHECKING:
     from ..controlplane.context import Context
@@ -118,12 +118,6 @@ DIFFERENCES = (
 # ------------------------------------------------------------------------------------ process
 
 
-def _dir(ctx: Context, name: str) -> Path:
-    path = ctx.state_dir / "kueue" / name
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def config(ctx: Context) -> dict:
     """Kueue's Configuration: upstream's controller_manager_config.yaml with local addresses,
     our certificates, no leader election, the integrations of :data:`FRAMEWORKS`."""
@@ -159,13 +153,9 @@ def config(ctx: Context) -> dict:
 
 def prepare(ctx: Context) -> None:
     """Write the config file, the webhook and metrics certificates, and the mount point."""
-    (ctx.state_dir / "kueue").mkdir(parents=True, exist_ok=True)
-    (ctx.state_dir / "kueue" / "config.yaml").write_text(yaml.safe_dump(config(ctx)))
+    manager.write_config(ctx, "kueue", config(ctx))
     for name, cert_dir in (("kueue-webhook", "webhook-certs"), ("kueue-metrics", "metrics-certs")):
-        crt, key = ctx.pki.issue(name, name, server=True, dns=("localhost",), ips=("127.0.0.1",))
-        folder = _dir(ctx, cert_dir)
-        shutil.copyfile(crt, folder / "tls.crt")
-        shutil.copyfile(key, folder / "tls.key")
+        manager.serving_cert(ctx, name, ctx.state_dir / "kueue" / cert_dir)
     METRICS_CERT_PATH.mkdir(parents=True, exist_ok=True)  # an empty mount point, kept
 
 
@@ -174,15 +164,7 @@ def argv(ctx: Context) -> list[str]:
     return procs.in_private_mounts(
         [(ctx.state_dir / "kueue" / "metrics-certs", METRICS_CERT_PATH)],
         [ctx.state_dir, ctx.bindir],
-        [
-            str(ctx.bindir / "kueue"),
-            "--config",
-            str(ctx.state_dir / "kueue" / "config.yaml"),
-            "--kubeconfig",
-            ctx.kubeconfig(USER),
-            "--zap-log-level",
-            "2",  # upstream's manager_config_patch.yaml
-        ],
+        manager.argv(ctx, "kueue", "kueue", USER),
     )
 
 
@@ -348,7 +330,7 @@ def require() -> None:
 KUEUE = Component(
     "kueue",
     argv,
-    lambda ctx: http_get(f"http://127.0.0.1:{ctx.ports['kueue-probe']}/readyz") == "ok",
+    manager.probe_ready("kueue-probe"),
     wait="now",
     prepare=prepare,
     ports=PORTS,

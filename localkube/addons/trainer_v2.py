@@ -49,6 +49,7 @@ from ..controlplane import bootstrap
 from ..controlplane.context import Component, http_get
 from ..node.host import GATEWAY
 from ..procs import LocalkubeError
+from . import manager
 
 if TYPE_CHECKING:
     from ..controlplane.context import Context
@@ -130,28 +131,9 @@ DIFFERENCES = (
 # ------------------------------------------------------------------------------------ processes
 
 
-def _dir(ctx: Context, name: str) -> Path:
-    path = ctx.state_dir / name
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _serving_cert(
-    ctx: Context, name: str, cert_dir: Path, dns: tuple[str, ...] = (), ips: tuple[str, ...] = ()
-) -> None:
-    """A serving certificate for 127.0.0.1 (and ``dns``, ``ips``) from the cluster CA, as
-    tls.crt/tls.key."""
-    crt, key = ctx.pki.issue(
-        name, name, server=True, dns=("localhost", *dns), ips=("127.0.0.1", *ips)
-    )
-    cert_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(crt, cert_dir / "tls.crt")
-    shutil.copyfile(key, cert_dir / "tls.key")
-
-
 def trainer_tmpdir(ctx: Context) -> Path:
     """Trainer's TMPDIR: its webhook certificates are ``<TMPDIR>/k8s-webhook-server/...``."""
-    return _dir(ctx, "trainer") / "tmp"
+    return manager.folder(ctx, "trainer") / "tmp"
 
 
 def trainer_config(ctx: Context) -> dict:
@@ -188,14 +170,14 @@ def trainer_config(ctx: Context) -> dict:
 
 def trainer_rundir(ctx: Context) -> Path:
     """What the status server sees as /run: a service-account token and namespace."""
-    return _dir(ctx, "trainer") / "run"
+    return manager.folder(ctx, "trainer") / "run"
 
 
 def trainer_prepare(ctx: Context) -> None:
     """Write Trainer's config file, its serving certificate (the webhooks' and the status
     server's: it names the address pods use) and the service-account files of its /run."""
-    (_dir(ctx, "trainer") / "config.yaml").write_text(yaml.safe_dump(trainer_config(ctx)))
-    _serving_cert(
+    manager.write_config(ctx, "trainer", trainer_config(ctx))
+    manager.serving_cert(
         ctx,
         "trainer-webhook",
         trainer_tmpdir(ctx) / "k8s-webhook-server/serving-certs",
@@ -219,15 +201,7 @@ def trainer_argv(ctx: Context) -> list[str]:
     return procs.in_private_mounts(
         [(trainer_tmpdir(ctx), Path("/tmp")), (trainer_rundir(ctx), Path("/run"))],
         [ctx.state_dir, ctx.bindir],
-        [
-            str(ctx.bindir / "trainer-controller-manager"),
-            "--config",
-            str(ctx.state_dir / "trainer" / "config.yaml"),
-            "--kubeconfig",
-            ctx.kubeconfig(TRAINER_USER),
-            "--zap-log-level",
-            "2",  # upstream's manager_config_patch.yaml
-        ],
+        manager.argv(ctx, "trainer-controller-manager", "trainer", TRAINER_USER),
     )
 
 
@@ -237,7 +211,7 @@ def trainer_ready(ctx: Context) -> bool:
     import ssl
     import urllib.error
 
-    if http_get(f"http://127.0.0.1:{ctx.ports['trainer-probe']}/readyz") != "ok":
+    if not manager.probe_ready("trainer-probe")(ctx):
         return False
     tls = ssl.create_default_context(cafile=str(ctx.pki.path("ca.crt")))
     try:
@@ -270,20 +244,12 @@ def jobset_config(ctx: Context) -> dict:
 
 def jobset_prepare(ctx: Context) -> None:
     """Write JobSet's config file and its serving certificate (webhook and metrics)."""
-    (_dir(ctx, "jobset") / "config.yaml").write_text(yaml.safe_dump(jobset_config(ctx)))
-    _serving_cert(ctx, "jobset-webhook", ctx.state_dir / "jobset" / "certs")
+    manager.write_config(ctx, "jobset", jobset_config(ctx))
+    manager.serving_cert(ctx, "jobset-webhook", ctx.state_dir / "jobset" / "certs")
 
 
 def jobset_argv(ctx: Context) -> list[str]:
-    return [
-        str(ctx.bindir / "jobset-controller-manager"),
-        "--config",
-        str(ctx.state_dir / "jobset" / "config.yaml"),
-        "--kubeconfig",
-        ctx.kubeconfig(JOBSET_USER),
-        "--zap-log-level",
-        "2",  # upstream's manager_config_patch.yaml
-    ]
+    return manager.argv(ctx, "jobset-controller-manager", "jobset", JOBSET_USER)
 
 
 # ------------------------------------------------------------------------------------ objects
@@ -468,7 +434,7 @@ def install_torch_runtime(ctx: Context) -> None:
 JOBSET_CONTROLLER = Component(
     "jobset-controller-manager",
     jobset_argv,
-    lambda ctx: http_get(f"http://127.0.0.1:{ctx.ports['jobset-probe']}/readyz") == "ok",
+    manager.probe_ready("jobset-probe"),
     prepare=jobset_prepare,
     ports=JOBSET_PORTS,
 )

@@ -10,7 +10,6 @@ at build time; the webhook is served at ``https://127.0.0.1:<port>`` behind the 
 from __future__ import annotations
 
 import base64
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,9 +18,10 @@ import yaml
 from controller import kubeflow
 
 from ..controlplane import bootstrap
-from ..controlplane.context import Component, http_get
+from ..controlplane.context import Component
 from ..node import host
 from ..node.images import images
+from . import manager
 
 if TYPE_CHECKING:
     from ..controlplane.context import Context
@@ -66,12 +66,7 @@ def _cert_dir(ctx: Context) -> Path:
 
 def prepare(ctx: Context) -> None:
     """The webhook server's certificate for 127.0.0.1, from the cluster CA."""
-    crt, key = ctx.pki.issue(
-        "webhook", "training-operator-webhook", server=True, dns=("localhost",), ips=("127.0.0.1",)
-    )
-    _cert_dir(ctx).mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(crt, _cert_dir(ctx) / "tls.crt")
-    shutil.copyfile(key, _cert_dir(ctx) / "tls.key")
+    manager.serving_cert(ctx, "training-operator-webhook", _cert_dir(ctx))
 
 
 def argv(ctx: Context) -> list[str]:
@@ -102,7 +97,7 @@ def argv(ctx: Context) -> list[str]:
 TRAINING_OPERATOR = Component(
     "training-operator",
     argv,
-    lambda ctx: http_get(f"http://127.0.0.1:{ctx.ports['operator-probe']}/readyz") == "ok",
+    manager.probe_ready("operator-probe"),
     env=lambda ctx: {"KUBECONFIG": ctx.kubeconfig(USER)},
     prepare=prepare,
     ports=("operator-probe", "operator-webhook", "operator-metrics"),
