@@ -325,3 +325,82 @@ def test_localkube_imports_nothing_from_tests():
         m for m in GRAPH if _in(m, "localkube", "tools") and any(_in(d, "tests") for d in GRAPH[m])
     ]
     assert users == [], users
+
+
+#: The trainer's floor: what every room may use (torch-free but ``distributed``).
+TRAINER_FLOOR = ("trainer.contract", "trainer.config", "trainer.launch", "trainer.distributed")
+#: The trainer's rooms, and what each may use besides the floor and itself.
+TRAINER_ROOMS = {
+    "trainer.tasks": (),
+    "trainer.telemetry": (),
+    "trainer.checkpoint": (),
+    "trainer.parts": ("trainer.tasks", "trainer.telemetry"),
+    # The ledger observes the loop's phases and keeps its record in the checkpoints' store.
+    "trainer.health": ("trainer.telemetry", "trainer.parts.phases", "trainer.checkpoint.storage"),
+}
+#: What ties the rooms together: the Trainer and the entrypoint.
+TRAINER_TOP = ("trainer.train", "trainer.__main__")
+
+
+def test_the_trainer_is_in_rooms():
+    for room in TRAINER_ROOMS:
+        assert any(m.startswith(room + ".") for m in GRAPH), f"no modules in {room}"
+    flat = sorted(m for m in GRAPH if m.startswith("trainer.") and m.count(".") == 1)
+    assert flat == sorted([*TRAINER_FLOOR, *TRAINER_ROOMS, *TRAINER_TOP]), flat
+
+
+@pytest.mark.parametrize("room", TRAINER_ROOMS)
+def test_each_trainer_room_imports_only_the_floor_and_what_it_is_allowed(room):
+    """No room imports the Trainer or the entrypoint; checkpoint/ and telemetry/ import no other
+    room (checkpointing reports through whatever it is handed), parts/ no health/ or
+    checkpoint/, health/ no part but the phases it observes."""
+    allowed = (room, *TRAINER_FLOOR, *TRAINER_ROOMS[room])
+    for m in (m for m in GRAPH if _in(m, room)):
+        wrong = [
+            d for d in GRAPH[m] if _in(d, "trainer") and d != "trainer" and not _in(d, *allowed)
+        ]
+        assert wrong == [], f"{m} imports {wrong}: {room} may use only {allowed}"
+
+
+def test_the_trainers_floor_imports_no_room_and_launching_needs_no_torch():
+    """The floor is below every room; what a pod's first process runs before it re-launches
+    itself under torchrun (the entrypoint, the config, the launch) never imports torch."""
+    for m in TRAINER_FLOOR:
+        wrong = [
+            d
+            for d in GRAPH[m]
+            if _in(d, "trainer") and d != "trainer" and not _in(d, *TRAINER_FLOOR)
+        ]
+        assert wrong == [], f"{m} imports {wrong}"
+    for m in ("trainer.__main__", "trainer.contract", "trainer.config", "trainer.launch"):
+        # What they import at the top of the module, directly or not (__main__ imports the
+        # Trainer inside main(), once it knows it will not re-launch).
+        seen, todo = set(), [m]
+        while todo:
+            here = todo.pop()
+            if here in seen:
+                continue
+            seen.add(here)
+            path = REPO / (here.replace(".", "/") + ".py")
+            if not path.exists():
+                path = REPO / here.replace(".", "/") / "__init__.py"
+            top = _top_level_imports(path)
+            assert not any(d.split(".")[0] == "torch" for d in top), (m, here)
+            todo += [d for d in top if d in GRAPH]
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """The modules ``path`` imports at module level (not inside a function)."""
+    out: set[str] = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+    return out
+
+
+def test_only_the_entrypoint_imports_the_trainer():
+    users = [m for m in _importers("trainer.train") if m.startswith("trainer")]
+    assert users == ["trainer.__main__"], users

@@ -20,12 +20,24 @@ Four launchers, one contract (see docs/architecture.md, "The launcher contracts"
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
+from typing import NoReturn
 
+from trainer.config import ConfigError, TrainConfig
 from trainer.contract import (
+    EXIT_CONFIG,
+    EXIT_FAILED,
     EXIT_FILE_ENV,
+    EXIT_PEER_LOST,
+    EXIT_PREEMPTED,
     EXIT_STALE_RENDEZVOUS,
+    LAUNCHED_AT_ENV,
     LOCAL_RANK,
     MASTER_ADDR,
     MASTER_PORT,
@@ -36,6 +48,7 @@ from trainer.contract import (
     PET_NPROC_PER_NODE,
     PET_RDZV_ENDPOINT,
     RANK,
+    TORCHELASTIC_RESTART_COUNT,
     WORLD_SIZE,
 )
 
@@ -140,3 +153,135 @@ def record_exit(code: int) -> int:
         with contextlib.suppress(OSError), open(path, "a") as f:
             f.write(f"{code}\n")
     return code
+
+
+_IMPORTED_AT = time.time()
+
+
+def process_started_at() -> float:
+    """When this process started, in epoch seconds: from ``/proc`` (10 ms), else when this module
+    was imported."""
+    try:
+        with open("/proc/self/stat") as f:
+            after_name = f.read().rpartition(")")[2].split()
+        start_ticks = int(after_name[19])  # field 22 of proc(5); the fields after comm start at 3
+        with open("/proc/uptime") as f:
+            uptime_s = float(f.read().split()[0])
+        return time.time() - (uptime_s - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return _IMPORTED_AT
+
+
+def launched_at() -> float:
+    """When the container started this run: the re-launching parent's start (it exports it), or
+    this process's own (no re-launch, or torchrun restarted the workers)."""
+    raw = os.environ.get(LAUNCHED_AT_ENV)
+    if raw and os.environ.get(TORCHELASTIC_RESTART_COUNT, "0") == "0":
+        try:
+            return float(raw)
+        except ValueError:
+            pass
+    return process_started_at()
+
+
+# ---------------------------------------------------------------------------------------------
+# The re-launch
+
+
+def check_before_relaunch(cfg: TrainConfig) -> None:
+    """What can be checked without torch fails here, once, before torchrun starts the workers
+    (a ConfigError); the task factory's own arguments are the workers' to check."""
+    _check_task_module(cfg.task)
+    named = cfg.resume not in ("auto", "never") and "://" not in cfg.resume
+    if named and not Path(cfg.resume).exists():
+        raise ConfigError([f"resume: no such checkpoint (got {cfg.resume})"])
+
+
+#: Tasks the trainer ships (``trainer.tasks.load_task``).
+BUILTIN_TASKS = ("vision", "lm")
+
+
+def _check_task_module(name: str) -> None:
+    """A plug-in task's module exists (``importlib.util.find_spec``: nothing of it runs), or a
+    ConfigError says so as ``load_task`` would."""
+    if name in BUILTIN_TASKS:
+        return
+    module_name = name.partition(":")[0]
+    try:
+        found, missing = importlib.util.find_spec(module_name), module_name
+    except ModuleNotFoundError as e:  # a parent package is missing
+        found, missing = None, e.name
+    if found is None:
+        raise ConfigError([f"task: cannot import {missing} (got {name}). Is it on PYTHONPATH?"])
+
+
+def exit_preempted() -> NoReturn:
+    """Leave at once with 143 once preempted: the checkpoint is written and fsynced, the group
+    torn down and every line flushed. What is left is the interpreter's own teardown of torch,
+    which can take seconds on a loaded node; under torchrun the worker and torchrun take theirs
+    one after the other, inside the pod's grace period (Kubernetes' default: 30 s), past which
+    the kubelet's SIGKILL makes the exit 137."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_PREEMPTED)
+
+
+def relaunch_exit_code(rc: int, worker_codes: list[int]) -> int:
+    """The pod's exit code after torchrun: a worker's real failure beats a retryable one (the
+    peers of a crashed rank only lost a peer), and a retryable one beats torchrun's plain 1. A
+    rendezvous still stale after the last attempt is a lost peer to the operator."""
+    if rc == 0:
+        return 0
+    permanent = [c for c in worker_codes if c in (EXIT_FAILED, EXIT_CONFIG)]
+    if permanent:
+        return permanent[0]
+    if worker_codes:
+        return EXIT_PEER_LOST if worker_codes[0] == EXIT_STALE_RENDEZVOUS else worker_codes[0]
+    return rc
+
+
+def relaunch_under_torchrun(argv: list[str]) -> int:
+    """Run this same command as ``PET_NPROC_PER_NODE`` processes under the real torchrun.
+
+    SIGTERM/SIGINT are forwarded (torchrun passes them on to the workers, which checkpoint and
+    exit 143). torchrun itself reports a signalled shutdown as a plain failure, so a forwarded
+    SIGTERM followed by a non-zero exit is reported as 143: retryable, as preemption should be.
+    When the workers found the rendezvous they were started from already over
+    (``EXIT_STALE_RENDEZVOUS``, see ``trainer.distributed._join_watchdog``), torchrun starts
+    again here, at once, instead of the container restarting.
+    """
+    exit_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"ddpjob-exit-{os.getpid()}"
+    # The workers' ledger counts start-up from the container's start (this process's), not theirs.
+    launched = {LAUNCHED_AT_ENV: repr(process_started_at())}
+    received: list[int] = []
+    proc: subprocess.Popen | None = None
+
+    def forward(signum: int, frame) -> None:
+        received.append(signum)
+        if proc is not None:
+            proc.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    for attempt in range(1, RENDEZVOUS_ATTEMPTS + 1):
+        exit_file.unlink(missing_ok=True)
+        env = {**os.environ, EXIT_FILE_ENV: str(exit_file), **launched}
+        proc = subprocess.Popen(torchrun_argv(argv), env=env)
+        rc = proc.wait()
+        try:
+            codes = [int(line) for line in exit_file.read_text().split()]
+            exit_file.unlink()
+        except (OSError, ValueError):
+            codes = []
+        if received or not rendezvous_was_stale(codes) or attempt == RENDEZVOUS_ATTEMPTS:
+            break
+        print(
+            f"torchrun's workers found their rendezvous already over; starting torchrun again "
+            f"(attempt {attempt + 1} of {RENDEZVOUS_ATTEMPTS})",
+            file=sys.stderr,
+            flush=True,
+        )
+    if rc != 0 and signal.SIGTERM in received:
+        exit_preempted()
+    rc = rc if rc >= 0 else 128 - rc  # killed by a signal: the shell's convention
+    return relaunch_exit_code(rc, codes)

@@ -1,4 +1,5 @@
-"""The training run. ``Trainer.__init__`` builds the parts in dependency order; ``fit`` trains.
+"""The training run. ``Trainer.__init__`` builds the parts in dependency order; ``fit`` trains;
+``run`` is one rank's whole run (join, fit, leave) as ``python -m trainer`` makes it.
 
 Runbook (all of these run the same code; see trainer/__main__.py for the launch contract)::
 
@@ -10,46 +11,64 @@ The loop runs one optimizer step (``trainer.parts.step``: micro-batches, the upd
 one read of the host) and then asks each part whether this step is its own: the log window
 (``trainer.parts.window``), evaluation (``trainer.parts.evaluation``), checkpoints
 (``trainer.checkpoint.cadence``), and the stop decisions (``trainer.parts.stop``: a non-finite
-loss, SIGTERM). Each part keeps its own cadence; the checkpoint composes their state. Beside the
-loop, the watchdog (``trainer.health.watchdog``) names a rank that makes no progress, and each
-log window ``trainer.health.stragglers`` names a rank that lags. At world size 1 there is no DDP
-wrapper: nothing to all-reduce, and ``torch.compile`` sees the model whole.
+loss, SIGTERM). Each part keeps its own cadence; the checkpoint composes their state. What is
+not a step (an evaluation, a save, the wait for the last write) is a phase
+(``trainer.parts.phases``), entered once, which the goodput ledger times and the watchdog
+pauses for (``trainer.health``). Beside the loop, the watchdog names a rank that makes no
+progress, and each log window ``trainer.health.stragglers`` names a rank that lags. The model is
+wrapped by the strategy (``trainer.parts.ddp``): at world size 1 there is no DDP wrapper,
+nothing to all-reduce, and ``torch.compile`` sees the model whole.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import inspect
 import logging
 import math
 import os
 import signal
 import socket
+import sys
 import time
+import traceback
 from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer import distributed as dist_
-from trainer.checkpoint.cadence import Checkpointer
+from trainer.checkpoint.cadence import CheckpointCadence
 from trainer.checkpoint.manager import CheckpointManager
 from trainer.config import ConfigError, TrainConfig
-from trainer.contract import COMPLETED, DONE, NONFINITE, PREEMPTED, RESUME, START
-from trainer.health.ledger import EVAL, STALL, Ledger
+from trainer.contract import (
+    COMPLETED,
+    DONE,
+    ERROR,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_PEER_LOST,
+    EXIT_PREEMPTED,
+    NONFINITE,
+    PEER_LOST,
+    PREEMPTED,
+    RESUME,
+    START,
+)
+from trainer.distributed import DistEnv
+from trainer.health.ledger import Ledger
 from trainer.health.stragglers import Stragglers
 from trainer.health.watchdog import Watchdog
+from trainer.launch import record_exit
+from trainer.parts import ddp
 from trainer.parts.evaluation import Evaluator
 from trainer.parts.loader import MicroBatches, build_loader
 from trainer.parts.optimizer import Ema, build_optimizer, build_scheduler
+from trainer.parts.phases import EVALUATION, LAST_WRITE, SAVE, Phases
+from trainer.parts.precision import forward_context_of, set_numerics
 from trainer.parts.rng import get_rng_state, seed_everything, set_rng_state
 from trainer.parts.step import TrainStep
 from trainer.parts.stop import NonfiniteSkips, StopRequest
 from trainer.parts.window import LogWindow
-from trainer.tasks import Task, tokens_per_sample
+from trainer.tasks import Task, load_task, tokens_per_sample
 from trainer.telemetry.events import Reporter
 
 log = logging.getLogger(__name__)
@@ -57,150 +76,59 @@ log = logging.getLogger(__name__)
 #: How long a run that did not complete waits for the progress API's last post at its end.
 UNFINISHED_CLOSE_S = 2.0
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-# The `attention` setting's names for SDPA's kernels (torch.nn.attention.SDPBackend).
-_SDPA = {
-    "flash": SDPBackend.FLASH_ATTENTION,
-    "cudnn": SDPBackend.CUDNN_ATTENTION,
-    "efficient": SDPBackend.EFFICIENT_ATTENTION,
-    "math": SDPBackend.MATH,
-}
-
-
-def _forward_context(
-    device_type: str, dtype: torch.dtype | None, attention: str = "auto"
-) -> contextlib.AbstractContextManager:
-    """What every forward runs under: mixed precision's autocast for ``dtype`` (nothing for
-    fp32), and with ``attention`` other than auto, SDPA limited to that one kernel. Scoped to
-    the forward, not set for the process: the kernel is chosen when SDPA runs (or when compile
-    traces it), and nothing else in the process is changed."""
-    stack = contextlib.ExitStack()
-    if dtype is not None:
-        stack.enter_context(torch.autocast(device_type, dtype=dtype))
-    if attention != "auto":
-        stack.enter_context(sdpa_kernel([_SDPA[attention]]))
-    return stack
-
-
-def _batchnorm_statistics_only(model: nn.Module) -> bool:
-    """True when ``model`` has buffers and all of them are BatchNorm running statistics.
-
-    A BatchNorm layer in training mode normalises with the batch's own statistics and only
-    writes its running ones; in eval mode it reads them but does not change them. So no
-    training forward reads a statistic that differs between ranks, and rank 0's, which
-    checkpoints hold, move exactly as with DDP's broadcast before every forward: that
-    broadcast is a collective every step that only evaluation needs. Any other buffer may be
-    read by a forward, so it keeps DDP's."""
-    norms = {
-        id(b)
-        for m in model.modules()
-        if isinstance(m, nn.modules.batchnorm._BatchNorm)
-        for b in m.buffers(recurse=False)
-    }
-    buffers = list(model.buffers())
-    return bool(buffers) and all(id(b) in norms for b in buffers)
-
-
-def _buffer_sync_kwargs(broadcast_buffers: bool) -> dict[str, bool]:
-    """DDP's per-forward buffer broadcast switch (newer torch calls it ``forward_sync_buffers``)."""
-    if broadcast_buffers:
-        return {}  # the default everywhere; passing it only triggers a deprecation warning
-    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:
-        return {"forward_sync_buffers": False}
-    return {"broadcast_buffers": False}
-
 
 class Trainer:
     """One rank's training run: model, optimizer, data, the loop's parts, and the loop."""
 
-    def __init__(self, cfg: TrainConfig, env: dist_.DistEnv, task: Task, reporter: Reporter):
+    def __init__(self, cfg: TrainConfig, env: DistEnv, task: Task, reporter: Reporter):
         self.cfg, self.env, self.task, self.report = cfg, env, task, reporter
         dev = env.device
-
-        # Numerics switches first: they must be in place before any kernel runs.
-        if dev.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
-            torch.backends.cudnn.allow_tf32 = cfg.tf32
-            torch.backends.cudnn.benchmark = not cfg.deterministic
-        if cfg.deterministic:
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            torch.use_deterministic_algorithms(True)
+        set_numerics(cfg, dev)  # before any kernel runs
 
         # Model: initialised from the base seed, so every rank builds identical weights.
         seed_everything(cfg.seed)
-        model = task.build_model()
-        if cfg.sync_batchnorm and env.world_size > 1:
-            if dev.type == "cuda":
-                model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-            else:
-                log.warning("sync_batchnorm: SyncBatchNorm needs CUDA; keeping per-rank BatchNorm")
-        self.raw_model = model.to(dev)  # what checkpoints hold: no module./_orig_mod. prefixes
+        self.raw_model = _build_model(task, cfg, env)  # what checkpoints hold: no prefixes
         self.fwd_model: nn.Module = (
             torch.compile(self.raw_model, mode=cfg.compile_mode) if cfg.compile else self.raw_model
         )
-        self.model: nn.Module = self.fwd_model
-        # DDP only where there is someone to all-reduce with. At world size 1 (a one-replica
-        # job still has a process group) the wrapper would add its hooks and a one-rank
-        # all-reduce per bucket, and under compile Dynamo's DDPOptimizer would split the graph
-        # at every bucket boundary (torch._dynamo.config.optimize_ddp), limiting fusion.
-        self.ddp = env.distributed and env.world_size > 1
-        # BatchNorm statistics (a model's only buffers): rank 0's, broadcast before each
-        # evaluation rather than before every forward (see _batchnorm_statistics_only).
-        sync_norms_at_eval = (
-            self.ddp and cfg.ddp.broadcast_buffers and _batchnorm_statistics_only(model)
+        strategy = ddp.wrap(self.raw_model, self.fwd_model, cfg, env)
+        self.model, self.ddp, self.step_flags = strategy.model, strategy.ddp, strategy.step_flags
+        log.info(
+            "model: %.3fM parameters", sum(p.numel() for p in self.raw_model.parameters()) / 1e6
         )
-        self.step_flags: dist_.StepFlags | None = None
-        if self.ddp:
-            self.model = DDP(
-                self.fwd_model,
-                device_ids=[dev.index] if dev.type == "cuda" else None,
-                bucket_cap_mb=cfg.ddp.bucket_cap_mb,
-                find_unused_parameters=cfg.ddp.find_unused_parameters,
-                gradient_as_bucket_view=cfg.ddp.gradient_as_bucket_view,
-                static_graph=cfg.ddp.static_graph,
-                **_buffer_sync_kwargs(cfg.ddp.broadcast_buffers and not sync_norms_at_eval),
-            )
-            # The step's [loss, stop] flags travel with the gradients (one all-reduce round).
-            self.step_flags = dist_.StepFlags(dev)
-            self.model.register_comm_hook(None, self.step_flags.hook)
-        log.info("model: %.3fM parameters", sum(p.numel() for p in model.parameters()) / 1e6)
 
-        # Optimizer, schedule, loss scaling, EMA.
+        # Optimizer, schedule, loss scaling (only fp16 needs it: bf16 has fp32's range), EMA.
         self.optimizer = build_optimizer(self.raw_model, cfg, env.world_size, dev)
         self.scheduler = build_scheduler(self.optimizer, cfg)
-        # A plain function, not a method: the parts that hold it must not hold the trainer.
-        self._autocast = functools.partial(
-            _forward_context, dev.type, _DTYPES.get(cfg.precision), cfg.attention
-        )
-        # Only fp16 needs loss scaling: bf16 has fp32's exponent range.
+        self._autocast = forward_context_of(cfg, dev)
         self.scaler = torch.amp.GradScaler(dev.type, enabled=cfg.precision == "fp16")
         self.ema = Ema(self.raw_model, cfg.ema_decay) if cfg.ema_decay else None
 
         # Data: each rank its own shard; the sampler seed is shared so shards partition an epoch.
-        train_set, eval_set = task.build_datasets()
-        loader_args = dict(
-            rank=env.rank,
-            world_size=env.world_size,
-            seed=cfg.seed,
-            num_workers=cfg.num_workers,
-            pin_memory=dev.type == "cuda",
-        )
-        self.train_loader = build_loader(train_set, cfg.batch_size, shuffle=True, **loader_args)
-        self.eval_loader = build_loader(eval_set, cfg.batch_size, shuffle=False, **loader_args)
-
+        self.train_loader, self.eval_loader = _build_loaders(task, cfg, env)
         # Per-rank seeds for everything random from here on (dropout, augmentation).
         seed_everything(cfg.seed + env.rank)
 
-        # The loop's parts.
+        self._build_loop_parts(strategy.sync_norms_at_eval)
+        self.watchdog = Watchdog(cfg.watchdog, env.rank, env.world_size)
+        self.stragglers = Stragglers(
+            cfg.watchdog, env.rank, env.world_size, dev, reporter, self.step_flags
+        )
+        # Checkpoints, and resume (which overrides RNG, data position and all state).
+        self._resume_and_checkpoint()
+        self.phase = Phases(self.ledger, self.watchdog)
+        self.last_loss = math.nan
+
+    def _build_loop_parts(self, sync_norms_at_eval: bool) -> None:
+        """The loop's parts: the stop decisions, the step, the log window, evaluation."""
+        cfg, env, dev = self.cfg, self.env, self.env.device
         self.stop = StopRequest()
         self.skips = NonfiniteSkips(cfg.max_nonfinite_skips)
         params = [p for p in self.raw_model.parameters() if p.requires_grad]
         self.train_step = TrainStep(
             self.model,
             params,
-            task,
+            self.task,
             self.optimizer,
             self.scaler,
             self._autocast,
@@ -214,21 +142,21 @@ class Trainer:
             gradient_as_bucket_view=cfg.ddp.gradient_as_bucket_view,
         )
         self.window = LogWindow(
-            reporter,
+            self.report,
             log_every=cfg.log_every,
             max_steps=cfg.max_steps,
             samples_per_step=cfg.batch_size * cfg.grad_accum * env.world_size,
-            tokens_per_sample=tokens_per_sample(task),
+            tokens_per_sample=tokens_per_sample(self.task),
             scaler=self.scaler,
             device=dev,
         )
         self.evaluator = Evaluator(
-            task,
+            self.task,
             self.eval_loader,
             self.fwd_model,
             self.raw_model,
             self.ema,
-            reporter,
+            self.report,
             self._autocast,
             dev,
             eval_every=cfg.eval_every,
@@ -236,16 +164,17 @@ class Trainer:
             max_steps=cfg.max_steps,
             sync_norms=sync_norms_at_eval,
         )
-        self.watchdog = Watchdog(cfg.watchdog, env.rank, env.world_size)
-        self.stragglers = Stragglers(
-            cfg.watchdog, env.rank, env.world_size, dev, reporter, self.step_flags
-        )
 
-        # Checkpoints, and resume (which overrides RNG, data position and all state).
-        storage = CheckpointManager(cfg.checkpoint.dir, cfg.checkpoint.keep, env.is_main, dev)
+    def _resume_and_checkpoint(self) -> None:
+        """Open the checkpoint location (once: the ledger keeps its record in the same store),
+        resume from it, and set up the ledger, the save cadence and the data position."""
+        cfg, env = self.cfg, self.env
+        manager = CheckpointManager(
+            cfg.checkpoint.dir, cfg.checkpoint.keep, env.is_main, env.device
+        )
         self.step = 0
         epoch, batch_in_epoch = 0, 0
-        state, path, skipped = storage.load(cfg.resume)
+        state, path, skipped = manager.load(cfg.resume)
         if state is not None:
             epoch, batch_in_epoch = self._restore(state, path)
             self.report.event(RESUME, step=self.step, path=path, skipped=skipped)
@@ -253,25 +182,25 @@ class Trainer:
         elif skipped:
             self.report.event(RESUME, step=0, path=None, skipped=skipped)
             self.report.say("no readable checkpoint; starting from scratch")
+        resumed = state is not None
         # What each run of the job cost, carried across restarts (trainer.health.ledger).
         self.ledger = Ledger(
-            cfg.checkpoint.dir,
+            manager.store,
             env.is_main,
-            reporter,
-            resumed_step=self.step if state is not None else 0,
+            self.report,
+            resumed_step=self.step if resumed else 0,
             state=state,
             keep=cfg.checkpoint.keep,
         )
-        self.checkpointer = Checkpointer(
-            storage,
-            reporter,
+        self.checkpoints = CheckpointCadence(
+            manager,
+            self.report,
             every_steps=cfg.checkpoint.every_steps,
-            saved_step=self.step if state is not None else None,
+            saved_step=self.step if resumed else None,
         )
         # CPU batches are already where they belong.
-        on_device = dev if dev.type != "cpu" else None
+        on_device = env.device if env.device.type != "cpu" else None
         self.batches = MicroBatches(self.train_loader, epoch, batch_in_epoch, on_device)
-        self.last_loss = math.nan
 
     # ------------------------------------------------------------------------------------------
     # State
@@ -352,7 +281,7 @@ class Trainer:
         finally:
             # A run that ends on an error still finishes the write in flight: a complete
             # checkpoint of a step every rank completed.
-            self.checkpointer.close()
+            self.checkpoints.close()
             self.ledger.close()
             signal.signal(signal.SIGTERM, previous)
             # A run that did not complete (preempted: the pod's grace period is running, and
@@ -392,25 +321,25 @@ class Trainer:
                 self.window.log(self.step, self.batches.epoch, self.skips.count, **slow)
                 self.ledger.window()
             if self.evaluator.should_evaluate(self.step):
-                with self.ledger.part(EVAL), self.watchdog.paused("evaluation"):
+                with self.phase(EVALUATION, self.step):
                     self.evaluator.run(self.step)
             if stop:
                 reason = PREEMPTED
                 break
-            if self.checkpointer.should_save(self.step):
-                with self.ledger.saving(self.step), self.watchdog.paused("checkpoint"):
-                    self.checkpointer.save(self.step, self.state_dict)
-            self.checkpointer.report_completed()
+            if self.checkpoints.should_save(self.step):
+                with self.phase(SAVE, self.step):
+                    self.checkpoints.save(self.step, self.state_dict)
+            self.checkpoints.report_completed()
 
         if reason == COMPLETED:
-            with self.ledger.part(EVAL), self.watchdog.paused("evaluation"):
+            with self.phase(EVALUATION, self.step):
                 self.evaluator.run(self.step)
-        if reason != NONFINITE and self.checkpointer.should_save(self.step, last=True):
-            with self.ledger.saving(self.step), self.watchdog.paused("checkpoint"):
-                self.checkpointer.save(self.step, self.state_dict)
+        if reason != NONFINITE and self.checkpoints.should_save(self.step, last=True):
+            with self.phase(SAVE, self.step):
+                self.checkpoints.save(self.step, self.state_dict)
         # Preempted or done: the last checkpoint is complete before the run says so and exits.
-        with self.ledger.part(STALL), self.watchdog.paused("checkpoint"):
-            self.checkpointer.report_completed(wait=True)
+        with self.phase(LAST_WRITE, self.step):
+            self.checkpoints.report_completed(wait=True)
         self.ledger.end(reason)
         self._report_done(reason, time.perf_counter() - started)
         return reason
@@ -436,3 +365,102 @@ class Trainer:
         self.report.say(
             f"{reason} at step {self.step}/{max_steps}, loss {loss:.4f}, {elapsed_s:.1f}s"
         )
+
+
+def _build_model(task: Task, cfg: TrainConfig, env: DistEnv) -> nn.Module:
+    """The task's model on this rank's device, with SyncBatchNorm where asked and possible."""
+    model = task.build_model()
+    if cfg.sync_batchnorm and env.world_size > 1:
+        if env.device.type == "cuda":
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        else:
+            log.warning("sync_batchnorm: SyncBatchNorm needs CUDA; keeping per-rank BatchNorm")
+    return model.to(env.device)
+
+
+def _build_loaders(task: Task, cfg: TrainConfig, env: DistEnv) -> tuple[Any, Any]:
+    """The training and evaluation loaders: each rank its own shard of each."""
+    train_set, eval_set = task.build_datasets()
+    loader_args = dict(
+        rank=env.rank,
+        world_size=env.world_size,
+        seed=cfg.seed,
+        num_workers=cfg.num_workers,
+        pin_memory=env.device.type == "cuda",
+    )
+    return (
+        build_loader(train_set, cfg.batch_size, shuffle=True, **loader_args),
+        build_loader(eval_set, cfg.batch_size, shuffle=False, **loader_args),
+    )
+
+
+def _fit(cfg: TrainConfig, env: DistEnv, task: Task, reporter: Reporter) -> str:
+    """Build the trainer and train. The trainer, whose DDP module holds the process group, is
+    garbage once this returns: nothing else may keep it."""
+    trainer = Trainer(cfg, env, task, reporter)
+    # From fit on until the group is gone, SIGTERM only asks the trainer to stop (fit restores
+    # this handler, its own). A rank whose pod is deleted just after another rank stopped the
+    # run waits past fit in the barrier for a rank still writing its checkpoint or its last
+    # progress; the default action would kill it there, and that rank would lose its peer in
+    # the barrier and report peer_lost after preempted. The handler holds only the stop flag.
+    signal.signal(signal.SIGTERM, trainer.stop.on_sigterm)
+    return trainer.fit()
+
+
+def run(cfg: TrainConfig) -> int:
+    """Join the job, train, and map the outcome to an exit code. Always leaves the group."""
+    task = load_task(cfg.task, cfg.task_args)  # a bad task is a config error: before joining
+    env = dist_.setup(cfg.device, cfg.backend, cfg.timeout_s)
+    logging.basicConfig(
+        level=logging.INFO if env.is_main else logging.WARNING,
+        format=f"[rank {env.rank}] %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    if not env.is_main:
+        # Rank 0 says who it is in its `start` event; the other ranks print nothing else unless
+        # something goes wrong, so one line here tells every rank's log (`logs --all`, `kubectl
+        # logs` of a worker) that the rank started, joined and where.
+        print(
+            f"[rank {env.rank}] joined: rank {env.rank} of {env.world_size} (local rank "
+            f"{env.local_rank}) on {socket.gethostname()}, device {env.device}",
+            file=sys.stderr,
+            flush=True,
+        )
+    reporter = Reporter(env.is_main, cfg.max_steps, cfg.progress, cfg.tensorboard_dir)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        reason = _fit(cfg, env, task, reporter)
+        # Leave together: a rank that destroys its group while a peer is still talking to it
+        # can make the peer abort (exit 134) after a run that had finished well.
+        dist_.barrier()
+    except Exception as e:
+        # The traceback's frames hold the trainer, whose DDP module holds the process group:
+        # their locals go, so that teardown can free the group (the lines stay printable).
+        traceback.clear_frames(e.__traceback__)
+        if isinstance(e, ConfigError):
+            raise
+        lost = dist_.is_peer_lost(e)
+        reporter.event(
+            DONE,
+            step=None,
+            max_steps=cfg.max_steps,
+            loss=None,
+            elapsed_s=None,
+            reason=PEER_LOST if lost else ERROR,
+            error=f"{type(e).__name__}: {e}",
+        )
+        if lost:
+            print(
+                f"[rank {env.rank}] lost a peer ({type(e).__name__}: {str(e)[:200]}); exiting "
+                f"{EXIT_PEER_LOST} so the job is retried and resumes from its last checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
+            sys.stdout.flush()
+            # Skip the group's teardown: destroying it with a dead peer can hang or abort.
+            os._exit(record_exit(EXIT_PEER_LOST))
+        raise
+    finally:
+        dist_.teardown()
+        signal.signal(signal.SIGTERM, previous)
+    return {COMPLETED: EXIT_OK, PREEMPTED: EXIT_PREEMPTED}.get(reason, EXIT_FAILED)

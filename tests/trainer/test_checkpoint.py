@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
 import time
 from pathlib import Path
@@ -68,15 +69,22 @@ def test_a_save_returns_before_its_write_and_is_complete_only_with_its_manifest(
 ) -> None:
     mgr = CheckpointManager(location, keep=3, is_main=True)
     gate = _Gate(mgr)
+    started = time.perf_counter()
     mgr.save(7, lambda: _state(7))  # returns: the write waits at the gate, in the background
+    save_s = time.perf_counter() - started  # what the caller paid: the stall is no more
     assert gate.reached.wait(timeout=120)
     assert mgr.completed() == []
     found, partial = scan(mgr.store.list())
     assert found == [] and partial == ["step_00000007/state.pt"]  # written, not yet complete
+    # The write is held at the gate past twice what the save took (a pace, not a proof): it
+    # started before the save returned, so it lasts longer than the save.
+    time.sleep(max(0.0, started + 2 * save_s - time.perf_counter()))
     gate.open.set()
     (done,) = mgr.flush()
     assert done["step"] == 7 and done["path"] == mgr.store.url_of("step_00000007")
-    assert done["bytes"] > 4000 and done["stall_s"] >= 0 and done["write_s"] > 0
+    assert done["bytes"] > 4000 and done["write_s"] > 0
+    # The save stalled the caller for the copy alone, less than the write it started took.
+    assert 0 <= done["stall_s"] <= save_s < done["write_s"], (done, save_s)
     assert [f.name for f in mgr.list()] == ["step_00000007"]
     manifest = json.loads(mgr.store.read_bytes("step_00000007/manifest.json"))
     assert manifest["objects"]["state.pt"]["bytes"] == done["bytes"]
@@ -100,17 +108,23 @@ def test_a_new_save_waits_for_the_one_before(location: str) -> None:
     mgr = CheckpointManager(location, keep=3, is_main=True)
     gate = _Gate(mgr)
     mgr.save(1, lambda: _state(1))
-    seen = []
+    # Which comes first in save 2: its wait for save 1's write, or its reading of the state.
+    seen, order = [], queue.Queue()
+    inflight = mgr._inflight
+    result = inflight.result
+    inflight.result = lambda *a, **k: (order.put("waits for save 1"), result(*a, **k))[1]
 
     def state_2() -> dict:
+        order.put("reads the state")
         seen.append([f.step for f in mgr.list()])  # what was complete when save 2 began
         return _state(2)
 
     second = threading.Thread(target=mgr.save, args=(2, state_2))
     second.start()
-    time.sleep(0.3)  # a save that did not wait would have begun by now, with step 1 unwritten
+    assert order.get(timeout=120) == "waits for save 1"  # while save 1 is held at the gate
     gate.open.set()
     second.join(timeout=120)
+    assert order.get(timeout=0) == "reads the state"
     assert seen == [[1]]
     assert [d["step"] for d in mgr.flush()] == [1, 2]  # each reported once, in order
     assert [f.step for f in mgr.list()] == [2, 1]

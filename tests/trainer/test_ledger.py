@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
 
@@ -110,11 +109,14 @@ def test_old_runs_merge_into_one_that_keeps_their_sums_and_the_time_between():
 
 
 class _Store:
-    """A store that keeps every write, for the writer's test."""
+    """A store that keeps every write, for the writer's test (it has no record to read)."""
 
     def __init__(self):
         self.writes: list[dict] = []
         self.cond = threading.Condition()
+
+    def read_bytes(self, name: str) -> bytes:
+        raise FileNotFoundError(name)
 
     def write_bytes(self, name: str, data: bytes) -> None:
         with self.cond:
@@ -126,21 +128,31 @@ class _Store:
             assert self.cond.wait_for(lambda: len(self.writes) >= n, timeout=30), self.writes
 
 
+class _Events:
+    def event(self, name: str, **fields) -> None:
+        pass
+
+
 def test_the_writer_beats_while_the_run_goes_on_and_stops_once_it_ended():
     store = _Store()
-    writer = ledger._Writer(store, heartbeat_s=0.01)
-    run_ = ledger.new_run(0.0, 0)
-    writer.submit({"runs": [run_]}, running=True)
+    led = ledger.Ledger(
+        store, True, _Events(), resumed_step=0, state=None, keep=3, heartbeat_s=0.01
+    )
     store.wait_for(4)
+    submitted = led.run["ended_at"]  # the record queued at the start, then heartbeats
     beats = [w["runs"][-1]["ended_at"] for w in store.writes]
-    assert beats[0] == 0.0 and beats[1] < beats[2] < beats[3]  # alive, later each time
-    writer.live_step = 7  # a step done after the record was submitted: the beats carry it
+    assert beats[0] == submitted and beats[1] < beats[2] < beats[3]  # alive, later each time
+    led.stepped(7)  # a step done after the record was submitted: the beats carry it
     store.wait_for(len(store.writes) + 2)
     assert store.writes[-1]["runs"][-1]["last_step"] == 7
-    final = dict(run_, end="completed", ended_at=1.0)
-    writer.submit({"runs": [final]}, running=False)
-    store.wait_for(len(store.writes) + 1)
-    count = len(store.writes)
-    time.sleep(0.05)  # five heartbeats' time: none may come after the end
-    writer.close(timeout_s=10)
+    led.end("completed")
+    final = led.state_dict()[-1]
+    with store.cond:
+        assert store.cond.wait_for(lambda: store.writes[-1]["runs"][-1] == final, timeout=30)
+        count = len(store.writes)
+    # Five of the heartbeat's chances pass (counted by the writer): none may write after the end.
+    writer = led._writer
+    chances = writer.beats
+    assert writer.wait_until(lambda: writer.beats >= chances + 5, timeout_s=30)
+    led.close(timeout_s=10)
     assert len(store.writes) == count and store.writes[-1]["runs"][-1] == final

@@ -241,7 +241,7 @@ def test_a_last_post_still_under_way_when_the_run_ends_is_said(server, caplog):
         poster.event("done", {"step": 10, "max_steps": 10, "reason": "completed"})
         assert server.entered.wait(10)
         poster.close(timeout_s=0.5)  # returns, though the post can only end with the server
-        assert poster._thread.is_alive() and poster._sending is not None
+        assert poster._writer._thread.is_alive() and poster._writer.writing is not None
     server.release.set()
     (record,) = caplog.records
     assert "last state (100%) was not posted within 0 s" in record.getMessage()

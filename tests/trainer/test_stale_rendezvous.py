@@ -204,8 +204,7 @@ def test_a_node_restarted_while_the_master_agent_exits_joins_without_another_res
 
 
 def test_a_rendezvous_still_stale_after_the_last_attempt_is_a_lost_peer_to_the_operator() -> None:
-    from trainer.__main__ import relaunch_exit_code
-    from trainer.launch import rendezvous_was_stale
+    from trainer.launch import relaunch_exit_code, rendezvous_was_stale
 
     assert rendezvous_was_stale([EXIT_STALE_RENDEZVOUS, EXIT_STALE_RENDEZVOUS])
     assert not rendezvous_was_stale([EXIT_STALE_RENDEZVOUS, EXIT_PEER_LOST])

@@ -154,7 +154,7 @@ def test_a_step_reads_the_host_once_after_its_update_is_queued(tmp_path: Path) -
     trainer.batches._draw = _paused(mode, trainer.batches._draw)
     trainer.evaluator.run = _paused(mode, trainer.evaluator.run)
     trainer.state_dict = _paused(mode, trainer.state_dict)
-    trainer.checkpointer.save = _paused(mode, trainer.checkpointer.save)
+    trainer.checkpoints.save = _paused(mode, trainer.checkpoints.save)
     with mode:
         assert trainer.fit() == "completed"
     window = ["optimizer.step", "flags"] * 2 + ["optimizer.step", "flags", "__float__"]

@@ -23,7 +23,7 @@ import pytest
 
 from tests.trainer.conftest import REPO, base_env, common_args, free_port
 
-# One rank of a job: the real `train()` of `python -m trainer` (setup, Trainer.fit with DDP and
+# One rank of a job: the real `run()` of `python -m trainer` (setup, Trainer.fit with DDP and
 # its comm hook, the closing barrier, teardown), then the names of this process's threads and
 # whether destroy_process_group freed the group object (a weak reference to it, taken when setup
 # made it, read as destroy_process_group returns: later, the trainer may be gone anyway).
@@ -31,7 +31,7 @@ _RANK = """
 import json, os, sys, weakref
 import torch.distributed as dist
 from trainer import distributed
-from trainer.__main__ import train
+from trainer.train import run
 from trainer.config import ConfigError, load_config
 
 def threads():
@@ -56,7 +56,7 @@ def recording_destroy(*args, **kwargs):
 distributed.setup, dist.destroy_process_group = recording_setup, recording_destroy
 before = threads()
 try:
-    rc = train(load_config(None, sys.argv[1:]))
+    rc = run(load_config(None, sys.argv[1:]))
 except ConfigError:
     rc = 2
 print(json.dumps({"rc": rc, "before": before, "after": threads(), "freed": freed}))

@@ -7,20 +7,25 @@ fallback on resume) is ``trainer.checkpoint.manager``'s.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from trainer.checkpoint.manager import CheckpointManager
 from trainer.contract import CHECKPOINT
-from trainer.telemetry.events import Reporter
 
 
-class Checkpointer:
+class _Events(Protocol):
+    """Where the ``checkpoint`` event goes (rank 0's reporter)."""
+
+    def event(self, name: str, **fields: Any) -> None: ...
+
+
+class CheckpointCadence:
     """The save cadence over a :class:`CheckpointManager`, and the ``checkpoint`` event."""
 
     def __init__(
         self,
         storage: CheckpointManager,
-        report: Reporter,
+        report: _Events,
         *,
         every_steps: int,
         saved_step: int | None,

@@ -26,14 +26,16 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from trainer.contract import GOODPUT, LAUNCHED_AT_ENV, TORCHELASTIC_RESTART_COUNT
+from trainer.checkpoint.storage import Store
+from trainer.contract import GOODPUT
+from trainer.launch import launched_at
+from trainer.parts.phases import EVALUATION, SAVE
+from trainer.telemetry.writer import NewestWriter
 
 log = logging.getLogger(__name__)
 
@@ -53,35 +55,6 @@ DIGITS = 3
 #: The lap buckets of a run's time after its first step.
 STEPS, STALL, EVAL = "steps_s", "stall_s", "eval_s"
 BUCKETS = (STEPS, STALL, EVAL)
-
-_IMPORTED_AT = time.time()
-
-
-def process_started_at() -> float:
-    """When this process started, in epoch seconds: from ``/proc`` (10 ms), else when this module
-    was imported."""
-    try:
-        with open("/proc/self/stat") as f:
-            after_name = f.read().rpartition(")")[2].split()
-        start_ticks = int(after_name[19])  # field 22 of proc(5); the fields after comm start at 3
-        with open("/proc/uptime") as f:
-            uptime_s = float(f.read().split()[0])
-        return time.time() - (uptime_s - start_ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return _IMPORTED_AT
-
-
-def launched_at() -> float:
-    """When the container started this run: the re-launching parent's start (it exports it), or
-    this process's own (no re-launch, or torchrun restarted the workers)."""
-    raw = os.environ.get(LAUNCHED_AT_ENV)
-    if raw and os.environ.get(TORCHELASTIC_RESTART_COUNT, "0") == "0":
-        try:
-            return float(raw)
-        except ValueError:
-            pass
-    return process_started_at()
-
 
 # ---------------------------------------------------------------------------------------------
 # A run's record (plain dicts: they go into the checkpoint state, the record object and events)
@@ -205,25 +178,27 @@ class Ledger:
     rank every method does nothing.
 
     The loop calls :meth:`started` after its ``start`` event, :meth:`stepped` after every step
-    and :meth:`window` after the log window's ``train`` event, times an evaluation or a stall in
-    :meth:`part` and a save in :meth:`saving`, and calls :meth:`end` as the run ends (before its
-    ``done`` event); :meth:`close` stops the writer."""
+    and :meth:`window` after the log window's ``train`` event, times each phase of the loop
+    (``trainer.parts.phases``) in :meth:`phase`, and calls :meth:`end` as the run ends (before
+    its ``done`` event); :meth:`close` stops the writer. ``store`` is the checkpoints' (rank 0's;
+    None: no record beside them)."""
 
     def __init__(
         self,
-        location: str | None,
+        store: Store | None,
         is_main: bool,
         report: Any,
         *,
         resumed_step: int,
         state: dict[str, Any] | None,
         keep: int,
+        heartbeat_s: float = HEARTBEAT_S,
     ):
         self.enabled = is_main
         if not is_main:
             return
-        self.report, self.keep = report, keep
-        self.store = _open(location)
+        self.report, self.keep, self.store = report, keep, store
+        self._warned = False
         from_state = (state or {}).get("ledger") if state is not None else None
         from_record = self._read_record()
         earlier = settle(choose(from_state, from_record), resumed_step)
@@ -231,7 +206,11 @@ class Ledger:
         self.run = new_run(launched_at(), resumed_step)
         self.run["ended_at"] = time.time()
         self._t0 = self._t = None  # perf_counter at the first step, and at the last lap
-        self._writer = _Writer(self.store, HEARTBEAT_S) if self.store is not None else None
+        self._writer: NewestWriter[dict[str, Any]] | None = None
+        if store is not None:
+            self._writer = NewestWriter(
+                self._write, name=WRITER_THREAD, heartbeat_s=heartbeat_s, beat=self._heartbeat
+            )
         self._queue()
 
     # -- the loop's calls ----------------------------------------------------------------------
@@ -250,8 +229,6 @@ class Ledger:
             self._t0 = self._t = time.perf_counter()
             self.run["first_step_at"] = time.time()
         self.run["last_step"] = step
-        if self._writer is not None:
-            self._writer.live_step = step
 
     def lap(self, bucket: str) -> None:
         """The time since the last lap was ``bucket``'s (before the first step: start-up's)."""
@@ -271,22 +248,16 @@ class Ledger:
         self._queue()
 
     @contextlib.contextmanager
-    def part(self, bucket: str) -> Iterator[None]:
-        """Time the block as ``bucket`` (evaluation, a stall); the steps' time before it is laid
-        down first."""
+    def phase(self, name: str, step: int) -> Iterator[None]:
+        """Time the block: an evaluation as ``eval_s``, a save or the wait for the last write
+        as ``stall_s`` (the steps' time before it is laid down first). After a save of ``step``,
+        mark what the run has done by then: what a run that resumes from it keeps of this one."""
         self.lap(STEPS)
         try:
             yield
         finally:
-            self.lap(bucket)
-
-    @contextlib.contextmanager
-    def saving(self, step: int) -> Iterator[None]:
-        """Time a save of ``step`` as a stall; then mark what the run has done by then (what a
-        run that resumes from this checkpoint keeps of this one)."""
-        with self.part(STALL):
-            yield
-        if self.enabled and self._t is not None:
+            self.lap(EVAL if name == EVALUATION else STALL)
+        if name == SAVE and self.enabled and self._t is not None:
             run = self.run
             mark = [step, run[STEPS], run[STALL], run[EVAL]]
             run["marks"] = [*run["marks"], mark][-(self.keep + 1) :]  # a resume uses only these
@@ -325,8 +296,26 @@ class Ledger:
 
     def _queue(self) -> None:
         if self._writer is not None:
-            record = {"format": FORMAT, "runs": self.state_dict()}
-            self._writer.submit(record, running=self.run["end"] is None)
+            self._writer.submit({"format": FORMAT, "runs": self.state_dict()})
+
+    def _heartbeat(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """The writer's thread, nothing new for a while: while the run goes on, the last record
+        with the run alive now, at the last step done (a run killed inside a long step or a long
+        log window is known alive, and how far it got, until shortly before)."""
+        current = record["runs"][-1]
+        if current["end"] is not None:
+            return None  # the run ended: its record says so already
+        current = dict(current, ended_at=time.time())
+        current["last_step"] = max(current["last_step"], self.run["last_step"])
+        return dict(record, runs=[*record["runs"][:-1], current])
+
+    def _write(self, record: dict[str, Any]) -> None:
+        try:
+            self.store.write_bytes(RECORD, json.dumps(record, separators=(",", ":")).encode())
+        except Exception as e:
+            if not self._warned:
+                self._warned = True
+                log.warning("ledger: cannot write %s (%s); goodput may miss its end", RECORD, e)
 
     def _read_record(self) -> list[dict[str, Any]] | None:
         if self.store is None:
@@ -339,72 +328,3 @@ class Ledger:
         except Exception as e:  # unreadable or another shape: start the ledger from the state
             log.warning("ledger: cannot read %s (%s); carrying on without it", RECORD, e)
             return None
-
-
-def _open(location: str | None):
-    if not location:
-        return None
-    from trainer.checkpoint.storage import open_store
-
-    try:
-        return open_store(location)
-    except Exception as e:
-        log.warning("ledger: cannot open %s (%s); goodput will not see past this run", location, e)
-        return None
-
-
-class _Writer:
-    """Rewrites :data:`RECORD` in a daemon thread: the newest record submitted, at once, and
-    while the run goes on every :data:`HEARTBEAT_S` seconds with ``ended_at`` moved to now and
-    ``last_step`` to :attr:`live_step` (so a run killed inside a long step or a long log window
-    is known alive, and how far it got, until shortly before)."""
-
-    #: The last step done, set by the loop's thread (one int: no lock needed).
-    live_step: int | None = None
-
-    def __init__(self, store, heartbeat_s: float):
-        self.store, self.heartbeat_s = store, heartbeat_s
-        self._cond = threading.Condition()
-        self._record: dict[str, Any] | None = None
-        self._running = True
-        self._new = self._closed = False
-        self._warned = False
-        self._thread = threading.Thread(target=self._loop, name=WRITER_THREAD, daemon=True)
-        self._thread.start()
-
-    def submit(self, record: dict[str, Any], running: bool) -> None:
-        with self._cond:
-            self._record, self._running, self._new = record, running, True
-            self._cond.notify()
-
-    def close(self, timeout_s: float) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        self._thread.join(timeout_s)
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                if not (self._new or self._closed):
-                    self._cond.wait(self.heartbeat_s)
-                record, new, running, closing = self._record, self._new, self._running, self._closed
-                self._new = False
-            if new:
-                self._write(record)
-            elif record is not None and running and not closing:
-                # A heartbeat: the run is alive now, whatever step it is in.
-                current = dict(record["runs"][-1], ended_at=time.time())
-                if self.live_step is not None:
-                    current["last_step"] = max(current["last_step"], self.live_step)
-                self._write(dict(record, runs=[*record["runs"][:-1], current]))
-            if closing:
-                return
-
-    def _write(self, record: dict[str, Any]) -> None:
-        try:
-            self.store.write_bytes(RECORD, json.dumps(record, separators=(",", ":")).encode())
-        except Exception as e:
-            if not self._warned:
-                self._warned = True
-                log.warning("ledger: cannot write %s (%s); goodput may miss its end", RECORD, e)

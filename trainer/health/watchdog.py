@@ -1,18 +1,18 @@
 """A rank that makes no progress, named, with where it is.
 
 Each rank runs a watchdog thread beside its loop. The loop marks progress after every step
-(:meth:`Watchdog.step_done`) and pauses the clock where a long wait is expected
-(:meth:`Watchdog.paused`: evaluation, a checkpoint, a compile; the first step, which compiles,
-is paused by itself). A pause on any rank holds every rank's watchdog, through two keys in the
-c10d store, since the others wait for that rank in their next collective.
+(:meth:`Watchdog.step_done`) and pauses the clock where a long wait is expected: the loop's
+phases (:meth:`Watchdog.phase`: an evaluation, a save, the last write) and a compile; the first
+step, which compiles, is paused by itself. A pause on any rank holds every rank's watchdog,
+through two keys in the c10d store, since the others wait for that rank in their next collective.
 
 A rank whose loop made no progress for ``stuck_after_s``, or ``stuck_step_times`` times its
 slowest recent step if that is longer (not counting the first step, nor one after a pause),
-prints one ``stuck`` event about itself: its step, how
-long, the collective it waits in, the innermost frame of its loop's thread that is not torch's or
-the standard library's, and every thread's stack, innermost frames first
-(``sys._current_frames`` and ``traceback``). It publishes the same, without the other threads,
-in the c10d store, which answers from any thread while the loop's collectives block.
+prints one ``stuck`` event about itself: its step, how long, the collective it waits in, the
+innermost frame of its loop's thread that is not torch's or the standard library's, and every
+thread's stack, innermost frames first (``sys._current_frames`` and ``traceback``). It
+publishes the same, without the other threads, in the c10d store, which answers from any thread
+while the loop's collectives block.
 
 Which collective: torch's Flight Recorder, on by default for gloo and NCCL in torch 2.15
 (``TORCH_FR_BUFFER_SIZE``, 2000 entries unless set; ``torch/distributed/distributed_c10d.py``,
@@ -288,9 +288,9 @@ class Watchdog:
         self.marks += 1
 
     @contextlib.contextmanager
-    def paused(self, what: str) -> Iterator[None]:
-        """No rank is stuck while this rank does ``what`` (evaluation, a checkpoint), however
-        long it takes."""
+    def phase(self, name: str, step: int) -> Iterator[None]:
+        """No rank is stuck while this rank is in a phase of the loop (``trainer.parts.phases``:
+        an evaluation, a save, the wait for the last write), however long it takes."""
         self.pause()
         try:
             yield

@@ -18,8 +18,8 @@ value}], lastUpdatedTime}}`` with that token as a bearer token sets ``status.tra
 Upstream's SDK (``kubeflow.trainer.update_trainjob_status``) posts at most once every 5 s
 (``_MIN_UPDATE_INTERVAL_SECONDS``); so does this.
 
-Training never waits for it: :meth:`ProgressPoster.event` only stores the latest state and
-wakes a daemon thread, which posts. Errors are logged once:
+Training never waits for it: :meth:`ProgressPoster.event` only hands the latest state to a
+daemon thread (``trainer.telemetry.writer``), which posts. Errors are logged once:
 
 - one that will not go away by itself (a refused or invalid request: any 4xx but 408 and 429; a
   certificate the CA does not sign; a missing CA or token file) stops posting for the rest of
@@ -58,6 +58,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from trainer.contract import COMPLETED, DONE, EVAL, TRAIN
+from trainer.telemetry.writer import NewestWriter
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,6 @@ class ProgressPoster:
         self.failed: str | None = None  # the error that stopped posting
         self.retried = 0  # posts that failed in a way that may pass, and were tried again
         self.last_posted: dict[str, Any] | None = None  # the newest state a 2xx answered
-        self._sending: dict[str, Any] | None = None  # the state of the post under way
         # What the post under way is doing, for the close line: a socket operation has
         # ``timeout_s``, but a name lookup (glibc's, through the pod's search domains) has none.
         self._phase = ""
@@ -157,12 +157,11 @@ class ProgressPoster:
         self._backoff = 0.0  # the wait after such failures in a row (0: not failing)
         self._evals: dict[str, Any] = {}
         self._last_train: Mapping[str, Any] = {}
-        self._pending: dict[str, Any] | None = None  # the newest state not posted yet
-        self._closing = False
         self._last_post = -math.inf
-        self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="progress-api")
-        self._thread.start()
+        self._failing = threading.Lock()
+        self._writer: NewestWriter[dict[str, Any]] = NewestWriter(
+            self._send, name="progress-api", due=self._next_post
+        )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> ProgressPoster | None:
@@ -185,10 +184,7 @@ class ProgressPoster:
                 return
             if name == TRAIN:
                 self._last_train = dict(fields)
-            with self._cond:
-                if self.failed is None and not self._closing:
-                    self._pending = status
-                    self._cond.notify()
+            self._writer.submit(status)
         except Exception as e:  # a reporting bug must not end a training run
             self._fail(f"{type(e).__name__}: {e}")
 
@@ -196,22 +192,20 @@ class ProgressPoster:
         """Post what is pending (after the interval since the last post, not after a back-off),
         then stop. Waits at most ``timeout_s`` (default :data:`CLOSE_S`), then says in one line
         what the TrainJob's status was left at."""
-        with self._cond:
-            self._closing = True
-            final = self._pending or self._sending or self.last_posted
-            self._cond.notify()
+        writer = self._writer
+        final = writer.pending or writer.writing or self.last_posted
         wait = CLOSE_S if timeout_s is None else timeout_s
-        self._thread.join(wait)
+        ended = writer.close(wait)
         if self.failed is not None:
             return  # said when it happened
-        if self._thread.is_alive():
+        if not ended:
             log.warning(
                 "progress: the run's last state (%s%%) was not posted within %.0f s of its end "
                 "(%s); the TrainJob's status may show an older one",
                 (final or {}).get("progressPercentage", "?"),
                 wait,
                 f"a post was still under way: {self._phase}"
-                if self._sending
+                if writer.writing
                 else "waiting to try again"
                 if self._backoff
                 else f"waiting out the rate limit, one post per {self.interval_s:.0f} s",
@@ -223,48 +217,36 @@ class ProgressPoster:
                 self.last_posted.get("progressPercentage", "?"),
             )
 
-    # -- the thread ---------------------------------------------------------------------------
+    # -- the writer's thread -----------------------------------------------------------------
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while self._pending is None and not self._closing:
-                    self._cond.wait()
-                if self._pending is None or self.failed is not None:
-                    return  # closing with nothing to post
-                # The rate limit: a newer state that comes meanwhile replaces this one. Closing
-                # cuts a back-off short: the last state (100% at the end) gets its try.
-                while time.monotonic() < self._next_post():
-                    self._cond.wait(self._next_post() - time.monotonic())
-                status, self._pending = self._pending, None
-                self._last_post = time.monotonic()
-                self._sending = status
-            try:
-                self._post(status)
-            except Exception as e:
-                self._sending = None
-                if not may_pass(e):
-                    self._fail(_describe(e))
-                    return
-                self._retry(status, _describe(e))
+    def _send(self, status: dict[str, Any]) -> None:
+        """Post ``status``; on a failure that may pass keep it for the next try (unless a newer
+        state came), on any other stop posting."""
+        self._last_post = time.monotonic()
+        try:
+            self._post(status)
+        except Exception as e:
+            if not may_pass(e):
+                self._fail(_describe(e))
             else:
-                self._sending = None
-                self._backoff = 0.0
-                self.last_posted = status
+                self._retry(status, _describe(e))
+        else:
+            self._backoff = 0.0
+            self.last_posted = status
 
-    def _next_post(self) -> float:
-        if self._closing or not self._backoff:
+    def _next_post(self, closing: bool) -> float:
+        """When the next post may start: the rate limit after the last one, or the back-off
+        after failures in a row; closing cuts a back-off short (the 100% of the end gets its
+        try)."""
+        if closing or not self._backoff:
             return self._last_post + self.interval_s
         return self._last_post + self._backoff
 
     def _retry(self, status: dict[str, Any], why: str) -> None:
-        with self._cond:
-            self.retried += 1
-            if self._pending is None:
-                self._pending = status  # nothing newer came meanwhile: try this one again
-            self._backoff = min(MAX_BACKOFF_S, 2 * (self._backoff or self.interval_s))
-            first = self.retried == 1
-        if first:
+        self.retried += 1
+        self._writer.keep(status)  # unless a newer state came meanwhile: try this one again
+        self._backoff = min(MAX_BACKOFF_S, 2 * (self._backoff or self.interval_s))
+        if self.retried == 1:
             log.warning(
                 "progress: a post to the TrainJob's status at %s failed (got %s); training goes "
                 "on, and posting tries again, at most every %.0f s",
@@ -311,11 +293,11 @@ class ProgressPoster:
         self.posted += 1
 
     def _fail(self, why: str) -> None:
-        with self._cond:
+        with self._failing:  # the loop's thread (a reporting bug) or the writer's (a post)
             if self.failed is not None:
                 return
             self.failed = why
-            self._pending = None
+        self._writer.stop()
         log.warning(
             "progress: cannot post to the TrainJob's status at %s (got %s); training goes on, "
             "without posting its progress there again",
