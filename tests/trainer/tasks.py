@@ -66,6 +66,7 @@ class RecordingTask:
         hang_rank: int | None = None,
         hang_call: int = 0,
         hang_s: float = 0.0,
+        hang_release: str | None = None,
         slow_rank: int | None = None,
         slow_s: float = 0.0,
         slow_first_s: float = 0.0,
@@ -84,7 +85,7 @@ class RecordingTask:
         self.calls = 0
         self.rank = int(os.environ.get("RANK", "0"))
         self.hang_s = hang_s if hang_rank == self.rank else 0.0
-        self.hang_call = hang_call
+        self.hang_call, self.hang_release = hang_call, hang_release
         self.slow_s = slow_s if slow_rank == self.rank else 0.0
         self.slow_first_s = slow_first_s if slow_rank == self.rank else 0.0
         self.slow_state_s = slow_state_s if slow_state_rank == self.rank else 0.0
@@ -143,15 +144,19 @@ class RecordingTask:
             if self.slow_first_s and self.calls == 1:
                 time.sleep(self.slow_first_s)
             if self.hang_s and self.calls == self.hang_call:
-                hang_here(self.hang_s)
+                hang_here(self.hang_s, self.hang_release)
         return loss, {"accuracy": (logits.argmax(1) == y).float().mean()}
 
 
-def hang_here(seconds: float) -> None:
+def hang_here(seconds: float, release: str | None = None) -> None:
     """Where a hung rank is: the ``stuck`` events name this function and its sleep. It says when
-    it started on stderr (``HANGS``), for a test that times how soon the hang is named."""
+    it started on stderr (``HANGS``), for a test that times how soon the hang is named. It ends
+    after ``seconds``, or as soon as the file ``release`` exists (a test that ends the hang
+    once it has been named)."""
     print(f"{HANGS} {time.time():.3f}", file=sys.stderr, flush=True)
-    time.sleep(seconds)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not (release and os.path.exists(release)):
+        time.sleep(min(0.05, seconds))
 
 
 #: What :func:`hang_here` prints first, then the time (seconds since the epoch).

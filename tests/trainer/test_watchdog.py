@@ -9,12 +9,15 @@ import inspect
 import json
 import math
 import socket
+import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
 from tests.trainer import tasks
-from tests.trainer.conftest import Result, base_env, common_args, run, torchrun_cmd
+from tests.trainer.conftest import REPO, Result, base_env, common_args, torchrun_cmd
+from trainer.contract import parse_event
 from trainer.health.stragglers import SlowRanks
 from trainer.health.watchdog import frame_of_interest, judge
 
@@ -28,15 +31,42 @@ HANG_LINE = next(
     if "time.sleep" in text
 )
 STUCK_AFTER_S = 2
+#: The longest rank 1 hangs when nothing names it (below the process group's timeout).
+HANG_S = 200
+RUN_TIMEOUT_S = 420
 
 
 def _task_args(**args: object) -> str:
     return "task_args=" + json.dumps(args)
 
 
-def _two_ranks(tmp_path: Path, *args: str, **overrides: object) -> Result:
+def _two_ranks_until_named(
+    tmp_path: Path, release: Path, *args: str, **overrides: object
+) -> Result:
+    """A 2-rank run under torchrun; once rank 0 prints the verdict (a ``stuck`` event with a
+    culprit), ``release`` is created, which ends the hang (``tasks.hang_here``): the hang lasts
+    until it is named, however long a step takes on this machine."""
     cmd = torchrun_cmd(2, *common_args(tmp_path, **overrides), *args)
-    r = run(cmd, env=base_env(), timeout=300)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=base_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    stderr: list[str] = []
+    drain = threading.Thread(target=lambda: stderr.append(proc.stderr.read()), daemon=True)
+    drain.start()
+    deadline = threading.Timer(RUN_TIMEOUT_S, proc.kill)
+    deadline.start()
+    stdout = []
+    try:
+        for line in proc.stdout:
+            stdout.append(line)
+            event = parse_event(line)
+            if event is not None and event["event"] == "stuck" and "culprit" in event:
+                release.touch()
+        rc = proc.wait()
+    finally:
+        deadline.cancel()
+    drain.join(timeout=30)
+    r = Result(rc, "".join(stdout), "".join(stderr))
     assert r.rc == 0, r.stderr[-3000:]
     return r
 
@@ -52,11 +82,12 @@ def test_a_hung_rank_is_named_with_its_frame_a_slow_one_flagged_and_slow_moments
     tmp_path: Path,
 ) -> None:
     """One run: rank 1 is slowed every step (a straggler from the third log window), takes
-    twice the limit over its first step, and hangs in its 20th; rank 0's checkpoints (it reads
-    the state) take twice the limit. Only the hang is named."""
-    slow_s, hang_s = 2 * STUCK_AFTER_S, 10
-    r = _two_ranks(
+    twice the limit over its first step, and hangs in its 20th until it is named; rank 0's
+    checkpoints (it reads the state) take twice the limit. Only the hang is named."""
+    slow_s, hang_s = 2 * STUCK_AFTER_S, HANG_S
+    r = _two_ranks_until_named(
         tmp_path,
+        tmp_path / "named",
         _task_args(
             slow_rank=1,
             slow_s=0.05,
@@ -64,6 +95,7 @@ def test_a_hung_rank_is_named_with_its_frame_a_slow_one_flagged_and_slow_moments
             hang_rank=1,
             hang_call=20,
             hang_s=hang_s,
+            hang_release=str(tmp_path / "named"),
             slow_state_rank=0,
             slow_state_s=slow_s,
         ),
@@ -73,16 +105,16 @@ def test_a_hung_rank_is_named_with_its_frame_a_slow_one_flagged_and_slow_moments
             "watchdog.stuck_after_s": STUCK_AFTER_S,
             "watchdog.straggler_windows": 3,
             "checkpoint.every_steps": 12,
-            "timeout_s": 120,
+            "timeout_s": hang_s + 60,
         },
     )
+    verdicts, own = _stuck(r)
+    verdict, moved = verdicts  # the hang's verdict, then "the job moves again": nothing else
+
     # The slow moments happened: the first window and each checkpoint took longer than the limit.
     assert r.of("train")[0]["step_time_s"] * 3 >= slow_s
     assert [c["step"] for c in r.of("checkpoint")] == [12, 24]
-    assert r.of("done")[0]["elapsed_s"] >= 3 * slow_s + hang_s
-
-    verdicts, own = _stuck(r)
-    verdict, moved = verdicts  # the hang's verdict, then "the job moves again": nothing else
+    assert r.of("done")[0]["elapsed_s"] >= 3 * slow_s + verdict["stuck_s"]
     assert verdict["culprit"] == 1 and verdict["culprits"] == [1], verdict
     assert verdict["frame"]["file"] == TASKS_FILE
     assert (verdict["frame"]["function"], verdict["frame"]["line"]) == ("hang_here", HANG_LINE)
@@ -98,7 +130,9 @@ def test_a_hung_rank_is_named_with_its_frame_a_slow_one_flagged_and_slow_moments
         "stuck_s": moved["stuck_s"],
         "step": moved["step"],
     }
-    assert moved["stuck_s"] >= hang_s and r.events.index(moved) > r.events.index(verdict)
+    assert moved["stuck_s"] >= verdict["stuck_s"] and r.events.index(moved) > r.events.index(
+        verdict
+    )
 
     by_rank = {e["rank"]: e for e in own if not e.get("recovered")}
     assert set(by_rank) == {0, 1} and len(own) == 4  # each rank: stuck once, moving once
