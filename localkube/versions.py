@@ -2,9 +2,10 @@
 
 The operators' versions are the product's contract (``controller/kubeflow.py``: the versions
 ``doctor`` and the hints name), so the local cluster runs exactly those. The Go modules must
-require the same (``builds/go/go.mod``, ``builds/go-operators/go.mod``, ``builds/go-s3/go.mod``):
-``builds.operators`` and ``builds.s3server`` check at build time,
-``tests/localkube/test_tools_unit.py`` and ``test_s3_unit.py`` without building.
+require the same (``builds/go/go.mod``, ``builds/go-operators/go.mod``, ``builds/go-s3/go.mod``,
+``builds/go-prometheus/go.mod``): ``builds.operators`` and ``builds.gocommand`` check at build
+time, ``tests/localkube/test_tools_unit.py``, ``test_s3_unit.py`` and ``test_prometheus_unit.py``
+without building.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ TRAINER = kubeflow.TRAINER_VERSION
 JOBSET = kubeflow.JOBSET_VERSION
 KUEUE = kubeflow.KUEUE_VERSION
 VERSITYGW = "v1.8.0"
+#: Prometheus 3.x is published on the Go module proxy as module versions v0.3xx.y.
+PROMETHEUS = "v0.316.0"
+PROMETHEUS_RELEASE = "3.16.0"
 
 #: Built by the Kubernetes module (``builds/go``): the multi-call ``kube``, helm and CoreDNS.
 GO_TOOLS = {
@@ -39,6 +43,8 @@ OPERATORS = {
 }
 #: Built by the S3 server's module (``builds/go-s3``): the Versity S3 Gateway.
 S3_SERVER = {"versitygw": VERSITYGW}
+#: Built by Prometheus' module (``builds/go-prometheus``).
+PROMETHEUS_SERVER = {"prometheus": PROMETHEUS}
 #: Every pin by name: recorded in the tools folder's name (its hash), build-times.json and the
 #: cluster's state file.
-VERSIONS = {**GO_TOOLS, **OPERATORS, **S3_SERVER}
+VERSIONS = {**GO_TOOLS, **OPERATORS, **S3_SERVER, **PROMETHEUS_SERVER}

@@ -3,11 +3,8 @@ unmodified by ``builds/s3server.py``) as a host process with its posix backend, 
 the state folder (``.cluster/s3/``, which ``down`` removes).
 
 - Address: the node's bridge gateway at the fixed port :data:`PORT`, which the pods and the host
-  both reach. With no kube-proxy a Service cannot map a port, so the URL a spec's
-  ``AWS_ENDPOINT_URL`` names carries the server's own. Pods use :data:`ENDPOINT`: a Service
-  without selector and an EndpointSlice to the gateway, whose name CoreDNS answers with the
-  gateway's address (as for Trainer's status server, ``trainer_v2.py``). The host uses
-  :data:`HOST_ENDPOINT`.
+  both reach (``gateway.py``): the URL a spec's ``AWS_ENDPOINT_URL`` names carries the server's
+  own port. Pods use :data:`ENDPOINT`, the host :data:`HOST_ENDPOINT`.
 - Bucket :data:`BUCKET`: a folder of the posix root (versitygw serves each top-level folder as a
   bucket). Object metadata lives in a sidecar folder beside the root, so any filesystem serves
   (no extended attributes needed).
@@ -25,10 +22,8 @@ The server needs the node's bridge: it runs with the real node only (:data:`ENAB
 from __future__ import annotations
 
 import base64
-import errno
 import json
 import secrets
-import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,7 +31,7 @@ import yaml
 
 from ..controlplane.context import Component, http_get
 from ..node import host
-from ..procs import LocalkubeError
+from . import gateway
 
 if TYPE_CHECKING:
     from ..controlplane.context import Context
@@ -56,8 +51,6 @@ SECRET_NAMESPACE = "default"
 ACCESS_KEY = "ddpjob"
 #: Answers GET without credentials; an underscore never starts a bucket name, so it hides none.
 HEALTH_PATH = "/_health"
-#: Bind an address this machine does not hold (yet); linux/in.h, not in every Python's socket.
-_IP_FREEBIND = getattr(socket, "IP_FREEBIND", 15)
 
 
 def data_dir(state_dir: Path) -> Path:
@@ -82,54 +75,15 @@ def _write_credentials(state_dir: Path) -> dict[str, str]:
 
 def preflight(repo: Path) -> None:
     """One line when something else on this machine holds :data:`PORT` on every address."""
-    if not ENABLED:
-        return
-    with socket.socket() as sock:
-        # The bridge and its address may not exist yet: bind as if they did.
-        sock.setsockopt(socket.SOL_IP, _IP_FREEBIND, 1)
-        # As the server binds (Go's listeners do): a closed connection's TIME_WAIT is no owner.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host.GATEWAY, PORT))
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                raise
-            raise LocalkubeError(
-                f"localkube: port {PORT} is taken on this machine (got: {exc.strerror}); the "
-                f"local cluster's S3 server listens on {host.GATEWAY}:{PORT}. Stop what holds it "
-                f"(`ss -ltnp 'sport = :{PORT}'` names it)."
-            ) from None
+    if ENABLED:
+        gateway.check_port(PORT, "S3 server")
 
 
 def objects(creds: dict[str, str]) -> list[dict]:
     """The Service pods name the server by, its EndpointSlice to the gateway, and the Secret."""
-    meta = {"namespace": NAMESPACE}
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": SERVICE, **meta},
-            "spec": {
-                "clusterIP": "None",
-                "ports": [{"name": "s3", "port": PORT, "targetPort": PORT}],
-            },
-        },
-        {
-            "apiVersion": "discovery.k8s.io/v1",
-            "kind": "EndpointSlice",
-            "metadata": {
-                "name": f"{SERVICE}-host",
-                "labels": {
-                    "kubernetes.io/service-name": SERVICE,
-                    "endpointslice.kubernetes.io/managed-by": "ddpjob-cluster",
-                },
-                **meta,
-            },
-            "addressType": "IPv4",
-            "ports": [{"name": "s3", "port": PORT, "protocol": "TCP"}],
-            "endpoints": [{"addresses": [host.GATEWAY], "conditions": {"ready": True}}],
-        },
+        *gateway.service(SERVICE, NAMESPACE, "s3", PORT),
         {
             "apiVersion": "v1",
             "kind": "Secret",

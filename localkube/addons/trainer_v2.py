@@ -49,7 +49,7 @@ from ..controlplane import bootstrap
 from ..controlplane.context import Component, http_get
 from ..node.host import GATEWAY
 from ..procs import LocalkubeError
-from . import manager
+from . import gateway, manager
 
 if TYPE_CHECKING:
     from ..controlplane.context import Context
@@ -346,30 +346,7 @@ def status_objects(ctx: Context) -> list[dict]:
             "metadata": {"name": STATUS_CA_SECRET, **meta},
             "data": {"ca.crt": ca},
         },
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": STATUS_SERVICE, **meta},
-            "spec": {
-                "clusterIP": "None",
-                "ports": [{"name": "status", "port": port, "targetPort": port}],
-            },
-        },
-        {
-            "apiVersion": "discovery.k8s.io/v1",
-            "kind": "EndpointSlice",
-            "metadata": {
-                "name": f"{STATUS_SERVICE}-host",
-                "labels": {
-                    "kubernetes.io/service-name": STATUS_SERVICE,
-                    "endpointslice.kubernetes.io/managed-by": "ddpjob-cluster",
-                },
-                **meta,
-            },
-            "addressType": "IPv4",
-            "ports": [{"name": "status", "port": port, "protocol": "TCP"}],
-            "endpoints": [{"addresses": [GATEWAY], "conditions": {"ready": True}}],
-        },
+        *gateway.service(STATUS_SERVICE, STATUS_NAMESPACE, "status", port),
     ]
 
 

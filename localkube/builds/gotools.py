@@ -9,9 +9,10 @@ the client-go it was released with.
 
 The operators need k8s.io v0.36: a second module (``builds/go-operators``, see
 ``operators.py``) builds the training operator v1, Kubeflow Trainer v2, JobSet and Kueue into
-the same folder, with the manifests each installs. The S3 server (the Versity S3 Gateway) is a
-third module (``builds/go-s3``, see ``s3server.py``), built beside the others at a lower
-priority. The versions: ``localkube/versions.py``.
+the same folder, with the manifests each installs. The S3 server (the Versity S3 Gateway) and
+Prometheus are modules of their own (``builds/go-s3``, ``builds/go-prometheus``: ``gocommand.py``,
+``s3server.py``, ``prometheus.py``), built beside the others at a lower priority, one after the
+other. The versions: ``localkube/versions.py``.
 
 The tools folder is versioned by the pinned versions plus a hash of the modules' sources, so a
 second ``build()`` builds nothing and a change to any builds into a fresh folder.
@@ -28,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..versions import VERSIONS
-from . import operators, s3server
+from . import operators, prometheus, s3server
 from .gocmd import GO_DIR, run_go
 
 #: Components linked into the multi-call binary ``kube``; each gets a symlink in ``bin/``.
@@ -59,6 +60,7 @@ def _source_hash() -> str:
     digest.update(json.dumps(VERSIONS, sort_keys=True).encode())
     digest.update(operators.source_digest())
     digest.update(s3server.source_digest())
+    digest.update(prometheus.COMMAND.source_digest())
     return digest.hexdigest()[:10]
 
 
@@ -84,7 +86,8 @@ def is_built() -> bool:
     names = [*KUBE_COMPONENTS, "kube", *OWN_BINARIES]
     if not all((root / "bin" / n).exists() for n in names):
         return False
-    return operators.is_built(root) and s3server.is_built(root)
+    own = s3server.is_built(root) and prometheus.COMMAND.is_built(root)
+    return operators.is_built(root) and own
 
 
 def _ldflags() -> str:
@@ -127,11 +130,14 @@ def build(log=sys.stderr) -> dict[str, float]:
 def _build_locked(root: Path, log) -> dict[str, float]:
     if is_built():
         return {}
-    # The S3 server's build shares no module with the others: it runs beside them, niced.
+    # The S3 server's and Prometheus' builds share no module with the others: they run beside
+    # them, niced, one after the other.
     with ThreadPoolExecutor(max_workers=1) as pool:
-        s3 = pool.submit(s3server.build, root, log)
+        own = [pool.submit(s3server.build, root, log)]
+        own.append(pool.submit(prometheus.COMMAND.build, root, log))
         times = _build_kubernetes_and_operators(root, log)
-        times.update(s3.result())
+        for done in own:
+            times.update(done.result())
     record = root / "build-times.json"
     old = json.loads(record.read_text()) if record.exists() else {}
     old.update({k: round(v, 1) for k, v in times.items()})

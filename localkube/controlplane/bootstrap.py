@@ -86,6 +86,7 @@ USERS = {
     "kubeflow-trainer": ("ddpjob:kubeflow-trainer", ()),  # Trainer v2 (addons/trainer_v2.py)
     "jobset": ("ddpjob:jobset", ()),
     "kueue": ("ddpjob:kueue", ()),  # addons/kueue.py
+    "prometheus": ("ddpjob:prometheus", ()),  # addons/prometheus.py: its pod discovery
 }
 
 
