@@ -123,6 +123,57 @@ class WatchdogConfig(_Section):
         return v
 
 
+class PrometheusConfig(_Section):
+    """Prometheus metrics from every rank (trainer/telemetry/prometheus.py)."""
+
+    serve: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description=(
+            "Serve every rank's metrics at http://<pod>:<port>/metrics: auto = in a Kubernetes "
+            "pod only (KUBERNETES_SERVICE_HOST is set), not for `python -m trainer` on a laptop."
+        ),
+    )
+    port: int = Field(
+        9464,
+        ge=1,
+        le=65535,
+        description=(
+            "The port the metrics are served on; the pods' prometheus.io/port annotation names it."
+        ),
+    )
+
+
+class MlflowConfig(_Section):
+    """Experiment tracking in MLflow (trainer/telemetry/tracker.py): one run per job."""
+
+    tracking_uri: str | None = Field(
+        None,
+        description=(
+            "The MLflow tracking server, http(s)://host:port; unset = MLFLOW_TRACKING_URI from "
+            "the environment (a spec's env or secret_env), and neither = no tracking."
+        ),
+    )
+    experiment: str | None = Field(
+        None,
+        description="The experiment; unset = MLFLOW_EXPERIMENT_NAME, else the job's name.",
+    )
+    max_points: int = Field(
+        100_000,
+        ge=1,
+        description=(
+            "Metric points kept while the server does not answer (the oldest go first; the "
+            "`done` event counts what never reached it)."
+        ),
+    )
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _http(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"https?://[^/]", v):
+            raise ValueError("must be an MLflow tracking server's http(s)://host[:port] URL")
+        return v
+
+
 class TrainConfig(_Section):
     """A training run. Every field can be set as ``key=value`` (dotted for sections)."""
 
@@ -228,6 +279,12 @@ class TrainConfig(_Section):
     )
     tensorboard_dir: str | None = Field(
         None, description="Also write scalars for TensorBoard here (rank 0)."
+    )
+    prometheus: PrometheusConfig = Field(
+        default_factory=PrometheusConfig, description="Prometheus metrics from every rank."
+    )
+    mlflow: MlflowConfig = Field(
+        default_factory=MlflowConfig, description="Experiment tracking in MLflow (rank 0)."
     )
     progress: Literal["auto", "always", "never"] = Field(
         "auto", description="tqdm bar on rank 0: auto = only when stdout is a TTY."

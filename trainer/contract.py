@@ -111,7 +111,12 @@ STRAGGLER = "straggler"
 #: reason, null while running or for a run that died without one.
 GOODPUT = "goodput"
 
-JOB_EVENTS = (START, RESUME, TRAIN, EVAL, CHECKPOINT, DONE, STRAGGLER, GOODPUT)
+#: Rank 0, once its experiment tracker knows its run (``trainer/telemetry/mlflow.py``): ``tracker``
+#: ("mlflow"), ``run_id``, ``experiment_id``, ``url`` (the run's page on the tracking server),
+#: ``resumed`` (true: the job's run from before a restart, continued).
+TRACKING = "tracking"
+
+JOB_EVENTS = (START, RESUME, TRAIN, EVAL, CHECKPOINT, DONE, STRAGGLER, GOODPUT, TRACKING)
 RANK_EVENTS = (STUCK,)
 
 #: Why a run ended (the ``done`` event's ``reason``).
@@ -221,6 +226,20 @@ KUBERNETES_DEFAULT_GRACE_PERIOD_S = 30
 #: The pod's node (``spec.nodeName``, through the downward API: controller/render/pod.py), which
 #: ``stuck`` and ``straggler`` events name.
 NODE_NAME_ENV = "NODE_NAME"
+#: The job as the controller rendered it (controller/render/pod.py): its name, its namespace
+#: (the downward API's), its API (``pytorchjob`` or ``trainjob``) and image. The Prometheus
+#: labels and the MLflow run's tags and name read them.
+JOB_NAME_ENV = "DDPJOB_JOB_NAME"
+NAMESPACE_ENV = "DDPJOB_NAMESPACE"
+JOB_API_ENV = "DDPJOB_JOB_API"
+IMAGE_ENV = "DDPJOB_IMAGE"
+#: Set by a launcher that serves its torchrun workers' Prometheus metrics: the folder they write
+#: their values to (the client's multiprocess mode reads ``PROMETHEUS_MULTIPROC_DIR``).
+METRICS_DIR_ENV = "DDPJOB_METRICS_DIR"
+PROMETHEUS_MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
+#: MLflow's own variables (its client reads the same): where to track, and in which experiment.
+MLFLOW_TRACKING_URI = "MLFLOW_TRACKING_URI"
+MLFLOW_EXPERIMENT_NAME = "MLFLOW_EXPERIMENT_NAME"
 
 
 def without_launcher(environ: dict[str, str]) -> dict[str, str]:
