@@ -352,6 +352,54 @@ class Elastic(_Model):
     )
 
 
+def check_labels(v: dict[str, str]) -> dict[str, str]:
+    """Kubernetes label keys and values, or a ValueError naming the first that is not one."""
+    for key, value in v.items():
+        if problem := _label_key(key):
+            raise ValueError(f"{key}: {problem}")
+        if value and (len(value) > 63 or not LABEL_NAME.fullmatch(value)):
+            raise ValueError(
+                f"{key}: value must be at most 63 letters, digits, -, _, . "
+                f"(alphanumeric ends) (got {value})"
+            )
+    return v
+
+
+class Monitoring(_Model):
+    """What a Prometheus run by the Prometheus Operator, and Grafana, need to find the job's
+    metrics (the pods' own prometheus.io annotations serve any other Prometheus)."""
+
+    pod_monitor: bool = Field(
+        False,
+        description=(
+            "Also create a PodMonitor (monitoring.coreos.com/v1) for the job's pods, for a "
+            "Prometheus of the Prometheus Operator (which does not read prometheus.io "
+            "annotations). The cluster needs the Operator's CRDs."
+        ),
+    )
+    pod_monitor_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Labels on the PodMonitor: what the Prometheus' podMonitorSelector asks for "
+            "(kube-prometheus-stack: `release: <its release name>`)."
+        ),
+        json_schema_extra={"propertyNames": _LABEL_KEYS, "additionalProperties": _LABEL_VALUES},
+    )
+    grafana_dashboard: bool = Field(
+        False,
+        description=(
+            "Also create a ConfigMap with ddpjob's Grafana dashboard, labelled "
+            "`grafana_dashboard: \"1\"` (what Grafana's dashboard sidecar looks for): throughput, "
+            "loss, step-time quantiles per rank, goodput, stuck and straggler ranks, GPU use."
+        ),
+    )
+
+    @field_validator("pod_monitor_labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_labels(v)
+
+
 # --------------------------------------------------------------------------------------------
 # The spec
 
@@ -564,6 +612,10 @@ class JobSpec(_Model):
             "admitted)."
         ),
     )
+    monitoring: Monitoring = Field(
+        default_factory=Monitoring,
+        description="A PodMonitor and a Grafana dashboard beside the job (both off by default).",
+    )
 
     # -- single fields -------------------------------------------------------------------------
 
@@ -629,15 +681,7 @@ class JobSpec(_Model):
     @field_validator("node_selector", "labels")
     @classmethod
     def _labels(cls, v: dict[str, str]) -> dict[str, str]:
-        for key, value in v.items():
-            if problem := _label_key(key):
-                raise ValueError(f"{key}: {problem}")
-            if value and (len(value) > 63 or not LABEL_NAME.fullmatch(value)):
-                raise ValueError(
-                    f"{key}: value must be at most 63 letters, digits, -, _, . "
-                    f"(alphanumeric ends) (got {value})"
-                )
-        return v
+        return check_labels(v)
 
     @field_validator("annotations")
     @classmethod
@@ -675,11 +719,20 @@ class JobSpec(_Model):
             *self._api_fits(),
             *self._elastic_keeps_pods(),
             *self._rank0_volumes(),
+            *self._monitored(),
         ]
         if problems:
             # One ValueError carries every problem; spec_errors() splits it back into lines.
             raise ValueError("\n".join(problems))
         return self
+
+    def _monitored(self) -> list[str]:
+        if self.monitoring.pod_monitor and self.trainer.prometheus.serve == "off":
+            return [
+                "monitoring.pod_monitor: the pods serve no metrics to monitor (got "
+                "trainer.prometheus.serve: off). Remove one of the two"
+            ]
+        return []
 
     def _name_fits(self) -> list[str]:
         if self.api == "trainjob":
