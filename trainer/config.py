@@ -124,7 +124,7 @@ class WatchdogConfig(_Section):
 
 
 class PrometheusConfig(_Section):
-    """Prometheus metrics from every rank (trainer/telemetry/prometheus.py)."""
+    """Prometheus metrics from every rank (trainer/telemetry/metrics.py)."""
 
     serve: Literal["auto", "on", "off"] = Field(
         "auto",
