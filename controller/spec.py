@@ -389,7 +389,7 @@ class Monitoring(_Model):
         False,
         description=(
             "Also create a ConfigMap with ddpjob's Grafana dashboard, labelled "
-            "`grafana_dashboard: \"1\"` (what Grafana's dashboard sidecar looks for): throughput, "
+            '`grafana_dashboard: "1"` (what Grafana\'s dashboard sidecar looks for): throughput, '
             "loss, step-time quantiles per rank, goodput, stuck and straggler ranks, GPU use."
         ),
     )

@@ -49,9 +49,20 @@ def cmd_render(args: argparse.Namespace) -> int:
 
         obj: Any = render_values(spec)
     else:
-        from controller.render.job import render_job
+        from controller.render.job import render_objects
 
-        obj = render_job(spec)
+        objects = render_objects(spec)
+        # The job alone as one document; with what monitoring adds, one document each (YAML)
+        # or a List (JSON), as kubectl reads them.
+        if len(objects) == 1:
+            obj = objects[0]
+        elif args.output == "json":
+            obj = {"apiVersion": "v1", "kind": "List", "items": objects}
+        else:
+            from controller.render.output import to_yaml
+
+            sys.stdout.write("---\n".join(to_yaml(o) for o in objects))
+            return 0
     from controller.render.output import dump
 
     sys.stdout.write(dump(obj, args.output))

@@ -48,13 +48,38 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _manifest(args: argparse.Namespace) -> dict[str, Any]:
-    from controller.render.job import render_job  # the spec's pydantic models
+    return _objects(args)[0]
 
-    spec = load_spec(args.spec, args.set)
-    manifest = render_job(spec)
+
+def _objects(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The job, then what its ``monitoring`` asks for, in ``--namespace`` if given."""
+    from controller.render.job import render_objects  # the spec's pydantic models
+
+    objects = render_objects(load_spec(args.spec, args.set))
     if args.namespace:
-        manifest["metadata"]["namespace"] = args.namespace
-    return manifest
+        for obj in objects:
+            obj["metadata"]["namespace"] = args.namespace
+    return objects
+
+
+def _check_beside(cluster: Cluster, objects: list[dict[str, Any]]) -> None:
+    """A server-side dry run of each object that goes with the job: a cluster without the
+    Prometheus Operator's CRDs has no PodMonitor, said before anything is created."""
+    from controller.errors import ClusterError, UserError
+
+    for obj in objects:
+        try:
+            cluster.create_beside(obj, None, dry_run=True)
+        except ClusterError as e:
+            if e.reason == "AlreadyExists":
+                continue
+            hint = ""
+            if obj["kind"] == "PodMonitor" and e.status == 404:
+                hint = (
+                    " This cluster has no PodMonitor API (monitoring.coreos.com/v1): install "
+                    "the Prometheus Operator, or set monitoring.pod_monitor: false"
+                )
+            raise UserError(f"submit: preflight {obj['kind']} refused: {e}.{hint}") from None
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -62,7 +87,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from controller.jobs.wait import wait_deleted, wait_for_job
     from controller.jobs.watches import PodHistory
 
-    manifest = _manifest(args)
+    manifest, *beside = _objects(args)
     kind = kind_of(manifest)
     name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
     cluster = cluster_of(args)
@@ -75,7 +100,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
             pass
     if not args.no_preflight:
         preflight(cluster, manifest, force=args.force, say=say)
-    cluster.create_job(manifest)
+        _check_beside(cluster, beside)
+    created = cluster.create_job(manifest)
+    for obj in beside:  # owned by the job: deleted with it
+        cluster.create_beside(obj, created)
     elastic = is_elastic(manifest)
     print(f"submitted {kind.name} {namespace}/{name}")
     print(kubectl_hints(name, namespace, kind, elastic=elastic, max_pods=max_pods(manifest)))

@@ -189,6 +189,33 @@ class Cluster:
             body=manifest,
         )
 
+    def create_beside(
+        self, manifest: dict[str, Any], owner: dict[str, Any] | None, *, dry_run: bool = False
+    ) -> dict[str, Any]:
+        """Create an object that goes with a job (a ConfigMap, a PodMonitor: any namespaced
+        kind whose plural is its lowercase kind + s), owned by the created job ``owner`` (so
+        it goes when the job goes); ``owner`` None: not owned (a dry run)."""
+        meta = dict(manifest.get("metadata", {}))
+        namespace, name = meta.get("namespace", "default"), meta.get("name", "?")
+        if owner is not None:
+            ref = {
+                "apiVersion": owner["apiVersion"],
+                "kind": owner["kind"],
+                "name": owner["metadata"]["name"],
+                "uid": owner["metadata"]["uid"],
+            }
+            meta["ownerReferences"] = [ref]
+        version, kind = manifest["apiVersion"], manifest["kind"]
+        base = f"/api/{version}" if "/" not in version else f"/apis/{version}"
+        return self._json(
+            "POST",
+            f"{base}/namespaces/{_q(namespace)}/{kind.lower()}s",
+            "submit",
+            f"{kind} {namespace}/{name}",
+            query=[("dryRun", "All")] if dry_run else None,
+            body={**manifest, "metadata": meta},
+        )
+
     def delete_job(self, name: str, namespace: str, api: JobAPI = PYTORCHJOB) -> dict[str, Any]:
         # A PyTorchJob: foreground, the job object stays (with a deletionTimestamp) until the
         # garbage collector has removed its pods. A TrainJob: background, the object goes at

@@ -22,7 +22,14 @@ from controller.kubeflow import (
 )
 from controller.render.args import trainer_args
 from controller.spec import JobSpec
-from trainer.contract import GRACE_PERIOD_ENV, NODE_NAME_ENV
+from trainer.contract import (
+    GRACE_PERIOD_ENV,
+    IMAGE_ENV,
+    JOB_API_ENV,
+    JOB_NAME_ENV,
+    NAMESPACE_ENV,
+    NODE_NAME_ENV,
+)
 
 # Standard labels (https://kubernetes.io/docs/concepts/overview/working-with-objects/common-labels/)
 LABEL_NAME = "app.kubernetes.io/name"  # the application: always ddpjob
@@ -44,7 +51,7 @@ def job_labels(spec: JobSpec) -> dict[str, str]:
     queue = {LABEL_QUEUE: spec.queue} if spec.queue else {}
     if spec.queue and spec.priority_class:
         queue[LABEL_PRIORITY_CLASS] = spec.priority_class
-    return {**_standard_labels(spec), **queue, **spec.labels}
+    return {**standard_labels(spec), **queue, **spec.labels}
 
 
 def suspended(spec: JobSpec) -> bool:
@@ -60,10 +67,11 @@ def pod_priority_class(spec: JobSpec) -> str | None:
 
 def pod_labels(spec: JobSpec) -> dict[str, str]:
     """Labels on every pod: the standard ones and the user's (`kubectl get pods -l ...`)."""
-    return {**_standard_labels(spec), **spec.labels}
+    return {**standard_labels(spec), **spec.labels}
 
 
-def _standard_labels(spec: JobSpec) -> dict[str, str]:
+def standard_labels(spec: JobSpec) -> dict[str, str]:
+    """The app.kubernetes.io labels of everything the job is made of."""
     return {
         LABEL_NAME: "ddpjob",
         LABEL_INSTANCE: spec.name,
@@ -71,6 +79,27 @@ def _standard_labels(spec: JobSpec) -> dict[str, str]:
         LABEL_PART_OF: "ddpjob",
         LABEL_MANAGED_BY: "ddpjob",
     }
+
+
+#: The annotations a Prometheus' ``kubernetes-pods`` scrape job reads (the Prometheus community's
+#: convention; the local cluster's Prometheus reads them too).
+SCRAPE, PORT_ANNOTATION, PATH = "prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path"
+METRICS_PATH = "/metrics"
+
+
+def metrics_port(spec: JobSpec) -> int | None:
+    """The port every pod serves its ranks' metrics on (None: the trainer serves none)."""
+    prometheus = spec.trainer.prometheus
+    return None if prometheus.serve == "off" else prometheus.port
+
+
+def pod_annotations(spec: JobSpec) -> dict[str, str]:
+    """The pods' prometheus.io annotations where the trainer serves metrics, then the user's."""
+    port = metrics_port(spec)
+    if port is None:
+        return dict(spec.annotations)
+    scrape = {SCRAPE: "true", PORT_ANNOTATION: str(port), PATH: METRICS_PATH}
+    return {**scrape, **spec.annotations}
 
 
 def job_metadata(spec: JobSpec) -> dict[str, Any]:
@@ -91,10 +120,11 @@ def pod_template(spec: JobSpec, rank0: bool = True) -> dict[str, Any]:
 
 
 def pod_metadata(spec: JobSpec) -> dict[str, Any]:
-    """Every pod's labels (the standard ones and the user's) and the user's annotations."""
+    """Every pod's labels (the standard ones and the user's) and annotations (the scrape's,
+    then the user's)."""
     meta: dict[str, Any] = {"labels": pod_labels(spec)}
-    if spec.annotations:
-        meta["annotations"] = dict(spec.annotations)
+    if pod_annotations(spec):
+        meta["annotations"] = pod_annotations(spec)
     return meta
 
 
@@ -196,15 +226,23 @@ def container_args(spec: JobSpec) -> list[str]:
 
 
 def container_env(spec: JobSpec) -> list[dict[str, Any]]:
-    """The pod's node (which the trainer's ``stuck`` and ``straggler`` events name; first, so
-    the user's values may say ``$(NODE_NAME)``, and not where the user sets it), the user's env
-    in the spec's order, then Secret references (never their values), then the grace
-    period for the trainer, where the spec sets one."""
-    env: list[dict[str, Any]] = []
-    if NODE_NAME_ENV not in spec.env and NODE_NAME_ENV not in spec.secret_env:
-        env.append(
-            {"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
-        )
+    """What the trainer reads of its pod and job: its node (which the ``stuck`` and
+    ``straggler`` events name), the job's name, namespace, API and image (the metrics' labels,
+    the MLflow run's name and tags); first, so the user's values may say ``$(NODE_NAME)``, and
+    each not where the user sets it. Then the user's env in the spec's order, Secret references
+    (never their values), and the grace period for the trainer, where the spec sets one."""
+    own = {
+        NODE_NAME_ENV: {"valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        JOB_NAME_ENV: {"value": spec.name},
+        NAMESPACE_ENV: {"valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        JOB_API_ENV: {"value": spec.api},
+        IMAGE_ENV: {"value": spec.image},
+    }
+    env: list[dict[str, Any]] = [
+        {"name": name, **source}
+        for name, source in own.items()
+        if name not in spec.env and name not in spec.secret_env
+    ]
     env += [{"name": k, "value": v} for k, v in spec.env.items()]
     for name, ref in spec.secret_env.items():
         env.append(

@@ -12,6 +12,9 @@ exactly, the value is the renderer's own output instead of the spec's input:
 - ``args`` replaces ``trainer``: the trainer settings already encoded as the sorted
   ``key=value`` strings the container receives (``render.args.trainer_args``). Go templates cannot
   re-create that quoting and float formatting, and the settings were validated here anyway.
+  ``metrics_port`` is the one trainer setting the pods' metadata needs (their prometheus.io
+  annotations, the PodMonitor): the port the trainer serves its metrics on, 0 when it serves
+  none (not null: Helm takes a null value for "remove the chart's default").
 - ``env`` and ``secret_env`` are lists, not maps: Helm walks maps in sorted key order, and
   environment order matters (``$(VAR)`` references expand only from earlier entries).
 - Optional settings that are unset are written out as ``""`` (names) or ``null`` (numbers and
@@ -27,6 +30,7 @@ from typing import Any
 
 from controller.kubeflow import DEFAULT_COMMAND
 from controller.render.args import trainer_args
+from controller.render.pod import metrics_port
 from controller.spec import JobSpec
 
 
@@ -66,4 +70,6 @@ def render_values(spec: JobSpec) -> dict[str, Any]:
         "ttl_after_finished_s": spec.ttl_after_finished_s,
         "clean_pod_policy": spec.clean_pod_policy or "",
         "suspend": spec.suspend,
+        "metrics_port": metrics_port(spec) or 0,
+        "monitoring": spec.monitoring.model_dump(),
     }

@@ -7,7 +7,8 @@ SecretKeyRef) are the spec's own (``JobSpec.model_json_schema()``), so a rule ad
 reaches the chart. Where the values differ from the spec (values.py says how and why), these
 rules reshape the spec's schema, in this order:
 
-1. ``trainer`` goes: it arrives as ``args``, already a list of ``key=value`` strings.
+1. ``trainer`` goes: it arrives as ``args``, already a list of ``key=value`` strings, and as
+   ``metrics_port`` (the port its metrics are served on, 0 for none), added last.
 2. A key that is ``X | null`` in the spec takes the shape ``render_values`` gives it: a string
    (``priority_class``, ``service_account``, ``queue``) is ``""`` when unset, not null; a list
    (``command``, ``args``) is always written, so null goes; a number or a section
@@ -69,6 +70,17 @@ _ARGS_DESCRIPTION = (
     "`render --values` writes), or your own args. Empty: the trainer's defaults."
 )
 _GLOBAL = {"description": "Helm's values shared with parent charts; unused here.", "type": "object"}
+_METRICS_PORT = {
+    "description": (
+        "The port the trainer serves its Prometheus metrics on (the spec's "
+        "trainer.prometheus.port; what `render --values` writes): the pods' prometheus.io "
+        "annotations and the PodMonitor name it. 0: the trainer serves none "
+        "(trainer.prometheus.serve: off)."
+    ),
+    "type": "integer",
+    "minimum": 0,
+    "maximum": 65535,
+}
 
 
 def values_schema() -> dict[str, Any]:
@@ -93,6 +105,8 @@ def values_schema() -> dict[str, Any]:
         if key != "image":  # rule 6
             prop["default"] = defaults[key]
         properties[key] = prop
+
+    properties["metrics_port"] = {**_METRICS_PORT, "default": defaults["metrics_port"]}  # rule 1
 
     required = ["image"] + [  # rule 5, at the top
         k for k, v in defaults.items() if k not in ("name", "namespace") and _is_a_value(v)

@@ -7,6 +7,7 @@ reviewed like code. The tests here pin the shape, case by case.
 
 from __future__ import annotations
 
+import json
 import string
 
 import pytest
@@ -121,7 +122,7 @@ def test_secret_env_is_a_reference_never_a_value(monkeypatch):
     job = render(env={"A": "1"}, secret_env={"TOKEN": {"secret": "creds", "key": "token"}})
     (c,) = templates(job)[0]["spec"]["containers"]
     assert c["env"] == [
-        NODE_NAME,
+        *OWN,
         {"name": "A", "value": "1"},
         {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}},
     ]
@@ -130,13 +131,35 @@ def test_secret_env_is_a_reference_never_a_value(monkeypatch):
 
 #: The pod's node, from the downward API, which the trainer's stuck and straggler events name.
 NODE_NAME = {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+#: What the trainer reads of its job (the metrics' labels, the MLflow run's name and tags).
+JOB = [
+    {"name": "DDPJOB_JOB_NAME", "value": "job"},
+    {"name": "DDPJOB_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    {"name": "DDPJOB_JOB_API", "value": "pytorchjob"},
+    {"name": "DDPJOB_IMAGE", "value": "repo/trainer:1"},
+]
+OWN = [NODE_NAME, *JOB]
 
 
-def test_every_pod_learns_its_node_unless_the_user_sets_node_name():
+def test_every_pod_learns_its_node_and_job_unless_the_user_sets_them():
     for role in templates(render(nodes=2)):
-        assert role["spec"]["containers"][0]["env"] == [NODE_NAME]
-    (c,) = templates(render(env={"NODE_NAME": "mine", "A": "1"}))[0]["spec"]["containers"]
-    assert c["env"] == [{"name": "NODE_NAME", "value": "mine"}, {"name": "A", "value": "1"}]
+        assert role["spec"]["containers"][0]["env"] == OWN
+    env = {"NODE_NAME": "mine", "A": "1", "DDPJOB_JOB_NAME": "other"}
+    (c,) = templates(render(env=env))[0]["spec"]["containers"]
+    assert c["env"] == [*JOB[1:], *({"name": k, "value": v} for k, v in env.items())]
+
+
+def test_pods_are_annotated_for_a_scrape_where_the_trainer_serves_metrics():
+    (meta,) = {json.dumps(t["metadata"]) for t in templates(render(nodes=2))}
+    assert json.loads(meta)["annotations"] == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "9464",
+        "prometheus.io/path": "/metrics",
+    }
+    mine = render(annotations={"prometheus.io/port": "1234"}, trainer={"prometheus": {"port": 99}})
+    assert templates(mine)[0]["metadata"]["annotations"]["prometheus.io/port"] == "1234"
+    off = render(trainer={"prometheus": {"serve": "off"}})
+    assert "annotations" not in templates(off)[0]["metadata"]
 
 
 def test_run_policy_and_gang():
@@ -279,14 +302,14 @@ def test_grace_period_is_the_pods_and_the_trainers():
     for template in templates(job):
         pod = template["spec"]
         assert pod["terminationGracePeriodSeconds"] == 600
-        assert pod["containers"][0]["env"][1:] == [
+        assert pod["containers"][0]["env"][len(OWN) :] == [
             {"name": "A", "value": "1"},
             {"name": "DDPJOB_GRACE_PERIOD_S", "value": "600"},
-        ]  # after NODE_NAME
+        ]  # after the pod's and the job's
     # Unset: Kubernetes' default, which the trainer assumes in a pod; nothing rendered.
     pod = templates(render())[0]["spec"]
     assert "terminationGracePeriodSeconds" not in pod
-    assert [e["name"] for e in pod["containers"][0]["env"]] == ["NODE_NAME"]
+    assert pod["containers"][0]["env"] == OWN
 
 
 def test_the_grace_periods_variable_is_the_specs_to_set():

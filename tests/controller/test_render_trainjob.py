@@ -74,6 +74,13 @@ def test_env_unbuffered_first_then_users_then_secret_refs():
     assert env == [
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "DDPJOB_JOB_NAME", "value": "job"},
+        {
+            "name": "DDPJOB_NAMESPACE",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+        },
+        {"name": "DDPJOB_JOB_API", "value": "trainjob"},
+        {"name": "DDPJOB_IMAGE", "value": "repo/trainer:1"},
         {"name": "B", "value": "2"},
         {"name": "A", "value": "1"},
         {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "t"}}},
@@ -94,7 +101,12 @@ def test_pod_settings_go_through_one_runtime_patch():
     template = patched_pod(job)
     assert template["metadata"]["labels"]["team"] == "ml"
     assert template["metadata"]["labels"]["app.kubernetes.io/instance"] == "job"
-    assert template["metadata"]["annotations"] == {"example.com/note": "hi"}
+    assert template["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true",  # the trainer serves its metrics
+        "prometheus.io/port": "9464",
+        "prometheus.io/path": "/metrics",
+        "example.com/note": "hi",
+    }
     pod = template["spec"]
     assert pod["serviceAccountName"] == "trainer"
     assert pod["nodeSelector"] == {"pool": "gpu"}
@@ -152,7 +164,10 @@ def test_the_pod_is_the_pytorchjobs_pod():
     for key in ("serviceAccountName", "nodeSelector", "tolerations", "imagePullSecrets"):
         assert patched["spec"][key] == master["spec"][key], key
     assert patched["spec"]["volumes"] == master["spec"]["volumes"]
-    assert tj["spec"]["trainer"]["env"][1:] == mc["env"]
+    # The same env but for the API it names.
+    api = {"name": "DDPJOB_JOB_API", "value": "pytorchjob"}
+    tj_env = [api if e["name"] == "DDPJOB_JOB_API" else e for e in tj["spec"]["trainer"]["env"]]
+    assert tj_env[1:] == mc["env"]
     assert tj["spec"]["trainer"]["resourcesPerNode"] == mc["resources"]
     assert tj["metadata"] == pj["metadata"]
 

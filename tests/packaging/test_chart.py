@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.render.job import render_job
+from controller.render.job import render_job, render_objects
 from controller.render.pytorchjob import render_pytorchjob
 from controller.render.values import render_values
 from controller.spec import JobSpec, validate_spec
@@ -149,6 +149,34 @@ SPECS: dict[str, dict[str, Any]] = {
         "suspend": True,
     },
     "trainjob-bare": {"name": "tj", "image": "repo/trainer:1", "api": "trainjob", "nodes": 1},
+    # The PodMonitor and the dashboard's ConfigMap beside the job, the metrics on another port.
+    "monitoring": {
+        "name": "watched",
+        "namespace": "team-y",
+        "image": "repo/trainer:1",
+        "nodes": 2,
+        "annotations": {"prometheus.io/path": "/mine"},  # the user's wins over ddpjob's
+        "trainer": {"prometheus": {"port": 9100}},
+        "monitoring": {
+            "pod_monitor": True,
+            "pod_monitor_labels": {"release": "kps"},
+            "grafana_dashboard": True,
+        },
+    },
+    "trainjob-monitoring": {
+        "name": "tj-watched",
+        "image": "repo/trainer:1",
+        "api": "trainjob",
+        "monitoring": {"pod_monitor": True},
+    },
+    # No metrics: no annotations; the env the trainer reads of its job set by the user.
+    "no-metrics": {
+        "name": "quiet",
+        "image": "repo/trainer:1",
+        "env": {"DDPJOB_JOB_NAME": "other-name"},
+        "trainer": {"prometheus": {"serve": "off"}},
+        "monitoring": {"grafana_dashboard": True},
+    },
     "trainer-values": {
         "name": "quoting",
         "image": "repo/trainer:1",
@@ -166,8 +194,20 @@ SPECS: dict[str, dict[str, Any]] = {
 
 
 def _render_pair(helm, spec: JobSpec, values: dict[str, Any], tmp_path: Path):
-    (doc,) = helm_template(helm, values, tmp_path, release="rel", namespace="ignored-ns")
-    return doc, render_job(spec)
+    """The chart's documents and render's objects, paired by kind (the job first)."""
+    docs = helm_template(helm, values, tmp_path, release="rel", namespace="ignored-ns")
+    rendered = render_objects(spec)
+    order = [o["kind"] for o in rendered]
+    assert sorted(d["kind"] for d in docs) == sorted(order)
+    return sorted(docs, key=lambda d: order.index(d["kind"])), rendered
+
+
+def _assert_all_one_truth(chart_docs: list[dict], rendered: list[dict]) -> None:
+    for chart_doc, obj in zip(chart_docs, rendered, strict=True):
+        if obj["kind"] in ("PodMonitor", "ConfigMap"):
+            assert without_helm_labels(chart_doc) == without_helm_labels(obj)
+        else:
+            _assert_one_truth(chart_doc, obj)
 
 
 def _pod_labels(doc: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:
@@ -199,8 +239,7 @@ def test_helm_template_equals_controller_render_for_every_example(helm, example,
     values = spec_values(example)  # through the CLI, as users run it
     spec = load_spec(str(example), [])
     assert values == render_values(spec)
-    chart_doc, rendered = _render_pair(helm, spec, values, tmp_path)
-    _assert_one_truth(chart_doc, rendered)
+    _assert_all_one_truth(*_render_pair(helm, spec, values, tmp_path))
 
 
 @pytest.mark.parametrize("case", SPECS, ids=str)
@@ -211,8 +250,7 @@ def test_helm_template_equals_controller_render_for_every_branch(helm, case, tmp
     # JSON, so that every string arrives as a string (see the YAML test below).
     values = spec_values(spec_file, output="json")
     assert values == render_values(spec)
-    chart_doc, rendered = _render_pair(helm, spec, values, tmp_path)
-    _assert_one_truth(chart_doc, rendered)
+    _assert_all_one_truth(*_render_pair(helm, spec, values, tmp_path))
 
 
 def test_render_values_yaml_reads_back_the_same_in_helm(helm, tmp_path):
@@ -265,8 +303,14 @@ def test_the_branch_specs_reach_every_branch():
         '"nodeSelector"',
         '"terminationGracePeriodSeconds"',
         '"DDPJOB_GRACE_PERIOD_S"',
+        '"prometheus.io/port": "9100"',
     ):
         assert needle in text, needle
+    # Every pod annotated for a scrape but where the trainer serves no metrics.
+    annotated = ['"prometheus.io/scrape"' in json.dumps(r) for r in rendered]
+    assert any(annotated) and not all(annotated)
+    beside = [o["kind"] for s in specs for o in render_objects(s)[1:]]
+    assert {"PodMonitor", "ConfigMap"} <= set(beside)
     # A rank0_only volume: on a Master, not on its Workers.
     assert any(
         len(r["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["volumes"])

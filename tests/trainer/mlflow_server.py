@@ -19,8 +19,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from controller.local.processes import free_port
 from localkube.addons.mlflow import server_argv, server_env
-from tests.trainer.conftest import free_port
 
 #: Its imports take tens of seconds on a loaded 2-core machine.
 START_TIMEOUT_S = 240

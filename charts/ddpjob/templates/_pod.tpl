@@ -7,14 +7,26 @@ runtimePatches. A context with `workers: true` (the PyTorchJob's Worker replicas
 rank0_only volumes.
 */}}
 
-{{/* Pod metadata: the standard labels and the user's, the user's annotations. */}}
+{{/*
+Pod metadata: the standard labels and the user's; the prometheus.io annotations where the
+trainer serves metrics (metrics_port > 0), then the user's annotations (which may override them).
+*/}}
 {{- define "ddpjob.podMetadata" -}}
 labels:
   {{- include "ddpjob.labels" . | nindent 2 }}
   {{- with .Values.labels }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
-{{- with .Values.annotations }}
+{{- $annotations := dict }}
+{{- if gt (.Values.metrics_port | int) 0 }}
+{{- $_ := set $annotations "prometheus.io/scrape" "true" }}
+{{- $_ := set $annotations "prometheus.io/port" (.Values.metrics_port | int | toString) }}
+{{- $_ := set $annotations "prometheus.io/path" "/metrics" }}
+{{- end }}
+{{- range $k, $v := .Values.annotations }}
+{{- $_ := set $annotations $k $v }}
+{{- end }}
+{{- with $annotations }}
 annotations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
@@ -105,19 +117,38 @@ terminationGracePeriodSeconds: {{ .Values.grace_period_s | int }}
 {{- end }}
 
 {{/*
-The pod's node (unless the user sets NODE_NAME), the user's env entries in order, then Secret
-references, then the grace period for the trainer (when set) (a list body).
+What the trainer reads of its pod and job, each unless the user sets it: the pod's node, the
+job's name, namespace, API and image; then the user's env entries in order, Secret references,
+and the grace period for the trainer (when set) (a list body).
 */}}
 {{- define "ddpjob.envEntries" -}}
-{{- $ownNodeName := false }}
+{{- $own := dict }}
 {{- range (concat .Values.env .Values.secret_env) }}
-{{- if eq .name "NODE_NAME" }}{{ $ownNodeName = true }}{{ end }}
+{{- $_ := set $own .name true }}
 {{- end }}
-{{- if not $ownNodeName }}
+{{- if not (hasKey $own "NODE_NAME") }}
 - name: NODE_NAME
   valueFrom:
     fieldRef:
       fieldPath: spec.nodeName
+{{- end }}
+{{- if not (hasKey $own "DDPJOB_JOB_NAME") }}
+- name: DDPJOB_JOB_NAME
+  value: {{ include "ddpjob.jobName" . | quote }}
+{{- end }}
+{{- if not (hasKey $own "DDPJOB_NAMESPACE") }}
+- name: DDPJOB_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+{{- end }}
+{{- if not (hasKey $own "DDPJOB_JOB_API") }}
+- name: DDPJOB_JOB_API
+  value: {{ .Values.api | quote }}
+{{- end }}
+{{- if not (hasKey $own "DDPJOB_IMAGE") }}
+- name: DDPJOB_IMAGE
+  value: {{ .Values.image | quote }}
 {{- end }}
 {{- range .Values.env }}
 - name: {{ .name | quote }}
