@@ -727,10 +727,10 @@ class JobSpec(_Model):
         return self
 
     def _monitored(self) -> list[str]:
-        if self.monitoring.pod_monitor and self.trainer.prometheus.serve == "off":
+        if self.monitoring.pod_monitor and self.trainer.prometheus.serve is False:
             return [
                 "monitoring.pod_monitor: the pods serve no metrics to monitor (got "
-                "trainer.prometheus.serve: off). Remove one of the two"
+                "trainer.prometheus.serve: false). Remove one of the two"
             ]
         return []
 

@@ -27,8 +27,8 @@ import os
 import sys
 import traceback
 
-from trainer.config import ConfigError, load_config
-from trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_PREEMPTED, LOCAL_RANK
+from trainer.config import ConfigError, TrainConfig, load_config
+from trainer.contract import EXIT_CONFIG, EXIT_FAILED, EXIT_PREEMPTED, LOCAL_RANK, METRICS_DIR_ENV
 from trainer.launch import (
     check_before_relaunch,
     exit_preempted,
@@ -54,6 +54,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _serve_workers_metrics(cfg: TrainConfig) -> dict[str, str]:
+    """Where the pod serves metrics: serve its torchrun workers' from this process, which
+    outlives them; what the workers' environment needs for it (nothing where none are served)."""
+    from trainer.telemetry import metrics
+
+    port = metrics.serving_port(cfg.prometheus.serve, cfg.prometheus.port)
+    if port is None:
+        return {}
+    env = metrics.worker_environment(port)
+    metrics.serve(port, workers_dir=env[METRICS_DIR_ENV])
+    return env
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -63,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             # This process only re-launches: it never imports torch (seconds of CPU, and memory
             # it would hold while the workers train).
             check_before_relaunch(cfg)
-            return relaunch_under_torchrun(argv)
+            return relaunch_under_torchrun(argv, worker_env=_serve_workers_metrics(cfg))
         from trainer.train import run
 
         code = record_exit(run(cfg))

@@ -126,11 +126,12 @@ class WatchdogConfig(_Section):
 class PrometheusConfig(_Section):
     """Prometheus metrics from every rank (trainer/telemetry/metrics.py)."""
 
-    serve: Literal["auto", "on", "off"] = Field(
+    serve: bool | Literal["auto"] = Field(
         "auto",
         description=(
-            "Serve every rank's metrics at http://<pod>:<port>/metrics: auto = in a Kubernetes "
-            "pod only (KUBERNETES_SERVICE_HOST is set), not for `python -m trainer` on a laptop."
+            "Serve every rank's metrics at http://<pod>:<port>/metrics: true, false, or auto = "
+            "in a Kubernetes pod only (KUBERNETES_SERVICE_HOST is set), not for `python -m "
+            "trainer` on a laptop. YAML's on/off mean true/false."
         ),
     )
     port: int = Field(

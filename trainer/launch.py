@@ -240,8 +240,10 @@ def relaunch_exit_code(rc: int, worker_codes: list[int]) -> int:
     return rc
 
 
-def relaunch_under_torchrun(argv: list[str]) -> int:
-    """Run this same command as ``PET_NPROC_PER_NODE`` processes under the real torchrun.
+def relaunch_under_torchrun(argv: list[str], worker_env: dict[str, str] | None = None) -> int:
+    """Run this same command as ``PET_NPROC_PER_NODE`` processes under the real torchrun, with
+    ``worker_env`` added to their environment (where this process serves their Prometheus
+    metrics: it outlives them, torchrun's restarts included).
 
     SIGTERM/SIGINT are forwarded (torchrun passes them on to the workers, which checkpoint and
     exit 143). torchrun itself reports a signalled shutdown as a plain failure, so a forwarded
@@ -252,7 +254,7 @@ def relaunch_under_torchrun(argv: list[str]) -> int:
     """
     exit_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"ddpjob-exit-{os.getpid()}"
     # The workers' ledger counts start-up from the container's start (this process's), not theirs.
-    launched = {LAUNCHED_AT_ENV: repr(process_started_at())}
+    launched = {LAUNCHED_AT_ENV: repr(process_started_at()), **(worker_env or {})}
     received: list[int] = []
     proc: subprocess.Popen | None = None
 

@@ -15,9 +15,11 @@ loss, SIGTERM). Each part keeps its own cadence; the checkpoint composes their s
 not a step (an evaluation, a save, the wait for the last write) is a phase
 (``trainer.parts.phases``), entered once, which the goodput ledger times and the watchdog
 pauses for (``trainer.health``). Beside the loop, the watchdog names a rank that makes no
-progress, and each log window ``trainer.health.stragglers`` names a rank that lags. The model is
-wrapped by the strategy (``trainer.parts.ddp``): at world size 1 there is no DDP wrapper,
-nothing to all-reduce, and ``torch.compile`` sees the model whole.
+progress, and each log window ``trainer.health.stragglers`` names a rank that lags. What leaves
+the process goes through ``trainer.telemetry``: rank 0's events (and its MLflow run), every
+rank's Prometheus metrics. The model is wrapped by the strategy (``trainer.parts.ddp``): at
+world size 1 there is no DDP wrapper, nothing to all-reduce, and ``torch.compile`` sees the
+model whole.
 """
 
 from __future__ import annotations
@@ -69,12 +71,16 @@ from trainer.parts.step import TrainStep
 from trainer.parts.stop import NonfiniteSkips, StopRequest
 from trainer.parts.window import LogWindow
 from trainer.tasks import Task, load_task, tokens_per_sample
+from trainer.telemetry import metrics as metrics_
 from trainer.telemetry.events import Reporter
+from trainer.telemetry.tracker import Settings, Tracker
 
 log = logging.getLogger(__name__)
 
 #: How long a run that did not complete waits for the progress API's last post at its end.
 UNFINISHED_CLOSE_S = 2.0
+#: How long a completed run waits for its tracker to send what it still holds.
+TRACKING_CLOSE_S = 10.0
 
 
 class Trainer:
@@ -110,7 +116,9 @@ class Trainer:
         seed_everything(cfg.seed + env.rank)
 
         self._build_loop_parts(strategy.sync_norms_at_eval)
-        self.watchdog = Watchdog(cfg.watchdog, env.rank, env.world_size)
+        self._build_metrics()
+        stuck = self.metrics.stuck if self.metrics is not None else None
+        self.watchdog = Watchdog(cfg.watchdog, env.rank, env.world_size, on_stuck=stuck)
         self.stragglers = Stragglers(
             cfg.watchdog, env.rank, env.world_size, dev, reporter, self.step_flags
         )
@@ -165,6 +173,23 @@ class Trainer:
             sync_norms=sync_norms_at_eval,
         )
 
+    def _build_metrics(self) -> None:
+        """This rank's Prometheus metrics, where served (``prometheus.serve``); they read the
+        events this rank's reporter sees."""
+        cfg, env = self.cfg, self.env
+        samples = cfg.batch_size * cfg.grad_accum
+        self.metrics, self.metrics_url = metrics_.start(
+            cfg.prometheus.serve,
+            cfg.prometheus.port,
+            rank=env.rank,
+            local_rank=env.local_rank,
+            world_size=env.world_size,
+            samples=samples,
+            tokens=samples * (tokens_per_sample(self.task) or 0),
+            gpu_index=env.device.index if env.device.type == "cuda" else None,
+        )
+        self.report.metrics = self.metrics
+
     def _resume_and_checkpoint(self) -> None:
         """Open the checkpoint location (once: the ledger keeps its record in the same store),
         resume from it, and set up the ledger, the save cadence and the data position."""
@@ -183,6 +208,16 @@ class Trainer:
             self.report.event(RESUME, step=0, path=None, skipped=skipped)
             self.report.say("no readable checkpoint; starting from scratch")
         resumed = state is not None
+        if env.is_main:  # the job's MLflow run, its id kept beside the checkpoints
+            settings = Settings.from_env(
+                cfg.mlflow.tracking_uri, cfg.mlflow.experiment, cfg.checkpoint.dir
+            )
+            self.report.tracker = Tracker.start(
+                settings,
+                manager.store,
+                resume=cfg.resume != "never",
+                max_points=cfg.mlflow.max_points,
+            )
         # What each run of the job cost, carried across restarts (trainer.health.ledger).
         self.ledger = Ledger(
             manager.store,
@@ -301,8 +336,12 @@ class Trainer:
         while self.step < cfg.max_steps:
             want_norm = self.window.wants_norm(self.step + 1)
             self.stragglers.step_started()
+            begun, waited = time.perf_counter(), self.window.data_s
             loss, stop, norm = self.train_step.run(self.batches, self.window, want_norm)
             self.step, self.last_loss = self.step + 1, loss
+            if self.metrics is not None:
+                took = time.perf_counter() - begun
+                self.metrics.stepped(self.step, took, self.window.data_s - waited)
             self.ledger.stepped(self.step)
             if self.skips.over_budget(loss, self.step):
                 self.report.say(self.skips.advice(loss, self.step))
@@ -318,6 +357,8 @@ class Trainer:
 
             if self.window.due(self.step):
                 slow = self.stragglers.compare(self.step)
+                if self.metrics is not None:
+                    self.metrics.health(self.stragglers.busy_s, self.stragglers.slow)
                 self.window.log(self.step, self.batches.epoch, self.skips.count, **slow)
                 self.ledger.window()
             if self.evaluator.should_evaluate(self.step):
@@ -354,17 +395,33 @@ class Trainer:
             config=self.cfg.model_dump(mode="json"),
             # Which pod runs global rank 0: in an elastic job the rendezvous decides it.
             hostname=os.environ.get("HOSTNAME") or socket.gethostname(),
+            # Rank 0's Prometheus metrics (null: not served).
+            metrics_url=self.metrics_url,
         )
         return time.perf_counter()
 
     def _report_done(self, reason: str, elapsed_s: float) -> None:
         max_steps, loss = self.cfg.max_steps, self.last_loss
+        wait_s = TRACKING_CLOSE_S if reason == COMPLETED else UNFINISHED_CLOSE_S
+        tracking = _dropped(self.report.end_tracking(reason, wait_s))
         self.report.event(
-            DONE, step=self.step, max_steps=max_steps, loss=loss, elapsed_s=elapsed_s, reason=reason
+            DONE,
+            step=self.step,
+            max_steps=max_steps,
+            loss=loss,
+            elapsed_s=elapsed_s,
+            reason=reason,
+            **tracking,
         )
         self.report.say(
             f"{reason} at step {self.step}/{max_steps}, loss {loss:.4f}, {elapsed_s:.1f}s"
         )
+
+
+def _dropped(count: int | None) -> dict[str, int]:
+    """The ``done`` event's ``tracking_dropped``: metric points that never reached the tracking
+    server (none where nothing is tracked)."""
+    return {} if count is None else {"tracking_dropped": count}
 
 
 def _build_model(task: Task, cfg: TrainConfig, env: DistEnv) -> nn.Module:
@@ -440,14 +497,17 @@ def run(cfg: TrainConfig) -> int:
         if isinstance(e, ConfigError):
             raise
         lost = dist_.is_peer_lost(e)
+        reason = PEER_LOST if lost else ERROR
+        tracking = _dropped(reporter.end_tracking(reason, UNFINISHED_CLOSE_S))
         reporter.event(
             DONE,
             step=None,
             max_steps=cfg.max_steps,
             loss=None,
             elapsed_s=None,
-            reason=PEER_LOST if lost else ERROR,
+            reason=reason,
             error=f"{type(e).__name__}: {e}",
+            **tracking,
         )
         if lost:
             print(

@@ -90,7 +90,7 @@ METRICS_PATH = "/metrics"
 def metrics_port(spec: JobSpec) -> int | None:
     """The port every pod serves its ranks' metrics on (None: the trainer serves none)."""
     prometheus = spec.trainer.prometheus
-    return None if prometheus.serve == "off" else prometheus.port
+    return None if prometheus.serve is False else prometheus.port
 
 
 def pod_annotations(spec: JobSpec) -> dict[str, str]:

@@ -158,7 +158,7 @@ def test_pods_are_annotated_for_a_scrape_where_the_trainer_serves_metrics():
     }
     mine = render(annotations={"prometheus.io/port": "1234"}, trainer={"prometheus": {"port": 99}})
     assert templates(mine)[0]["metadata"]["annotations"]["prometheus.io/port"] == "1234"
-    off = render(trainer={"prometheus": {"serve": "off"}})
+    off = render(trainer={"prometheus": {"serve": False}})
     assert "annotations" not in templates(off)[0]["metadata"]
 
 

@@ -174,7 +174,7 @@ SPECS: dict[str, dict[str, Any]] = {
         "name": "quiet",
         "image": "repo/trainer:1",
         "env": {"DDPJOB_JOB_NAME": "other-name"},
-        "trainer": {"prometheus": {"serve": "off"}},
+        "trainer": {"prometheus": {"serve": False}},
         "monitoring": {"grafana_dashboard": True},
     },
     "trainer-values": {

@@ -19,7 +19,16 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.trainer.conftest import REPO, base_env, free_port
-from trainer.contract import JOB_NAME_ENV, METRICS_DIR_ENV, NAMESPACE_ENV, NODE_NAME_ENV
+from trainer.contract import (
+    CHECKPOINT,
+    GOODPUT,
+    JOB_NAME_ENV,
+    METRICS_DIR_ENV,
+    NAMESPACE_ENV,
+    NODE_NAME_ENV,
+    START,
+    TRAIN,
+)
 from trainer.telemetry import metrics as m
 
 LABELS = {"job_name": "j", "namespace": "ns", "rank": "3", "node": "n1"}
@@ -48,23 +57,27 @@ def value(samples: dict[str, list], name: str, **labels: str) -> float:
 
 def exercise(metrics: m.Metrics) -> None:
     """Every call the loop and its parts make, with figures a test can check."""
-    metrics.started(step=10, max_steps=100, world_size=4)
-    metrics.stepped(11, seconds=0.2, samples=8, tokens=512, data_s=0.05)
-    metrics.stepped(12, seconds=3.0, samples=8, tokens=512, data_s=0.0)
-    figures = {"loss": 2.5, "lr": 1e-3, "samples_per_s": 40.0, "data_wait": 0.1, "busy_s": 0.15}
-    metrics.window({**figures, "tokens_per_s": 2560.0})
-    metrics.checkpoint(stall_s=0.5, write_s=2.0)
+    config = {"max_steps": 100}
+    metrics.event(START, {"step": 10, "config": config, "world_size": 4})
+    metrics.stepped(11, seconds=0.2, data_s=0.05)
+    metrics.stepped(12, seconds=3.0, data_s=0.0)
+    # The train event's rates are the job's, over 4 ranks.
+    train = {"loss": 2.5, "lr": 1e-3, "samples_per_s": 160.0, "tokens_per_s": 10240.0}
+    metrics.event(TRAIN, {**train, "data_wait": 0.1, "step": 12})
+    metrics.health(busy_s=0.15, straggler=True)
+    metrics.event(CHECKPOINT, {"step": 12, "stall_s": 0.5, "write_s": 2.0, "path": "p"})
     run0 = {"launched_at": 0.0, "ended_at": 100.0, "startup_s": 10.0, "productive_s": 60.0}
     run0 |= {"stall_s": 5.0, "eval_s": 5.0, "lost_s": 20.0, "other_s": 0.0}
     run1 = {"launched_at": 130.0, "ended_at": 150.0, "startup_s": 8.0, "productive_s": 12.0}
-    metrics.goodput([run0, run1])
+    metrics.event(GOODPUT, {"runs": [run0, run1]})
     metrics.stuck(True)
-    metrics.straggler(True)
-    metrics.gpu({"util_pct": 87.0, "mem_used_gib": 2.0, "power_w": 250.0})
 
 
 def test_every_family_is_exported_with_the_labels_and_the_figures_given():
-    metrics = m.Metrics(LABELS, registry=None)
+    gpu = {"util_pct": 87.0, "mem_used_gib": 2.0, "power_w": 250.0}
+    metrics = m.Metrics(
+        LABELS, registry=None, samples=8, tokens=512, world_size=4, gpu_reading=lambda: gpu
+    )
     exercise(metrics)
     url = m.serve(free_port(), metrics.registry)
     assert url is not None and url.endswith(m.PATH)
@@ -87,7 +100,9 @@ def test_every_family_is_exported_with_the_labels_and_the_figures_given():
     assert value(got, "ddpjob_samples_total") == 16 and value(got, "ddpjob_tokens_total") == 1024
     assert value(got, "ddpjob_data_wait_seconds_total") == pytest.approx(0.05)
     assert value(got, "ddpjob_loss") == 2.5 and value(got, "ddpjob_busy_seconds") == 0.15
+    assert value(got, "ddpjob_samples_per_second") == 40.0  # this rank's share
     assert value(got, "ddpjob_tokens_per_second") == 2560.0
+    assert value(got, "ddpjob_data_wait_ratio") == 0.1
     assert value(got, "ddpjob_checkpoints_total") == 1
     assert value(got, "ddpjob_checkpoint_stall_seconds_total") == 0.5
     assert value(got, "ddpjob_checkpoint_write_seconds_total") == 2.0
@@ -124,6 +139,12 @@ def test_goodput_counters_never_go_down_when_the_ledger_revises_a_part():
     assert samples["productive"] == 45.0 and samples["lost"] == 10.0
 
 
+def test_served_in_a_pod_by_default_and_elsewhere_when_asked():
+    pod = {m.IN_A_POD: "10.0.0.1"}
+    assert m.serving_port("auto", 9464, pod) == 9464 and m.serving_port("auto", 9464, {}) is None
+    assert m.serving_port(True, 9100, {}) == 9100 and m.serving_port(False, 9464, pod) is None
+
+
 def test_labels_come_from_the_pods_env():
     env = {JOB_NAME_ENV: "mnist", NAMESPACE_ENV: "team-a", NODE_NAME_ENV: "gpu-7"}
     assert m.labels_from_env(2, env) == {
@@ -154,10 +175,10 @@ WORKER = textwrap.dedent(
     import sys
     from trainer.telemetry import metrics as m
     rank, steps = int(sys.argv[1]), int(sys.argv[2])
-    metrics = m.Metrics(m.labels_from_env(rank))
-    metrics.started(0, 10, 2)
+    metrics = m.Metrics(m.labels_from_env(rank), samples=4, world_size=2)
+    metrics.started(0, 10)
     for step in range(1, steps + 1):
-        metrics.stepped(step, seconds=0.1, samples=4, tokens=0, data_s=0.0)
+        metrics.stepped(step, seconds=0.1, data_s=0.0)
     print("written", flush=True)
     sys.stdin.readline()  # alive until told
     """

@@ -122,6 +122,10 @@ class Stragglers:
         self.rule = SlowRanks(cfg.straggler_factor, cfg.straggler_windows, world_size)
         self.timer = BusyTimer(device)
         self.places: list[dict[str, Any]] = []
+        #: This rank after the last window: its median busy seconds per step (None: not
+        #: measured), and whether the rule names it a straggler.
+        self.busy_s: float | None = None
+        self.slow = False
         if self.enabled:
             assert step_flags is not None
             step_flags.on_last_bucket = self.timer.last_bucket
@@ -139,9 +143,13 @@ class Stragglers:
         if not self.enabled:
             return {}
         times = [t for (t,) in dist_.all_gather_floats([self.timer.take()], what="straggler check")]
+        # Every rank applies the rule to the same times, so each knows whether it is named (its
+        # metrics say so); rank 0 alone says it.
+        changes = self.rule.see(times)
+        self.busy_s, self.slow = times[self.rank], self.rank in self.rule.named
         if self.rank != 0:
             return {}
-        for change in self.rule.see(times):
+        for change in changes:
             self.report.event(
                 STRAGGLER,
                 **change,

@@ -43,7 +43,7 @@ import sysconfig
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -215,8 +215,11 @@ class Watchdog:
         *,
         stream: Any = None,
         poll_s: float | None = None,
+        on_stuck: Callable[[bool], None] | None = None,
     ):
         self.enabled = cfg.stuck_after_s > 0
+        #: Told (from the watchdog's thread) when this rank is found stuck, and when it moves.
+        self.on_stuck = on_stuck
         self.after_s, self.step_times_k = cfg.stuck_after_s, cfg.stuck_step_times
         self.rank, self.world_size = rank, world_size
         self.stream = stream
@@ -392,6 +395,8 @@ class Watchdog:
             **where(),
         }
         self._say({**self.mine, "stack": [loop, *threads.values()]})
+        if self.on_stuck is not None:
+            self.on_stuck(True)
         if self.store is not None:
             self.store.set(self._key(self.rank), json.dumps({**self.mine, "stuck": True}))
             self._store_add("stuck", 1)
@@ -427,6 +432,8 @@ class Watchdog:
         self.verdict_due = None
         stuck_s = round(self.last - self.stuck_since, 3)
         self._say({"rank": self.rank, "step": self.step, "stuck_s": stuck_s, "recovered": True})
+        if self.on_stuck is not None:
+            self.on_stuck(False)
         if self.store is not None and publish:
             self.store.set(self._key(self.rank), json.dumps({"rank": self.rank, "stuck": False}))
             self._store_add("stuck", -1)

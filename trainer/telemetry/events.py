@@ -1,9 +1,12 @@
-"""What rank 0 tells the world: JSON-lines events on stdout, a tqdm bar, NVML, TensorBoard, and
-inside a TrainJob that offers it, Kubeflow Trainer's progress API (``progress_api.py``).
+"""What rank 0 tells the world: JSON-lines events on stdout, a tqdm bar, NVML, TensorBoard, its
+experiment tracker (MLflow, ``tracker.py``) and inside a TrainJob that offers it, Kubeflow
+Trainer's progress API (``progress_api.py``); and what every rank's Prometheus metrics read of
+the events (``metrics.py``).
 
 The events are the trainer's stdout contract with the controller (``trainer.contract``): one JSON
 object per line with an ``"event"`` key, flushed immediately. Keys are added, never renamed.
-Only rank 0 emits; on other ranks every method is a no-op, so the loop needs no ``if rank``.
+Only rank 0 emits; on other ranks every method is a no-op but the metrics' (each rank keeps its
+own), so the loop needs no ``if rank``.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from trainer.contract import EVAL, TRAIN, format_event
+from trainer.contract import EVAL, TRACKING, TRAIN, format_event
 
 
 class GpuMonitor:
@@ -72,6 +75,10 @@ class Reporter:
         self.bar = None
         self.tb = None
         self.progress_api = None
+        #: This rank's Prometheus metrics (``telemetry.metrics.Metrics``), where served.
+        self.metrics: Any = None
+        #: Rank 0's experiment tracker (``telemetry.tracker.Tracker``), where one tracks.
+        self.tracker: Any = None
         if not enabled:
             return
         from trainer.telemetry.progress_api import ProgressPoster
@@ -91,27 +98,47 @@ class Reporter:
 
     def event(self, name: str, **fields: Any) -> None:
         """Print one ``{"event": name, ...}`` line and flush (a pod's stdout is a pipe)."""
+        if self.metrics is not None:
+            self.metrics.event(name, fields)
         if not self.enabled:
             return
         if name == TRAIN and self.gpus and self.gpus.handles:
             fields["gpus"] = self.gpus.read()
-        line = format_event(name, **fields)
+        self._announce_tracking()
+        self._print(format_event(name, **fields))
+        self._tensorboard(name, fields)
+        if self.progress_api is not None:
+            self.progress_api.event(name, fields)
+        if self.tracker is not None:
+            self.tracker.event(name, fields)
+
+    def end_tracking(self, reason: str, wait_s: float) -> int | None:
+        """End the tracker's run with ``reason`` (the ``done`` event's, printed next), waiting at
+        most ``wait_s`` for what it still sends; the points that never reached the server
+        (None: nothing tracked)."""
+        if self.tracker is None:
+            return None
+        dropped = self.tracker.end(reason, wait_s)
+        self._announce_tracking()
+        self.tracker = None
+        return dropped
+
+    def _announce_tracking(self) -> None:
+        """The ``tracking`` event, once the tracker knows its run (its thread finds it)."""
+        found = self.tracker.announcement() if self.tracker is not None else None
+        if found is not None:
+            self._print(format_event(TRACKING, **found))
+
+    def _print(self, line: str) -> None:
         if self.bar is not None:
             self.bar.write(line, file=self.stream)
         else:
             print(line, file=self.stream, flush=True)
-        self._tensorboard(name, fields)
-        if self.progress_api is not None:
-            self.progress_api.event(name, fields)
 
     def say(self, text: str) -> None:
         """A human line on stdout (rank 0), beside the events."""
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.bar.write(text, file=self.stream)
-        else:
-            print(text, file=self.stream, flush=True)
+        if self.enabled:
+            self._print(text)
 
     def advance(self, step: int, loss: float | None = None) -> None:
         """Move the bar to ``step``."""

@@ -25,6 +25,7 @@ import contextlib
 import errno
 import itertools
 import logging
+import math
 import os
 import re
 import socket
@@ -34,11 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from trainer.contract import (
+    CHECKPOINT,
+    GOODPUT,
     JOB_NAME_ENV,
     METRICS_DIR_ENV,
     NAMESPACE_ENV,
     NODE_NAME_ENV,
     PROMETHEUS_MULTIPROC_DIR,
+    START,
+    TRAIN,
 )
 
 log = logging.getLogger(__name__)
@@ -120,7 +125,7 @@ _FAMILIES: tuple[tuple[str, str, str], ...] = (
     ("ddpjob_gpu_memory_used_bytes", "gauge", "This rank's GPU memory in use (NVML)."),
     ("ddpjob_gpu_power_watts", "gauge", "This rank's GPU power draw (NVML)."),
 )
-GOODPUT = "ddpjob_goodput_seconds_total"
+GOODPUT_FAMILY = "ddpjob_goodput_seconds_total"
 #: Every family the trainer exports, by name, with its kind.
 FAMILIES: dict[str, str] = {name: kind for name, kind, _ in _FAMILIES}
 _SUFFIXES = {"histogram": ("_bucket", "_sum", "_count"), "counter": ("",), "gauge": ("",)}
@@ -128,6 +133,25 @@ _SUFFIXES = {"histogram": ("_bucket", "_sum", "_count"), "counter": ("",), "gaug
 NAMES: frozenset[str] = frozenset(
     name + suffix for name, kind in FAMILIES.items() for suffix in _SUFFIXES[kind]
 )
+
+
+#: Set in every Kubernetes pod: where ``prometheus.serve: auto`` serves.
+IN_A_POD = "KUBERNETES_SERVICE_HOST"
+
+
+def serving_port(
+    serve: bool | str, port: int, environ: Mapping[str, str] | None = None
+) -> int | None:
+    """The port this process's metrics are served on (``prometheus.serve`` and ``.port``), or
+    None: off, or ``auto`` outside a pod."""
+    env = os.environ if environ is None else environ
+    on = serve is True or (serve == "auto" and IN_A_POD in env)
+    return port if on else None
+
+
+def url_of(port: int) -> str:
+    """The metrics' URL on this host, by the address others reach it at."""
+    return f"http://{_address()}:{port}{PATH}"
 
 
 def labels_from_env(rank: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -160,13 +184,27 @@ def served_by_launcher(environ: Mapping[str, str] | None = None) -> bool:
 
 
 class Metrics:
-    """One rank's metrics. The loop's thread calls :meth:`stepped` after every step and
-    :meth:`window` at each log window; the other parts report what they see (a checkpoint, the
-    ledger, the watchdog, stragglers, the GPU). Pass ``registry=None`` for a private registry
-    (tests), or leave the default: the client's, which :func:`serve` serves."""
+    """One rank's metrics. The loop's thread calls :meth:`stepped` after every step; rank 0's
+    events reach :meth:`event` (a log window's figures on every rank, a checkpoint, the
+    ledger); the other parts say what they see (:meth:`health`, :meth:`stuck`, :meth:`gpu`).
+    ``samples`` and ``tokens``: what one step of this rank trains on (tokens 0: not a token
+    task). ``registry=None``: a private registry (tests); by default the client's, which
+    :func:`serve` serves."""
 
-    def __init__(self, labels: Mapping[str, str], registry: Any = "default"):
+    def __init__(
+        self,
+        labels: Mapping[str, str],
+        registry: Any = "default",
+        *,
+        samples: int = 0,
+        tokens: int = 0,
+        world_size: int = 1,
+        gpu_reading: Any = None,
+    ):
         import prometheus_client as prom
+
+        self.samples, self.tokens, self.world_size = samples, tokens, world_size
+        self.gpu_reading = gpu_reading  # () -> this rank's NVML reading or None
 
         self.registry = prom.REGISTRY if registry == "default" else registry
         if registry is None:
@@ -175,7 +213,7 @@ class Metrics:
         self._m: dict[str, Any] = {}
         for name, kind, text in _FAMILIES:
             family = _family(prom, name, kind, text, self.registry)
-            self._m[name] = family if name == GOODPUT else family.labels(*values)
+            self._m[name] = family if name == GOODPUT_FAMILY else family.labels(*values)
         # The goodput counter has a child per part, made as the ledger names them.
         self._goodput_values = values
         self._goodput: dict[str, Any] = {}
@@ -189,25 +227,51 @@ class Metrics:
 
     # -- the loop's calls ---------------------------------------------------------------------
 
-    def started(self, step: int, max_steps: int, world_size: int) -> None:
+    def started(self, step: int, max_steps: int) -> None:
         """The run starts at ``step`` (a resumed run's checkpoint step)."""
         self._step.set(step)
         self._m["ddpjob_max_steps"].set(max_steps)
-        self._m["ddpjob_world_size"].set(world_size)
+        self._m["ddpjob_world_size"].set(self.world_size)
         for name in ("ddpjob_stuck", "ddpjob_straggler"):
             self._m[name].set(0)
 
-    def stepped(self, step: int, seconds: float, samples: int, tokens: int, data_s: float) -> None:
-        """Step ``step`` is done: it took ``seconds`` (``data_s`` of them waiting for data) and
-        trained on ``samples`` samples of ``tokens`` tokens (0: not a token task)."""
+    def stepped(self, step: int, seconds: float, data_s: float) -> None:
+        """Step ``step`` is done: it took ``seconds``, ``data_s`` of them waiting for data."""
         self._step.set(step)
         self._last_step_at.set(time.time())
         self._step_s.observe(seconds)
-        self._samples.inc(samples)
-        if tokens:
-            self._tokens.inc(tokens)
+        self._samples.inc(self.samples)
+        if self.tokens:
+            self._tokens.inc(self.tokens)
         if data_s:
             self._data_wait.inc(data_s)
+
+    def event(self, name: str, fields: Mapping[str, Any]) -> None:
+        """What an event means for the metrics: every rank's log window (its ``train`` event,
+        printed by rank 0 only), rank 0's start, checkpoints and ledger."""
+        if name == TRAIN:
+            # The event's rates are the job's (every rank's samples): this rank's share.
+            share = {"loss", "lr", "data_wait"}
+            figures = {k: v for k, v in fields.items() if k in share}
+            for key in ("samples_per_s", "tokens_per_s"):
+                if fields.get(key) is not None:
+                    figures[key] = fields[key] / self.world_size
+            self.window(figures)
+            if self.gpu_reading is not None:
+                self.gpu(self.gpu_reading())
+        elif name == START:
+            self.started(int(fields.get("step") or 0), fields["config"]["max_steps"])
+        elif name == CHECKPOINT:
+            self.checkpoint(fields.get("stall_s"), fields.get("write_s"))
+        elif name == GOODPUT:
+            self.goodput(fields.get("runs") or [])
+
+    def health(self, busy_s: float | None, straggler: bool) -> None:
+        """A log window's verdict on this rank: its median busy time per step (None where not
+        measured) and whether it is named a straggler."""
+        if busy_s is not None and math.isfinite(busy_s):
+            self._m["ddpjob_busy_seconds"].set(busy_s)
+        self.straggler(straggler)
 
     def window(self, figures: Mapping[str, float | None]) -> None:
         """A log window ended: its figures by the ``train`` event's keys (``loss``, ``lr``,
@@ -248,7 +312,7 @@ class Metrics:
             delta = total - self._goodput_sent.get(part, 0.0)
             child = self._goodput.get(part)
             if child is None:
-                child = self._m[GOODPUT].labels(*self._goodput_values, part)
+                child = self._m[GOODPUT_FAMILY].labels(*self._goodput_values, part)
                 self._goodput[part] = child
             if delta > 0:
                 child.inc(delta)
@@ -276,12 +340,56 @@ def _family(prom: Any, name: str, kind: str, text: str, registry: Any) -> Any:
     """One family of :data:`_FAMILIES` in ``registry``, labelled :data:`LABELS` (the goodput
     counter also by ``part``). The client adds ``_total`` to a counter's name itself; a gauge
     keeps the newest value that a live process set (multiprocess mode)."""
-    labels = [*LABELS, "part"] if name == GOODPUT else list(LABELS)
+    labels = [*LABELS, "part"] if name == GOODPUT_FAMILY else list(LABELS)
     if kind == "counter":
         return prom.Counter(name.removesuffix("_total"), text, labels, registry=registry)
     if kind == "histogram":
         return prom.Histogram(name, text, labels, registry=registry, buckets=STEP_BUCKETS_S)
     return prom.Gauge(name, text, labels, registry=registry, multiprocess_mode="livemostrecent")
+
+
+def start(
+    serve_setting: bool | str,
+    port: int,
+    *,
+    rank: int,
+    local_rank: int,
+    world_size: int,
+    samples: int,
+    tokens: int,
+    gpu_index: int | None,
+) -> tuple[Metrics | None, str | None]:
+    """This rank's metrics and where they are served, or (None, None) where none are: the
+    settings say so, or the port cannot be bound (one warning). A launcher that serves its
+    workers serves this one's; else this process serves on ``port + local_rank`` (the ranks of
+    one machine, started by a torchrun of their own, each on a port of its own)."""
+    chosen = serving_port(serve_setting, port)
+    if chosen is None:
+        return None, None
+    reading = _gpu_reading(gpu_index) if gpu_index is not None else None
+    metrics = Metrics(
+        labels_from_env(rank),
+        samples=samples,
+        tokens=tokens,
+        world_size=world_size,
+        gpu_reading=reading,
+    )
+    if served_by_launcher():
+        return metrics, url_of(chosen)
+    url = serve(chosen + local_rank, metrics.registry)
+    return (metrics, url) if url is not None else (None, None)
+
+
+def _gpu_reading(index: int) -> Any:
+    """A function that reads GPU ``index`` by NVML (None when NVML has nothing)."""
+    from trainer.telemetry.events import GpuMonitor
+
+    monitor = GpuMonitor()
+
+    def read() -> dict[str, float] | None:
+        return next((g for g in monitor.read() if g["index"] == index), None)
+
+    return read
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,7 +411,7 @@ def serve(port: int, registry: Any = None, *, workers_dir: str | None = None) ->
         why = "in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
         log.warning(
             "prometheus: cannot serve metrics on port %d (%s); training goes on without them. "
-            "Set prometheus.port to a free port, or prometheus.serve=off",
+            "Set prometheus.port to a free port, or prometheus.serve=false",
             port,
             why,
         )
