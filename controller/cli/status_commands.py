@@ -65,6 +65,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"progress: {format_progress(st['progress'])}")
     if st["checkpoint"]:
         print(f"checkpoint: {format_checkpoint(st['checkpoint'])}")
+    if st.get("tracking"):
+        print(f"mlflow run: {st['tracking']['url']}")
     if st["stuck"]:
         print(describe(st["stuck"]))
     for straggler in st["stragglers"]:

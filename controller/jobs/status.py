@@ -27,9 +27,11 @@ from controller.jobs.read.explain import (
 )
 from controller.jobs.read.history import DEFAULT_TAIL_LINES, READ_TAIL_LINES, RunHistory
 from controller.jobs.read.loglines import split_timestamp
+from controller.jobs.read.trainer_events import TrainerEvents
 from controller.jobs.read.view import JobView
 from controller.jobs.read.why import not_started, pending
 from controller.kube.client import Cluster
+from trainer.contract import MLFLOW_TRACKING_URI, TRACKING
 
 #: Rank 0's log lines read for its progress and last checkpoint; the lines read further back
 #: for a checkpoint when those have none.
@@ -57,7 +59,7 @@ def job_status(
     # Progress from rank 0's latest events: its pod's log (a Master, node 0 of a TrainJob), or
     # in an elastic job the log of the worker the rendezvous made rank 0 (found by its events).
     rank0, tail = rank0_pod(cluster, namespace, job, kind, tail_lines=TAIL_LINES)
-    checkpoint = None
+    checkpoint = tracking = None
     if rank0 is not None and rank0.get("status", {}).get("phase") != "Pending":
         pod = rank0["metadata"]["name"]
         try:
@@ -65,6 +67,7 @@ def job_status(
                 tail = _read_tail(cluster, pod, namespace, kind, TAIL_LINES)
             view.trainer.see_lines([split_timestamp(line)[1] for line in tail], pod=pod)
             checkpoint = _last_checkpoint(cluster, pod, namespace, kind, tail)
+            tracking = _tracking(cluster, rank0, namespace, kind, tail, view)
         except ClusterError:
             pass
     cond = view.condition
@@ -89,6 +92,8 @@ def job_status(
         "progress": view.trainer.progress(),
         # Rank 0's newest checkpoint event, or the checkpoint its run resumed from.
         "checkpoint": checkpoint,
+        # Rank 0's experiment tracker: its run and the run's URL (a `tracking` event).
+        "tracking": tracking,
         # What ails it while it runs: rank 0's verdict on a rank the others wait for, and the
         # ranks that lag (from rank 0's log tail, as the progress).
         "stuck": view.trainer.stuck() if view.terminal is None else None,
@@ -121,6 +126,38 @@ def _last_checkpoint(
     if found is None and len(tail) >= TAIL_LINES:
         found = last_checkpoint(_read_tail(cluster, pod, namespace, kind, CHECKPOINT_LINES), now)
     return found
+
+
+def _tracking(
+    cluster: Cluster,
+    rank0: dict[str, Any],
+    namespace: str,
+    kind: JobKind,
+    tail: list[str],
+    view: JobView,
+) -> dict[str, Any] | None:
+    """Rank 0's newest ``tracking`` event: from the tail it read, else (for a job whose pod is
+    told where to track: MLflow's variable or the trainer setting) from further back."""
+    found = view.trainer.newest(TRACKING)
+    if found is not None or not _tracks(rank0, kind) or len(tail) < TAIL_LINES:
+        return found
+    pod = rank0["metadata"]["name"]
+    events = TrainerEvents()
+    lines = _read_tail(cluster, pod, namespace, kind, CHECKPOINT_LINES)
+    events.see_lines([split_timestamp(line)[1] for line in lines])
+    return events.newest(TRACKING)
+
+
+def _tracks(pod: dict[str, Any], kind: JobKind) -> bool:
+    """Whether the pod's training container is told where to track its run."""
+    for c in pod.get("spec", {}).get("containers", []):
+        if c.get("name") == kind.container:
+            names = {e.get("name") for e in c.get("env") or []}
+            args = c.get("args") or []
+            return MLFLOW_TRACKING_URI in names or any(
+                a.startswith("mlflow.tracking_uri=") for a in args
+            )
+    return False
 
 
 def outcome(

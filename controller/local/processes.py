@@ -142,10 +142,17 @@ def grace_s_of(spec: JobSpec, grace_s: float | None) -> float:
 
 
 def node_env(spec: JobSpec, grace_s: float) -> dict[str, str]:
-    """What a node gets beside the launcher's variables: the spec's env and secrets
-    (:func:`spec_env`) and the grace period it runs under, for the trainer to measure its
-    checkpoint writes against, as a pod's ``DDPJOB_GRACE_PERIOD_S``."""
-    return {**spec_env(spec), contract.GRACE_PERIOD_ENV: f"{grace_s:g}"}
+    """What a node gets beside the launcher's variables: the job's name, API and image (what a
+    pod's env says of its job: the MLflow run's name and tags, the metrics' labels; the spec's
+    env may set its own), the spec's env and secrets (:func:`spec_env`) and the grace period it
+    runs under, for the trainer to measure its checkpoint writes against, as a pod's
+    ``DDPJOB_GRACE_PERIOD_S``."""
+    job = {
+        contract.JOB_NAME_ENV: spec.name,
+        contract.JOB_API_ENV: spec.api,
+        contract.IMAGE_ENV: spec.image,
+    }
+    return {**job, **spec_env(spec), contract.GRACE_PERIOD_ENV: f"{grace_s:g}"}
 
 
 def node_path(environ: dict[str, str] | None = None) -> str:

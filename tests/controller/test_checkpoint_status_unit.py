@@ -193,3 +193,48 @@ def test_an_elastic_jobs_checkpoint_keeps_the_time_of_its_line():
     assert st["rank0_pod"] == "j-worker-0" and st["progress"]["step"] == 120
     assert st["checkpoint"]["step"] == 100 and 90 <= st["checkpoint"]["age_s"] < 3600
     assert fake.reads == [TAIL_LINES]
+
+
+# ---------------------------------------------------------------------------------------------
+# status names the MLflow run
+
+
+RUN_URL = "http://mlflow.ddpjob-system.svc:5000/#/experiments/1/runs/abc"
+
+
+def tracking() -> str:
+    return format_event(
+        "tracking", tracker="mlflow", run_id="abc", experiment_id="1", url=RUN_URL, resumed=False
+    )
+
+
+class TrackedCluster(FakeCluster):
+    """The same job, its pod told where to track (``MLFLOW_TRACKING_URI`` in its env)."""
+
+    def list_pods(self, namespace, selector):
+        pods = super().list_pods(namespace, selector)
+        env = [{"name": "MLFLOW_TRACKING_URI", "value": "http://mlflow.ddpjob-system.svc:5000"}]
+        pods[0]["spec"]["containers"] = [{"name": "pytorch", "env": env}]
+        return pods
+
+
+def test_status_names_the_mlflow_run(monkeypatch, capsys):
+    from controller.cli import job_commands
+    from controller.cli.main import main
+
+    fake = FakeCluster([stamped(30, tracking()), stamped(20, train(120)), stamped(20, ledger())])
+    st = job_status(fake, "j", "ml", "pytorchjob")
+    assert st["tracking"]["url"] == RUN_URL and st["tracking"]["run_id"] == "abc"
+    monkeypatch.setattr(job_commands, "_cluster", lambda args: fake)
+    assert main(["status", "j", "-n", "ml"]) == 0
+    assert f"mlflow run: {RUN_URL}" in capsys.readouterr().out.splitlines()
+
+    # Printed once, long before the tail: read further back, for a job that tracks only.
+    log = [stamped(2000, tracking())] + [stamped(1000 - i, train(10 + i)) for i in range(400)]
+    fake = TrackedCluster([*log, stamped(500, ledger())])
+    assert job_status(fake, "j", "ml", "pytorchjob")["tracking"]["url"] == RUN_URL
+    # The tail; further back for the checkpoint it lacks; further back for the run.
+    assert fake.reads == [TAIL_LINES, CHECKPOINT_LINES, CHECKPOINT_LINES]
+    untracked = FakeCluster(log[1:])
+    assert job_status(untracked, "j", "ml", "pytorchjob")["tracking"] is None
+    assert untracked.reads == [TAIL_LINES, CHECKPOINT_LINES]  # the checkpoint's read only
