@@ -219,13 +219,13 @@ class TrackedCluster(FakeCluster):
 
 
 def test_status_names_the_mlflow_run(monkeypatch, capsys):
-    from controller.cli import job_commands
+    from controller.cli import cluster as cli_cluster
     from controller.cli.main import main
 
     fake = FakeCluster([stamped(30, tracking()), stamped(20, train(120)), stamped(20, ledger())])
     st = job_status(fake, "j", "ml", "pytorchjob")
     assert st["tracking"]["url"] == RUN_URL and st["tracking"]["run_id"] == "abc"
-    monkeypatch.setattr(job_commands, "_cluster", lambda args: fake)
+    monkeypatch.setattr(cli_cluster, "cluster_of", lambda args: fake)
     assert main(["status", "j", "-n", "ml"]) == 0
     assert f"mlflow run: {RUN_URL}" in capsys.readouterr().out.splitlines()
 
@@ -235,6 +235,6 @@ def test_status_names_the_mlflow_run(monkeypatch, capsys):
     assert job_status(fake, "j", "ml", "pytorchjob")["tracking"]["url"] == RUN_URL
     # The tail; further back for the checkpoint it lacks; further back for the run.
     assert fake.reads == [TAIL_LINES, CHECKPOINT_LINES, CHECKPOINT_LINES]
-    untracked = FakeCluster(log[1:])
+    untracked = FakeCluster([*log[1:], stamped(500, ledger())])
     assert job_status(untracked, "j", "ml", "pytorchjob")["tracking"] is None
     assert untracked.reads == [TAIL_LINES, CHECKPOINT_LINES]  # the checkpoint's read only
