@@ -1,15 +1,16 @@
 """Run every benchmark, one after the other, each printing its own side-by-side ratios.
 
-    make bench                      # all twelve
+    make bench                      # all thirteen
     python bench/run.py trainjob    # one of: trainer checkpoint controller cluster logs logs-all
                                     #         image local trainjob queue recovery watchdog
+                                    #         metrics
 
-The trainer, checkpoint and watchdog benches need only CPU (the checkpoint bench starts moto's S3
-server unless AWS_ENDPOINT_URL names one); the cluster, logs, logs-all, trainjob, queue and
-recovery benches reuse a live `make cluster-up` or start the local cluster themselves (logs-all,
-trainjob and recovery need its real node); the image bench needs root, podman and containerd; the
-local bench builds the trainer image when it is stale. Exit status: non-zero if any bench missed
-its target or failed.
+The trainer, checkpoint, watchdog and metrics benches need only CPU (the checkpoint bench
+starts moto's S3 server unless AWS_ENDPOINT_URL names one); the cluster, logs, logs-all,
+trainjob, queue and recovery benches reuse a live `make cluster-up` or start the local cluster
+themselves (logs-all, trainjob and recovery need its real node); the image bench needs root,
+podman and containerd; the local bench builds the trainer image when it is stale. Exit status:
+non-zero if any bench missed its target or failed.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ BENCHES = {
     "queue": HERE / "queue_bench.py",
     "recovery": HERE / "recovery_bench.py",
     "watchdog": HERE / "watchdog_bench.py",
+    "metrics": HERE / "metrics_bench.py",
 }
 
 

@@ -75,9 +75,7 @@ def exercise(metrics: m.Metrics) -> None:
 
 def test_every_family_is_exported_with_the_labels_and_the_figures_given():
     gpu = {"util_pct": 87.0, "mem_used_gib": 2.0, "power_w": 250.0}
-    metrics = m.Metrics(
-        LABELS, registry=None, samples=8, tokens=512, world_size=4, gpu_reading=lambda: gpu
-    )
+    metrics = m.Metrics(LABELS, samples=8, tokens=512, world_size=4, gpu_reading=lambda: gpu)
     exercise(metrics)
     url = m.serve(free_port(), metrics.registry)
     assert url is not None and url.endswith(m.PATH)
@@ -124,7 +122,7 @@ def test_every_family_is_exported_with_the_labels_and_the_figures_given():
 
 
 def test_goodput_counters_never_go_down_when_the_ledger_revises_a_part():
-    metrics = m.Metrics(LABELS, registry=None)
+    metrics = m.Metrics(LABELS)
     run = {"launched_at": 0.0, "ended_at": 50.0, "productive_s": 40.0, "lost_s": 0.0}
     metrics.goodput([run])
     metrics.goodput([{**run, "productive_s": 30.0, "lost_s": 10.0}])
@@ -223,3 +221,16 @@ def test_a_launcher_serves_what_its_workers_wrote_and_lets_go_of_gone_workers_ga
             if w.poll() is None:
                 w.communicate("\n", timeout=30)
     assert os.path.isdir(folder)
+
+
+def test_a_second_run_in_one_process_is_served_on_the_same_port():
+    """Tests and benches build several trainers in one process: each run's metrics replace the
+    last run's behind the one server (no second bind, no duplicate series)."""
+    port = free_port()
+    first = m.Metrics(LABELS, samples=1)
+    first.stepped(5, seconds=0.1, data_s=0.0)
+    url = m.serve(port, first.registry)
+    second = m.Metrics(LABELS, samples=1)
+    second.stepped(2, seconds=0.1, data_s=0.0)
+    assert m.serve(port, second.registry) == url
+    assert value(scrape(local(url)), "ddpjob_step") == 2

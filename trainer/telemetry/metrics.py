@@ -188,13 +188,12 @@ class Metrics:
     events reach :meth:`event` (a log window's figures on every rank, a checkpoint, the
     ledger); the other parts say what they see (:meth:`health`, :meth:`stuck`, :meth:`gpu`).
     ``samples`` and ``tokens``: what one step of this rank trains on (tokens 0: not a token
-    task). ``registry=None``: a private registry (tests); by default the client's, which
-    :func:`serve` serves."""
+    task). Each has a registry of its own, which :func:`serve` serves (a second run in the same
+    process, as in the tests and benches, gets new metrics on the same port)."""
 
     def __init__(
         self,
         labels: Mapping[str, str],
-        registry: Any = "default",
         *,
         samples: int = 0,
         tokens: int = 0,
@@ -205,10 +204,7 @@ class Metrics:
 
         self.samples, self.tokens, self.world_size = samples, tokens, world_size
         self.gpu_reading = gpu_reading  # () -> this rank's NVML reading or None
-
-        self.registry = prom.REGISTRY if registry == "default" else registry
-        if registry is None:
-            self.registry = prom.CollectorRegistry()
+        self.registry = prom.CollectorRegistry()
         values = [labels[k] for k in LABELS]
         self._m: dict[str, Any] = {}
         for name, kind, text in _FAMILIES:
@@ -396,17 +392,39 @@ def _gpu_reading(index: int) -> Any:
 # Serving
 
 
+#: This process's metrics servers, by port: each serves the registry it was last handed.
+_SERVED: dict[int, tuple[_Current, str]] = {}
+
+
+class _Current:
+    """A collector that yields what the registry it holds now yields."""
+
+    def __init__(self, registry: Any):
+        self.registry = registry
+
+    def collect(self) -> Iterable[Any]:
+        return self.registry.collect()
+
+
 def serve(port: int, registry: Any = None, *, workers_dir: str | None = None) -> str | None:
-    """Serve ``registry`` (default: the client's), or with ``workers_dir`` every worker's
-    values written there, at ``http://0.0.0.0:<port>/metrics`` from a daemon thread. Returns
-    the URL by this host's address, or None (one warning) when the port cannot be bound."""
+    """Serve ``registry``, or with ``workers_dir`` every worker's values written there, at
+    ``http://0.0.0.0:<port>/metrics`` from a daemon thread (a port this process serves already
+    serves ``registry`` from now on). Returns the URL by this host's address, or None (one
+    warning) when the port cannot be bound."""
     import prometheus_client as prom
 
     if workers_dir is not None:
         registry = prom.CollectorRegistry()
         _WorkersCollector(workers_dir, registry)
+    if port in _SERVED:
+        current, url = _SERVED[port]
+        current.registry = registry
+        return url
+    current = _Current(registry)
+    served = prom.CollectorRegistry(auto_describe=False)
+    served.register(current)
     try:
-        server, _ = prom.start_http_server(port, registry=registry or prom.REGISTRY)
+        server, _ = prom.start_http_server(port, registry=served)
     except OSError as e:
         why = "in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
         log.warning(
@@ -416,7 +434,8 @@ def serve(port: int, registry: Any = None, *, workers_dir: str | None = None) ->
             why,
         )
         return None
-    return f"http://{_address()}:{server.server_port}{PATH}"
+    _SERVED[port] = (current, url_of(server.server_port))
+    return _SERVED[port][1]
 
 
 def _address() -> str:
@@ -440,6 +459,9 @@ class _WorkersCollector:
         self.folder = folder
         self.inner = multiprocess.MultiProcessCollector(None, path=folder)
         registry.register(self)
+
+    def describe(self) -> Iterable[Any]:
+        return []
 
     def collect(self) -> Iterable[Any]:
         from prometheus_client import multiprocess
