@@ -111,3 +111,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.built)
     if config.getoption("--phase-order"):
         items.sort(key=_phase_order)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """An MLflow tracking server on this machine, one for the session
+    (tests/trainer/mlflow_server.py)."""
+    from tests.trainer.mlflow_server import MlflowServer
+
+    with MlflowServer(tmp_path_factory.mktemp("mlflow")) as server:
+        yield server

@@ -330,3 +330,29 @@ def test_a_trainjob_spec_trains_locally_through_torchrun(tmp_path, write_spec):
     rank1 = (tmp_path / "rank-1.log").read_text()
     assert '"event": "start"' not in rank1  # node 1 runs global rank 1 only
     assert '"reason": "completed"' in result.stdout
+
+
+@pytest.mark.slow
+def test_run_local_tracks_the_job_in_mlflow_as_a_pod_does(tmp_path, write_spec, mlflow_server):
+    """The spec's MLFLOW_TRACKING_URI reaches the nodes: one run named after the job, its config
+    as params, every log window's loss, FINISHED; the job's API and image as tags."""
+    spec = write_spec(
+        minimal(
+            name="tracked-locally",
+            nodes=2,
+            env={"MLFLOW_TRACKING_URI": mlflow_server.url, "MLFLOW_EXPERIMENT_NAME": "local"},
+            trainer={"max_steps": 6, "log_every": 2, "task_args": {"image_size": 16},
+                     "checkpoint": {"dir": str(tmp_path / "ckpt")}},
+        )
+    )  # fmt: skip
+    result = _run_local(spec, tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (run,) = mlflow_server.runs("local")
+    assert run["info"]["run_name"] == "tracked-locally" and run["info"]["status"] == "FINISHED"
+    params = {p["key"]: p["value"] for p in run["data"]["params"]}
+    assert params["max_steps"] == "6" and params["task_args.image_size"] == "16"
+    assert [s for s, _ in mlflow_server.history(run["info"]["run_id"], "loss")] == [2, 4, 6]
+    tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+    assert tags["ddpjob.api"] == "pytorchjob" and tags["ddpjob.image"] == "repo/trainer:1"
+    tracking = [json.loads(x) for x in result.stdout.splitlines() if '"tracking"' in x]
+    assert tracking and tracking[0]["run_id"] == run["info"]["run_id"]

@@ -225,15 +225,6 @@ def moto():
         yield server
 
 
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
-    """An MLflow tracking server, one for the session (tests/trainer/mlflow_server.py)."""
-    from tests.trainer.mlflow_server import MlflowServer
-
-    with MlflowServer(tmp_path_factory.mktemp("mlflow")) as server:
-        yield server
-
-
 @pytest.fixture
 def s3(moto, monkeypatch) -> str:
     """A new bucket on moto's server, and this process's environment pointed at the server:

@@ -26,11 +26,49 @@ from localkube.addons.mlflow import server_argv, server_env
 START_TIMEOUT_S = 240
 
 
-class MlflowServer:
+class MlflowApi:
+    """What a tracking server at ``url`` holds, read through its REST API."""
+
+    def __init__(self, url: str):
+        self.url = url
+
+    def get(self, path: str, **query: Any) -> dict[str, Any]:
+        url = f"{self.url}/api/2.0/mlflow/{path}?{urllib.parse.urlencode(query)}"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        request = urllib.request.Request(
+            f"{self.url}/api/2.0/mlflow/{path}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        return self.get("runs/get", run_id=run_id)["run"]
+
+    def runs(self, experiment: str) -> list[dict[str, Any]]:
+        """Every run of the experiment named ``experiment``."""
+        exp = self.get("experiments/get-by-name", experiment_name=experiment)["experiment"]
+        body = {"experiment_ids": [exp["experiment_id"]], "max_results": 1000}
+        return self.post("runs/search", body).get("runs", [])
+
+    def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
+        """(step, value) of every point of metric ``key``, in the order of the steps."""
+        got = self.get("metrics/get-history", run_id=run_id, metric_key=key, max_results=25000)
+        return sorted((int(p["step"]), p["value"]) for p in got.get("metrics", []))
+
+
+class MlflowServer(MlflowApi):
+    """The ``mlflow`` package's server on a free port of 127.0.0.1 (a context manager)."""
+
     def __init__(self, folder: Path):
         self.folder = folder
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(f"http://127.0.0.1:{self.port}")
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> MlflowServer:
@@ -70,34 +108,3 @@ class MlflowServer:
                 self.proc.wait()
             self.proc = None
             self.log.close()
-
-    # -- reading what a run holds, through the REST API ----------------------------------------
-
-    def get(self, path: str, **query: Any) -> dict[str, Any]:
-        url = f"{self.url}/api/2.0/mlflow/{path}?{urllib.parse.urlencode(query)}"
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            return json.loads(resp.read())
-
-    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        request = urllib.request.Request(
-            f"{self.url}/api/2.0/mlflow/{path}",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            return json.loads(resp.read())
-
-    def run(self, run_id: str) -> dict[str, Any]:
-        return self.get("runs/get", run_id=run_id)["run"]
-
-    def runs(self, experiment: str) -> list[dict[str, Any]]:
-        """Every run of the experiment named ``experiment``."""
-        exp = self.get("experiments/get-by-name", experiment_name=experiment)["experiment"]
-        body = {"experiment_ids": [exp["experiment_id"]], "max_results": 1000}
-        return self.post("runs/search", body).get("runs", [])
-
-    def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
-        """(step, value) of every point of metric ``key``, in the order of the steps."""
-        got = self.get("metrics/get-history", run_id=run_id, metric_key=key, max_results=25000)
-        return sorted((int(p["step"]), p["value"]) for p in got.get("metrics", []))
