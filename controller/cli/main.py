@@ -61,4 +61,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug and "controller.kube.tally" in sys.modules:  # it talked to a cluster
             from controller.kube import tally
 
+            for line in tally.requests():
+                print(f"debug:   {line}", file=sys.stderr)
             print(f"debug: {tally.summary()}", file=sys.stderr, flush=True)

@@ -103,7 +103,7 @@ class Transport:
         """``method path?query`` with ``body`` as JSON. ``stream``: the response is returned
         unread (the caller reads and closes it). An HTTP error raises :class:`ApiError`;
         connection errors are urllib3's."""
-        tally.count(tally.request_kind(method, path, query))
+        tally.count(tally.request_kind(method, path, query), path)
         url = self.host + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
         headers = {"Accept": "application/json, */*"}
         auth = self._auth()

@@ -12,6 +12,7 @@ JOBS = "https://h/apis/kubeflow.org/v1/namespaces/n/pytorchjobs"
 @pytest.fixture(autouse=True)
 def fresh_tally(monkeypatch):
     monkeypatch.setattr(tally, "_counts", type(tally._counts)())
+    monkeypatch.setattr(tally, "_paths", type(tally._paths)())
 
 
 @pytest.mark.parametrize(
@@ -35,3 +36,4 @@ def test_request_kinds(method, url, query, kind):
 
 def test_an_empty_tally():
     assert tally.summary() == "0 API requests; 0 re-lists after 410 Gone; 0 refused by RBAC"
+    assert tally.requests() == []

@@ -103,6 +103,7 @@ def api():
 @pytest.fixture(autouse=True)
 def fresh_tally(monkeypatch):
     monkeypatch.setattr(tally, "_counts", type(tally._counts)())
+    monkeypatch.setattr(tally, "_paths", type(tally._paths)())
 
 
 def status(message: str, **details) -> dict:
@@ -137,6 +138,12 @@ def test_requests_carry_the_token_and_are_counted_and_refusals_classified(api):
     assert tally.summary() == (
         "3 API requests (get 2, post 1); 0 re-lists after 410 Gone; 1 refused by RBAC"
     )
+    # What each read: the path, without its query.
+    assert tally.requests() == [
+        f"get {PODS} (1)",
+        "get /api/v1/namespaces/n/secrets (1)",
+        f"post {JOBS} (1)",
+    ]
 
 
 def test_http_errors_become_the_projects_errors(api):
