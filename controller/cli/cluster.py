@@ -1,5 +1,6 @@
 """What every cluster command starts with: the flags that name a cluster, a namespace and a
-job (:func:`add_target_flags`), and what they name (:func:`connect`, :func:`find`).
+job (:func:`add_target_flags`), and what they name (:func:`connect`; :func:`find`: the job's
+snapshot).
 
 ``controller.kube.client`` (urllib3, ssl: about 0.1 s) is imported when a command connects, not
 when the parser is built, so ``--help`` and the spec commands never pay for it.
@@ -9,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from controller.jobs.read.apis import JobKind
+    from controller.jobs.snapshot import Snapshot
     from controller.kube.client import Cluster
 
 
@@ -49,14 +50,14 @@ def connect(args: argparse.Namespace) -> tuple[Cluster, str]:
     return cluster, args.namespace or cluster.default_namespace()
 
 
-def find(args: argparse.Namespace) -> tuple[Cluster, str, JobKind, dict[str, Any]]:
-    """:func:`connect`, and the job NAME names in whichever API has it (``--api`` narrows the
-    lookup): NotFound early, in plain words."""
-    from controller.jobs.find import find_job  # holds a Cluster: see the module's docstring
+def find(args: argparse.Namespace) -> Snapshot:
+    """:func:`connect`, and the snapshot of the job NAME names, in whichever API has it
+    (``--api`` narrows the lookup): NotFound early, in plain words. The command's readers take
+    the snapshot: each object they need is read once."""
+    from controller.jobs.snapshot import Snapshot  # holds a Cluster: see the module's docstring
 
     cluster, namespace = connect(args)
-    kind, job = find_job(cluster, args.name, namespace, args.api, where=args.command)
-    return cluster, namespace, kind, job
+    return Snapshot.find(cluster, args.name, namespace, args.api, where=args.command)
 
 
 def say(text: str) -> None:

@@ -30,6 +30,7 @@ from controller.progress import urgent_lines
 
 if TYPE_CHECKING:
     from controller.jobs.read.apis import JobKind
+    from controller.jobs.snapshot import Snapshot
     from controller.kube.client import Cluster
 
 
@@ -37,7 +38,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
     since_time = _since_time(args.since)
     if args.tail is not None and args.tail < 0:
         raise UserError(f"--tail: must be 0 or more (got {args.tail}). Drop it for every line")
-    cluster, namespace, kind, job = find(args)
+    snap = find(args)
+    cluster, namespace, kind, job = snap.cluster, snap.namespace, snap.kind, snap.job
     elastic = is_elastic(job)
     if elastic and args.rank != 0 and not args.all:
         raise UserError(
@@ -49,15 +51,14 @@ def cmd_logs(args: argparse.Namespace) -> int:
         return _follow(args, cluster, namespace, kind, elastic, since_time)
     rank0 = None if args.all else _rank_pod(cluster, kind, job, namespace, args.rank)
     if rank0 is not None:
-        _print_log(cluster, kind, rank0, namespace, args, since_time, prefix="")
+        _print_log(snap, rank0, args, since_time, prefix="")
         return 0
     if not args.all:  # elastic, and no worker's log shows the trainer's events
         say(
             f"logs: no worker of job {namespace}/{args.name} shows the trainer's start event "
             "(a script of your own?): every worker's log, each line after its pod's name"
         )
-    pods = cluster.list_pods(namespace, kind.pods_selector(args.name))
-    pods = [p for p in pods if has_container(p, kind.container)]  # not an initializer's
+    pods = [p for p in snap.pods() if has_container(p, kind.container)]  # not an initializer's
     if not pods:
         raise NotFound(
             f"logs: job {namespace}/{args.name} has no pod (got none with "
@@ -65,7 +66,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         )
     for pod in sorted(pods, key=lambda p: (kind.node_rank(p), p["metadata"]["name"])):
         label = pod["metadata"]["name"] if elastic else f"rank {kind.node_rank(pod)}"
-        _print_log(cluster, kind, pod, namespace, args, since_time, prefix=f"[{label}] ")
+        _print_log(snap, pod, args, since_time, prefix=f"[{label}] ")
     return 0
 
 
@@ -128,10 +129,8 @@ def _since_time(text: str | None) -> str | None:
 
 
 def _print_log(
-    cluster: Cluster,
-    kind: JobKind,
+    snap: Snapshot,
     pod: dict[str, Any],
-    namespace: str,
     args: argparse.Namespace,
     since_time: str | None,
     *,
@@ -139,10 +138,11 @@ def _print_log(
 ) -> None:
     """One pod's log (not followed), as it comes: memory stays flat whatever its size; each
     line after ``prefix``."""
+    cluster, namespace, kind = snap.cluster, snap.namespace, snap.kind
     name = pod["metadata"]["name"]
     if pod.get("status", {}).get("phase") == "Pending":
         try:
-            events = job_events(args.name, cluster.list_events(namespace))
+            events = job_events(args.name, snap.events())
         except ClusterError:
             events = []
         say(f"logs: {name} is pending: {pending_reason(pod, events) or 'no reason reported yet'}")
@@ -200,12 +200,14 @@ def _rank_pod(
 def cmd_plot(args: argparse.Namespace) -> int:
     from controller.jobs.rank0 import rank0_pod  # holds a Cluster
 
-    cluster, namespace, kind, job = find(args)
-    pod, _ = rank0_pod(cluster, namespace, job, kind, scan=True)
+    snap = find(args)
+    pod, _ = rank0_pod(snap.cluster, snap.namespace, snap.job, snap.kind, scan=True)
     if pod is None:
-        raise NotFound(f"plot: job {namespace}/{args.name} has no pod of rank 0 (got none)")
-    text = cluster.read_log(pod["metadata"]["name"], namespace, container=kind.container)
-    n = plot_curves(text.splitlines(), args.output, title=f"{namespace}/{args.name}")
+        raise NotFound(f"plot: job {snap.namespace}/{args.name} has no pod of rank 0 (got none)")
+    text = snap.cluster.read_log(
+        pod["metadata"]["name"], snap.namespace, container=snap.kind.container
+    )
+    n = plot_curves(text.splitlines(), args.output, title=f"{snap.namespace}/{args.name}")
     print(f"wrote {args.output} ({n} train events)")
     return 0
 

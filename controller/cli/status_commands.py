@@ -43,11 +43,12 @@ if TYPE_CHECKING:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from controller.jobs.status import job_status  # holds a Cluster
+    from controller.jobs.status import status_of  # holds a Cluster
 
     price = _price(args)
-    cluster, namespace = connect(args)
-    st = job_status(cluster, args.name, namespace, args.api, price)
+    snap = find(args)
+    namespace = snap.namespace
+    st = status_of(snap, price)
     if args.output == "json":
         print(json.dumps(st, indent=2))
         return 0
@@ -123,12 +124,12 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     from controller.jobs.goodput import read_goodput  # holds a Cluster
 
     price = _price(args)
-    cluster, namespace, kind, job = find(args)
-    g = read_goodput(cluster, kind, job, price_per_gpu_hour=price)
+    snap = find(args)
+    g = read_goodput(snap, price_per_gpu_hour=price)
     if args.output == "json":
-        print(json.dumps({"name": args.name, "namespace": namespace, **g}, indent=2))
+        print(json.dumps({"name": args.name, "namespace": snap.namespace, **g}, indent=2))
     else:
-        print("\n".join(format_goodput(f"{kind.name} {namespace}/{args.name}", g)))
+        print("\n".join(format_goodput(f"{snap.kind.name} {snap.namespace}/{args.name}", g)))
     return 0
 
 
@@ -171,16 +172,17 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_events(args: argparse.Namespace) -> int:
-    cluster, namespace, kind, _ = find(args)
+    snap = find(args)
+    namespace = snap.namespace
     events = [
         e
-        for e in cluster.list_events(namespace)
+        for e in snap.events()
         if e.get("involvedObject", {}).get("name", "") == args.name
         or e.get("involvedObject", {}).get("name", "").startswith(f"{args.name}-")
     ]
-    if args.api is not None and _twin(cluster, kind, args.name, namespace):
+    if args.api is not None and _twin(snap.cluster, snap.kind, args.name, namespace):
         # Both jobs' objects are named after it: keep those of the API asked.
-        mine = kind.name == "pytorchjob"
+        mine = snap.kind.name == "pytorchjob"
         events = [
             e for e in events if _pytorchjob_object(args.name, e.get("involvedObject", {})) == mine
         ]

@@ -125,7 +125,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             say=say,
             where="submit",
         )
-        return _outcome(cluster, job, namespace, seen)
+        return _outcome(cluster, job, seen)
     return 0
 
 
@@ -152,35 +152,35 @@ def _follow_to_end(
         raise timeout_error(
             "submit", namespace, name, timeout_s, follower.state, follower.waiting()
         )
-    return _outcome(cluster, job, namespace)
+    return _outcome(cluster, job)
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
     from controller.jobs.wait import wait_for_job  # holds a Cluster
     from controller.jobs.watches import PodHistory
 
-    cluster, namespace, kind, _ = find(args)
+    snap = find(args)
     seen = PodHistory()
     job = wait_for_job(
-        cluster,
+        snap.cluster,
         args.name,
-        namespace,
-        kind=kind,
+        snap.namespace,
+        kind=snap.kind,
         timeout_s=args.timeout,
-        on_change=_announcer(cluster),
+        on_change=_announcer(snap.cluster),
         history=seen,
         say=say,
     )
-    return _outcome(cluster, job, namespace, seen)
+    return _outcome(snap.cluster, job, seen)
 
 
-def _outcome(
-    cluster: Cluster, job: dict[str, Any], namespace: str, seen: PodHistory | None = None
-) -> int:
-    """Print how the job ended: 0 Succeeded; Failed raises JobFailed with the story."""
-    from controller.jobs.status import outcome  # holds a Cluster
+def _outcome(cluster: Cluster, job: dict[str, Any], seen: PodHistory | None = None) -> int:
+    """Print how the job ended: 0 Succeeded; Failed raises JobFailed with the story, read from
+    a snapshot of the job as it ended."""
+    from controller.jobs.snapshot import Snapshot  # holds a Cluster
+    from controller.jobs.status import outcome
 
-    print(outcome(cluster, job, namespace, seen))
+    print(outcome(Snapshot(cluster, job), seen))
     return 0
 
 
@@ -208,7 +208,8 @@ def _announcer(cluster: Cluster):
 def cmd_delete(args: argparse.Namespace) -> int:
     from controller.jobs.wait import wait_deleted  # holds a Cluster
 
-    cluster, namespace, kind, _ = find(args)
+    snap = find(args)
+    cluster, namespace, kind = snap.cluster, snap.namespace, snap.kind
     cluster.delete_job(args.name, namespace, api=kind.api)
     print(f"deleting {kind.name} {namespace}/{args.name}")
     if args.wait:

@@ -1,7 +1,8 @@
-"""Where a job stands in its Kueue queue, read from the cluster: :func:`read_queue` fetches what
-``controller.jobs.read.queue`` describes, :func:`integration` whether Kueue manages the job's
-kind at all, and :class:`QueueNotes` says it as it changes (``wait``, ``--follow``). Nothing here
-polls: the queue is read when the job changes.
+"""Where a job stands in its Kueue queue, read from the cluster: :func:`read_queue` takes what
+``controller.jobs.read.queue`` describes from the job's snapshot and the cluster,
+:func:`integration` whether Kueue manages the job's kind at all, and :class:`QueueNotes` says it
+as it changes (``wait``, ``--follow``). Nothing here polls: the queue is read when the job
+changes.
 """
 
 from __future__ import annotations
@@ -33,24 +34,27 @@ from controller.jobs.read.queue import (
     unmanaged_line,
     workload_of,
 )
+from controller.jobs.snapshot import Snapshot
 from controller.kube.client import Cluster
-from controller.kubeflow import CLUSTER_QUEUE, LOCAL_QUEUE, WORKLOAD
+from controller.kubeflow import CLUSTER_QUEUE, LOCAL_QUEUE
 
 
-def read_queue(cluster: Cluster, job: dict[str, Any]) -> QueueView | None:
-    """Fetch what :func:`describe` needs for ``job`` and describe it; None without a queue.
+def read_queue(snap: Snapshot) -> QueueView | None:
+    """What :func:`describe` needs for the snapshot's job, described; None without a queue.
 
-    Requests: the namespace's Workloads (one list), the LocalQueue, the ClusterQueue
-    (cluster-scoped: skipped when the user may not read it), the Workload's events (only when
-    it was preempted), the visibility API's pending list (only while pending; a cluster
-    that does not serve it answers 404 once), and for a held job with no Workload whether
-    Kueue manages its kind (:func:`integration`), which it says as the problem when not."""
+    Reads: the namespace's Workloads and, only when the Workload was preempted, the
+    namespace's events (both the snapshot's); the LocalQueue, the ClusterQueue (cluster-scoped:
+    skipped when the user may not read it), the visibility API's pending list (only while
+    pending; a cluster that does not serve it answers 404 once), and for a held job with no
+    Workload whether Kueue manages its kind (:func:`integration`), which it says as the problem
+    when not."""
+    cluster, job = snap.cluster, snap.job
     name = queue_name(job)
     if name is None:
         return None
-    namespace = job["metadata"].get("namespace", "default")
+    namespace = snap.namespace
     try:
-        workloads = cluster.list_objects(WORKLOAD, namespace)
+        workloads = snap.workloads()
     except (NotFound, Forbidden) as e:
         view = QueueView(local_queue=name)
         view.problem = (
@@ -81,12 +85,7 @@ def read_queue(cluster: Cluster, job: dict[str, Any]) -> QueueView | None:
         cluster_queue = _get(cluster, CLUSTER_QUEUE, admitted_cq or cq_name)
     events: list[dict[str, Any]] = []
     if wl is not None and (preemptions(wl) or is_true(wl, PREEMPTED)):
-        try:
-            events = cluster.list_events(
-                namespace, field_selector=f"involvedObject.name={wl['metadata']['name']}"
-            )
-        except ClusterError:
-            events = []
+        events = snap.events_of(wl["metadata"]["name"])
     pending = None
     if wl is not None and state(wl) == PENDING:
         pending = cluster.pending_workloads(namespace, name)
@@ -179,7 +178,7 @@ class QueueNotes:
     def see(self, job: dict[str, Any]) -> str | None:
         """The line to print for this version of ``job``, or None (nothing new)."""
         if queued(job):
-            view = read_queue(self.cluster, job)
+            view = read_queue(Snapshot(self.cluster, job))
             line = summary(view) if view is not None else None
             preempted = preemption_line(view) if view is not None else None
             if line and preempted and not self.was_queued and view.state == PENDING:
@@ -187,7 +186,7 @@ class QueueNotes:
             self.was_queued = True
         elif self.was_queued and queue_name(job):
             self.was_queued = False
-            view = read_queue(self.cluster, job)
+            view = read_queue(Snapshot(self.cluster, job))
             line = summary(view) if view is not None else None
         else:
             return None

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from controller.errors import ClusterError
-from controller.jobs.read.apis import PYTORCHJOB_KIND, JobKind
+from controller.jobs.read.apis import PYTORCHJOB_KIND, JobKind, selects
 from controller.jobs.read.explain import is_elastic, node_rank
 from controller.jobs.read.loglines import split_timestamp
 from controller.kube.client import Cluster
@@ -29,19 +29,24 @@ def rank0_pod(
     job: dict[str, Any],
     kind: JobKind = PYTORCHJOB_KIND,
     *,
+    pods: list[dict[str, Any]] | None = None,
     tail_lines: int = 200,
     scan: bool = False,
 ) -> tuple[dict[str, Any] | None, list[str] | None]:
     """The pod of global rank 0 (None if there is none yet) and, for an elastic job, the last
     ``tail_lines`` lines of its log (with their timestamps) that were read to find it, else None.
+    ``pods``: the job's pods, where already read (else the pods asked for are listed).
     ``scan``: when no worker's tail shows an event, look for ``start`` events in whole logs."""
     name = job["metadata"]["name"]
     if not is_elastic(job):  # a fixed-size job (either API): node rank 0's pod
-        pods = cluster.list_pods(namespace, kind.rank_selector(name, 0))
-        return (pods[-1] if pods else None), None
-    pods = cluster.list_pods(namespace, f"{LABEL_JOB_NAME}={name},{LABEL_REPLICA_TYPE}=worker")
+        selector = kind.rank_selector(name, 0)
+        rank0 = _pods(cluster, namespace, selector, pods)
+        return (rank0[-1] if rank0 else None), None
+    workers = _pods(
+        cluster, namespace, f"{LABEL_JOB_NAME}={name},{LABEL_REPLICA_TYPE}=worker", pods
+    )
     started = [
-        p for p in sorted(pods, key=node_rank) if p.get("status", {}).get("phase") != "Pending"
+        p for p in sorted(workers, key=node_rank) if p.get("status", {}).get("phase") != "Pending"
     ]
     best: tuple[tuple[str, int], dict[str, Any], list[str]] | None = None
     for pod in started:
@@ -70,6 +75,15 @@ def rank0_pod(
         if newest is not None:
             return newest[1], None
     return None, None
+
+
+def _pods(
+    cluster: Cluster, namespace: str, selector: str, pods: list[dict[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """The pods ``selector`` selects: among ``pods`` where read, else listed."""
+    if pods is None:
+        return cluster.list_pods(namespace, selector)
+    return [p for p in pods if selects(selector, p)]
 
 
 def _last_start(cluster: Cluster, namespace: str, pod: str) -> tuple[str, int] | None:

@@ -1,7 +1,7 @@
 """A job's state as the commands show it: ``status``'s dict, and the story of a failed job.
 
-These read the cluster (job, pods, events, logs) and return plain data or text; printing is the
-CLI's.
+These read a snapshot of the job (``controller.jobs.snapshot``: the job, its pods, events, queue
+and rank 0's log, each read once) and return plain data or text; printing is the CLI's.
 """
 
 from __future__ import annotations
@@ -10,17 +10,14 @@ from datetime import datetime, timezone
 from typing import Any
 
 from controller.errors import ClusterError, JobFailed
-from controller.jobs.find import find_job
 from controller.jobs.goodput import read_goodput
 from controller.jobs.queue import read_queue
-from controller.jobs.rank0 import rank0_pod
 from controller.jobs.read.apis import JobKind
 from controller.jobs.read.checkpoints import last_checkpoint
 from controller.jobs.read.explain import (
     age,
     explain_failure,
     is_elastic,
-    job_kind,
     log_excerpt,
     replica_rows,
     sort_events,
@@ -30,12 +27,11 @@ from controller.jobs.read.loglines import split_timestamp
 from controller.jobs.read.trainer_events import TrainerEvents
 from controller.jobs.read.view import JobView
 from controller.jobs.read.why import not_started, pending
+from controller.jobs.snapshot import TAIL_LINES, Snapshot
 from controller.kube.client import Cluster
 from trainer.contract import MLFLOW_TRACKING_URI, TRACKING
 
-#: Rank 0's log lines read for its progress and last checkpoint; the lines read further back
-#: for a checkpoint when those have none.
-TAIL_LINES = 200
+#: Rank 0's log lines read further back for a checkpoint when its tail has none.
 CHECKPOINT_LINES = 5000
 
 
@@ -46,43 +42,28 @@ def job_status(
     api: str | None = None,
     price_per_gpu_hour: float | None = None,
 ) -> dict[str, Any]:
-    """Everything ``status`` shows, as one JSON-ready dict (either API; ``api`` narrows the
-    lookup; ``price_per_gpu_hour`` adds the cost to its goodput).
+    """:func:`status_of` the job ``namespace/name`` (either API; ``api`` narrows the lookup)."""
+    snap = Snapshot.find(cluster, name, namespace, api, where="status")
+    return status_of(snap, price_per_gpu_hour)
 
-    Reads first (the job, its pods, the namespace's events when a pod waits or is missing, its
-    Kueue queue, rank 0's log tail), into the job's view; then says what the view shows."""
-    kind, job = find_job(cluster, name, namespace, api, where="status")
-    view = JobView.of(kind, job, cluster.list_pods(namespace, kind.pods_selector(name)))
+
+def status_of(snap: Snapshot, price_per_gpu_hour: float | None = None) -> dict[str, Any]:
+    """Everything ``status`` shows, as one JSON-ready dict, read from one snapshot of the job
+    (``price_per_gpu_hour`` adds the cost to its goodput): the job, its pods, the namespace's
+    events (why a pod waits or is missing), its Kueue queue, rank 0's log tail (its progress,
+    its verdicts, its last checkpoint), each read once."""
+    kind, job = snap.kind, snap.job
+    view = JobView.of(kind, job, snap.pods(), trainer=snap.trainer())
     if any(not_started(view)):  # the events say why
-        view.see_events(cluster.list_events(namespace))
-    queue = read_queue(cluster, job)  # None for a job without a Kueue queue
+        view.see_events(snap.events())
+    queue = read_queue(snap)  # None for a job without a Kueue queue
     # Progress from rank 0's latest events: its pod's log (a Master, node 0 of a TrainJob), or
     # in an elastic job the log of the worker the rendezvous made rank 0 (found by its events).
-    rank0, tail = rank0_pod(cluster, namespace, job, kind, tail_lines=TAIL_LINES)
-    checkpoint = tracking = None
-    if rank0 is not None and rank0.get("status", {}).get("phase") != "Pending":
-        pod = rank0["metadata"]["name"]
-        try:
-            if tail is None:
-                tail = _read_tail(cluster, pod, namespace, kind, TAIL_LINES)
-            view.trainer.see_lines([split_timestamp(line)[1] for line in tail], pod=pod)
-            checkpoint = _last_checkpoint(cluster, pod, namespace, kind, tail)
-            tracking = _tracking(cluster, rank0, namespace, kind, tail, view)
-        except ClusterError:
-            pass
+    rank0 = snap.rank0()
     cond = view.condition
-    # What its wall time went to so far (controller.jobs.read.goodput).
-    goodput = read_goodput(
-        cluster,
-        kind,
-        job,
-        pods=view.pod_list(),
-        trainer=view.trainer,
-        price_per_gpu_hour=price_per_gpu_hour,
-    )
     return {
-        "name": name,
-        "namespace": namespace,
+        "name": snap.name,
+        "namespace": snap.namespace,
         "api": kind.name,
         "kind": kind.api.kind,
         "condition": cond,
@@ -91,9 +72,9 @@ def job_status(
         "replicas": [r.as_dict() for r in replica_rows(view.pod_list())],
         "progress": view.trainer.progress(),
         # Rank 0's newest checkpoint event, or the checkpoint its run resumed from.
-        "checkpoint": checkpoint,
+        "checkpoint": _last_checkpoint(snap),
         # Rank 0's experiment tracker: its run and the run's URL (a `tracking` event).
-        "tracking": tracking,
+        "tracking": _tracking(snap),
         # What ails it while it runs: rank 0's verdict on a rank the others wait for, and the
         # ranks that lag (from rank 0's log tail, as the progress).
         "stuck": view.trainer.stuck() if view.terminal is None else None,
@@ -104,46 +85,41 @@ def job_status(
         "queue": queue.as_dict() if queue is not None else None,
         "rank0_pod": rank0["metadata"]["name"] if rank0 is not None else None,
         "elastic": is_elastic(job),
-        "goodput": goodput,
+        # What its wall time went to so far (controller.jobs.read.goodput).
+        "goodput": read_goodput(snap, price_per_gpu_hour=price_per_gpu_hour),
     }
 
 
-def _read_tail(cluster: Cluster, pod: str, namespace: str, kind: JobKind, lines: int) -> list[str]:
-    """The last ``lines`` lines of a pod's training container, each with its timestamp."""
-    text = cluster.read_log(
-        pod, namespace, container=kind.container, tail_lines=lines, timestamps=True
-    )
-    return text.splitlines()
-
-
-def _last_checkpoint(
-    cluster: Cluster, pod: str, namespace: str, kind: JobKind, tail: list[str]
-) -> dict[str, Any] | None:
-    """Rank 0's last checkpoint from its log ``tail``; read further back when the tail has none
-    and is full (a run that logs many lines between checkpoints)."""
+def _last_checkpoint(snap: Snapshot) -> dict[str, Any] | None:
+    """Rank 0's last checkpoint from its log tail; read further back when the tail has none
+    and is full (a run that logs many lines between checkpoints). None where the log cannot be
+    read."""
     now = datetime.now(timezone.utc)
-    found = last_checkpoint(tail, now)
-    if found is None and len(tail) >= TAIL_LINES:
-        found = last_checkpoint(_read_tail(cluster, pod, namespace, kind, CHECKPOINT_LINES), now)
+    try:
+        tail = snap.tail()
+        found = last_checkpoint(tail, now)
+        if found is None and len(tail) >= TAIL_LINES:
+            found = last_checkpoint(snap.tail(CHECKPOINT_LINES), now)
+    except ClusterError:
+        return None
     return found
 
 
-def _tracking(
-    cluster: Cluster,
-    rank0: dict[str, Any],
-    namespace: str,
-    kind: JobKind,
-    tail: list[str],
-    view: JobView,
-) -> dict[str, Any] | None:
-    """Rank 0's newest ``tracking`` event: from the tail it read, else (for a job whose pod is
-    told where to track: MLflow's variable or the trainer setting) from further back."""
-    found = view.trainer.newest(TRACKING)
-    if found is not None or not _tracks(rank0, kind) or len(tail) < TAIL_LINES:
+def _tracking(snap: Snapshot) -> dict[str, Any] | None:
+    """Rank 0's newest ``tracking`` event: from its log tail, else (for a job whose pod is told
+    where to track: MLflow's variable or the trainer setting) from further back, the lines a
+    checkpoint is looked for in too. None where the log cannot be read."""
+    found = snap.trainer().newest(TRACKING)
+    rank0 = snap.rank0()
+    if found is not None or rank0 is None or not _tracks(rank0, snap.kind):
         return found
-    pod = rank0["metadata"]["name"]
+    try:
+        if len(snap.tail()) < TAIL_LINES:
+            return None
+        lines = snap.tail(CHECKPOINT_LINES)
+    except ClusterError:
+        return None
     events = TrainerEvents()
-    lines = _read_tail(cluster, pod, namespace, kind, CHECKPOINT_LINES)
     events.see_lines([split_timestamp(line)[1] for line in lines])
     return events.newest(TRACKING)
 
@@ -160,35 +136,26 @@ def _tracks(pod: dict[str, Any], kind: JobKind) -> bool:
     return False
 
 
-def outcome(
-    cluster: Cluster, job: dict[str, Any], namespace: str, seen: RunHistory | None = None
-) -> str:
+def outcome(snap: Snapshot, seen: RunHistory | None = None) -> str:
     """The line for a Succeeded job; raise JobFailed with the failing replica's story."""
-    name = job["metadata"]["name"]
-    kind = job_kind(job)
-    if kind.terminal(job) == "Succeeded":
-        started = kind.start_time(job)
+    job, namespace = snap.job, snap.namespace
+    if snap.kind.terminal(job) == "Succeeded":
+        started = snap.kind.start_time(job)
         took = age(started) if started else "?"
-        return f"job {namespace}/{name} Succeeded (started {took} ago)"
-    pods = cluster.list_pods(namespace, kind.pods_selector(name))
-    raise JobFailed(failure_report(cluster, job, pods, namespace, seen=seen))
+        return f"job {namespace}/{snap.name} Succeeded (started {took} ago)"
+    raise JobFailed(failure_report(snap, seen=seen))
 
 
-def failure_report(
-    cluster: Cluster,
-    job: dict[str, Any],
-    pods: list[dict[str, Any]],
-    namespace: str,
-    seen: RunHistory | None = None,
-) -> str:
+def failure_report(snap: Snapshot, seen: RunHistory | None = None) -> str:
     """Which replica failed, its exit code and reason, and its last log lines.
 
     ``seen`` holds the pods a watch saw during the run: a TrainJob's Job deletes its active
     pods when it fails, so the failed pod (restarted in place until the backoff limit) may be
     gone by now; its last state and log tail were kept when it failed.
     """
-    kind = job_kind(job)
-    name = job["metadata"]["name"]
+    cluster, job, kind = snap.cluster, snap.job, snap.kind
+    name, namespace = snap.name, snap.namespace
+    pods = snap.pods()
     if seen is not None:
         pods = seen.with_gone(pods) + seen.earlier_errors()
     failure = explain_failure(job, pods)
@@ -212,7 +179,7 @@ def failure_report(
     # Replicas that died earlier with a retryable code were deleted and re-created by the
     # operator, so no pod shows them; its ExitedWithCode events still do (often the cause).
     try:
-        events = cluster.list_events(namespace)
+        events = snap.events()
     except ClusterError:
         return text
     if failure.pod is None:  # no pod says why: what the job's controllers said does

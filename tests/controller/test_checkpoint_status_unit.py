@@ -169,7 +169,8 @@ def test_status_shows_the_last_checkpoint_in_json_and_in_one_line(monkeypatch, c
 def test_status_reads_further_back_for_a_checkpoint_its_tail_lacks():
     """A run that logs every step and checkpoints every 1000: its last checkpoint is older
     than the tail read for the progress."""
-    log = [stamped(2000, saved(1000))] + [stamped(1000 - i, train(1000 + i)) for i in range(400)]
+    log = [stamped(2000, saved(1000))]
+    log += [stamped(1000 - i, train(1000 + i)) for i in range(TAIL_LINES)]
     fake = FakeCluster([*log, stamped(600, ledger())])
     st = job_status(fake, "j", "ml", "pytorchjob")
     assert st["checkpoint"]["step"] == 1000

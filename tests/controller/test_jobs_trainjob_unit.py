@@ -24,6 +24,7 @@ from controller.jobs.read.explain import (
     replica_name,
     replica_rows,
 )
+from controller.jobs.snapshot import Snapshot
 from controller.jobs.status import job_status
 from controller.jobs.watches import PodHistory
 
@@ -341,7 +342,7 @@ def test_the_history_of_a_wait_stands_in_for_pods_the_job_deleted():
     assert seen.tail(failed_pod["metadata"]["name"]) == ["step 3", "ValueError: boom"]
     fake.logs.clear()  # the Job deleted the pod: nothing left to read
     job = trainjob(cond("Failed", message="jobset failed due to job node failing"))
-    text = failure_report(fake, job, [pod(0)], "ml", seen)
+    text = failure_report(Snapshot(fake, job, pods=[pod(0)]), seen)
     assert "replica node-1 (pod tj-node-0-1-abc1d) exit code 1" in text
     assert text.endswith("  | step 3\n  | ValueError: boom")
 
@@ -358,7 +359,8 @@ def test_with_no_pod_left_the_report_gives_the_controllers_events():
         "metadata": {"uid": "e2"},
     }
     fake = FakeCluster(events=[job_event])
-    text = failure_report(fake, trainjob(cond("Failed", message="jobset failed")), [], "ml")
+    job = trainjob(cond("Failed", message="jobset failed"))
+    text = failure_report(Snapshot(fake, job, pods=[]))
     assert text.splitlines() == [
         "job ml/tj Failed: jobset failed",
         "events:",

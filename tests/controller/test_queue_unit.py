@@ -758,15 +758,16 @@ class StatusCluster(QueueCluster):
 
 def test_status_of_a_held_job_without_a_workload_says_kueue_ignores_its_kind():
     from controller.jobs.queue import read_queue
+    from controller.jobs.snapshot import Snapshot
 
-    view = read_queue(StatusCluster(objects=OBJECTS, integration=False), job())
+    view = read_queue(Snapshot(StatusCluster(objects=OBJECTS, integration=False), job()))
     assert view.problem is not None and view.problem.startswith("Kueue does not manage PyTorchJobs")
     assert q.summary(view).startswith("queue user-queue -> cluster-queue: Kueue does not manage")
     # Kueue manages it: a Workload is on its way, as before.
     cluster = StatusCluster(objects=OBJECTS)
-    view = read_queue(cluster, job())
+    view = read_queue(Snapshot(cluster, job()))
     assert view.problem is None and view.state == q.WAITING_FOR_KUEUE
     # A Workload there: no probe at all.
     cluster = StatusCluster([workload(conditions=PENDING)], objects=OBJECTS, integration=False)
-    view = read_queue(cluster, job())
+    view = read_queue(Snapshot(cluster, job()))
     assert cluster.created == [] and (view.state, view.reason) == (q.PENDING, "Pending")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -178,6 +179,49 @@ def ddpjob(cluster, *args: str, timeout: float = 180) -> subprocess.CompletedPro
         timeout=timeout,
         check=False,
     )
+
+
+#: ``--debug``'s last line: ``debug: N API requests (kinds); N re-lists after 410 Gone; ...``.
+DEBUG = re.compile(
+    r"^debug: (\d+) API requests? \(([^)]*)\); (\d+) re-lists? after 410 Gone; "
+    r"\d+ refused by RBAC$",
+    re.MULTILINE,
+)
+#: ``--debug``'s line for each path asked: ``debug:   get /api/v1/namespaces/n/pods (1)``.
+DEBUG_READ = re.compile(r"^debug:   (\w+) (\S+) \((\d+)\)$", re.MULTILINE)
+
+
+def debug_requests(stderr: str) -> tuple[int, str, int]:
+    """(requests, their kinds, re-lists) from ``--debug``'s last line."""
+    m = DEBUG.search(stderr)
+    assert m, f"no request count in: {stderr[-1000:]}"
+    return int(m[1]), m[2], int(m[3])
+
+
+def debug_reads(stderr: str) -> dict[tuple[str, str], int]:
+    """(kind, path) -> how often, from ``--debug``'s lines of what the command asked."""
+    return {(kind, path): int(n) for kind, path, n in DEBUG_READ.findall(stderr)}
+
+
+KUEUE_V1BETA2 = "kueue.x-k8s.io/v1beta2"
+
+
+def apply_objects(cluster, *objects: dict) -> None:
+    """``kubectl apply`` of ``objects``, as one List."""
+    cluster.kubectl(
+        "apply", "-f", "-", input_text=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                   "items": list(objects)})
+    )  # fmt: skip
+
+
+def local_queue(name: str, namespace: str, cluster_queue: str) -> dict:
+    """A Kueue LocalQueue ``namespace/name`` feeding ``cluster_queue``."""
+    return {
+        "apiVersion": KUEUE_V1BETA2,
+        "kind": "LocalQueue",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"clusterQueue": cluster_queue},
+    }
 
 
 class Background:

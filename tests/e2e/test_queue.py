@@ -27,13 +27,16 @@ from controller.jobs.read.goodput import PARTS
 from localkube.addons import kueue
 from localkube.handle import temporary_namespace, wait_until
 from tests.e2e.helpers import (
+    KUEUE_V1BETA2,
     Background,
     ExitCodes,
+    apply_objects,
     assert_same_lines,
     ddpjob,
     events,
     get_json,
     last_step,
+    local_queue,
     paced,
     s3_checkpoints,
     s3_url,
@@ -43,30 +46,13 @@ from tests.e2e.helpers import (
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 LOW, HIGH = "ddpjob-e2e-low", "ddpjob-e2e-high"  # WorkloadPriorityClasses (cluster-scoped)
-V1BETA2 = "kueue.x-k8s.io/v1beta2"
-
-
-def _apply(cluster, *objects: dict) -> None:
-    cluster.kubectl(
-        "apply", "-f", "-", input_text=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                   "items": list(objects)})
-    )  # fmt: skip
-
-
-def _local_queue(name: str, namespace: str, cluster_queue: str) -> dict:
-    return {
-        "apiVersion": V1BETA2,
-        "kind": "LocalQueue",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"clusterQueue": cluster_queue},
-    }
 
 
 def _cluster_queue(name: str, cpu: str) -> dict:
     """A ClusterQueue of ``cpu`` CPUs (and 8Gi) in the quick start's flavor, preempting lower
     priorities within itself, for the test's namespace only."""
     return {
-        "apiVersion": V1BETA2,
+        "apiVersion": KUEUE_V1BETA2,
         "kind": "ClusterQueue",
         "metadata": {"name": name},
         "spec": {
@@ -103,14 +89,14 @@ def namespace(cluster):
 def own_queue(cluster, namespace):
     """LocalQueue ``user-queue`` in the namespace, feeding a ClusterQueue of one CPU named
     after the namespace; the WorkloadPriorityClasses LOW (100) and HIGH (1000)."""
-    _apply(
+    apply_objects(
         cluster,
-        {"apiVersion": V1BETA2, "kind": "WorkloadPriorityClass", "metadata": {"name": LOW},
+        {"apiVersion": KUEUE_V1BETA2, "kind": "WorkloadPriorityClass", "metadata": {"name": LOW},
          "value": 100},
-        {"apiVersion": V1BETA2, "kind": "WorkloadPriorityClass", "metadata": {"name": HIGH},
+        {"apiVersion": KUEUE_V1BETA2, "kind": "WorkloadPriorityClass", "metadata": {"name": HIGH},
          "value": 1000},
         _cluster_queue(namespace, "1"),
-        _local_queue("user-queue", namespace, namespace),
+        local_queue("user-queue", namespace, namespace),
     )  # fmt: skip
     yield namespace
     cluster.kubectl("delete", "clusterqueue", namespace, "--wait=false", check=False)
@@ -140,7 +126,7 @@ def test_a_job_submitted_to_user_queue_is_queued_admitted_and_succeeds(
     suspended, Kueue admits it (``submit --wait`` says by which ClusterQueue; whether it also
     saw it queued first depends on how fast Kueue was) and it succeeds; status and list name
     the queue."""
-    _apply(cluster, _local_queue("user-queue", namespace, kueue.CLUSTER_QUEUE))
+    apply_objects(cluster, local_queue("user-queue", namespace, kueue.CLUSTER_QUEUE))
     spec = _spec(cluster, tmp_path, "queued", namespace, api=api, max_steps=20)
     r = ddpjob(cluster, "submit", str(spec), "--wait", "--timeout", "400", timeout=420)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -259,7 +245,7 @@ def test_a_missing_queue_or_priority_class_is_refused_before_submit(cluster, nam
     r = ddpjob(cluster, "submit", str(spec))
     assert r.returncode == 2, r.stdout + r.stderr
     assert "queue: no LocalQueue user-queue in namespace" in r.stderr.splitlines()[-1]
-    _apply(cluster, _local_queue("user-queue", namespace, kueue.CLUSTER_QUEUE))
+    apply_objects(cluster, local_queue("user-queue", namespace, kueue.CLUSTER_QUEUE))
     r = ddpjob(cluster, "submit", str(spec), "--set", "priority_class=no-such-class")
     assert r.returncode == 2, r.stdout + r.stderr
     assert "priority_class: no WorkloadPriorityClass no-such-class" in r.stderr.splitlines()[-1]

@@ -15,6 +15,7 @@ from localkube.handle import wait_until
 from tests.e2e.helpers import (
     Background,
     ddpjob,
+    debug_requests,
     etcd_compacted,
     etcd_move_on_and_compact,
     latest_step,
@@ -23,19 +24,6 @@ from tests.e2e.helpers import (
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-
-DEBUG = re.compile(
-    r"^debug: (\d+) API requests? \(([^)]*)\); (\d+) re-lists? after 410 Gone; "
-    r"\d+ refused by RBAC$",
-    re.MULTILINE,
-)
-
-
-def _requests(stderr: str) -> tuple[int, str, int]:
-    """(requests, their kinds, re-lists) from `--debug`'s last line."""
-    m = DEBUG.search(stderr)
-    assert m, f"no request count in: {stderr[-1000:]}"
-    return int(m[1]), m[2], int(m[3])
 
 
 def test_wait_makes_the_same_few_requests_however_long_the_job_runs(real_node, namespace, tmp_path):
@@ -73,7 +61,7 @@ def test_wait_makes_the_same_few_requests_however_long_the_job_runs(real_node, n
             assert code == 0, out + err
             assert f"job {namespace}/{name} Succeeded" in out
             assert "Running" in err, err  # it saw the job run: it waited, and watched
-            counts[name] = _requests(err)
+            counts[name] = debug_requests(err)
     finally:
         for waiter in waiters.values():
             waiter.stop()
@@ -124,7 +112,7 @@ def test_wait_lists_again_when_its_watch_has_expired_and_still_answers(
     assert code == 0, out + err
     assert f"job {namespace}/{name} Succeeded" in out
     assert "lost the API server" in err and "reconnected" in err
-    _, kinds, relists = _requests(err)
+    _, kinds, relists = debug_requests(err)
     assert relists >= 1, err
     lists = int(re.search(r"get (\d+)", kinds)[1])
     assert lists >= 2, kinds  # the first list, and the one after 410 Gone

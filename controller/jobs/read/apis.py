@@ -53,6 +53,16 @@ def _labels(pod: dict[str, Any]) -> dict[str, str]:
     return pod.get("metadata", {}).get("labels") or {}
 
 
+def selects(selector: str, obj: dict[str, Any]) -> bool:
+    """Whether the equality-based label selector ``k=v,k2=v2`` (as the adapters write them)
+    selects ``obj``: what the API server answers to a list with it, for objects already read."""
+    labels = _labels(obj)
+    return all(
+        labels.get(key) == value
+        for key, _, value in (term.partition("=") for term in selector.split(","))
+    )
+
+
 class JobKind:
     """What ddpjob needs to know about one job API. Subclasses fill in the class attributes and
     the methods that differ; the shared ones read conditions the same way for both."""

@@ -9,7 +9,7 @@ the watch (``JOB``, ``POD``, ``EVENT``), ``etype`` and ``obj`` what ``controller
 yields (ADDED, MODIFIED, DELETED, or RESYNC with ``{"count": n}`` after each (re-)list); or
 ``(LOG, pod, {"lines": [...]})``, lines of rank 0's log that a follower read (``wait`` follows
 it quietly, for the trainer's verdict on a job that makes no progress); or
-``(ERROR, what, {"error": exc})`` when a watch failed. ``status`` feeds it one read instead
+``(ERROR, what, {"error": exc})`` when a watch failed. ``status`` feeds it one snapshot instead
 (:meth:`JobView.of`).
 
 Pure: no clock, no API. A new thing to know about a job is a new reader of this view (or, for
@@ -68,9 +68,14 @@ class JobView:
         job: dict[str, Any],
         pods: list[dict[str, Any]],
         events: list[dict[str, Any]] | None = None,
+        *,
+        trainer: TrainerEvents | None = None,
     ) -> JobView:
-        """The view of one read: the job, its pods and (when read) the namespace's events."""
+        """The view of one read: the job, its pods, (when read) the namespace's events and
+        (when read) what the trainer's events in a log of the job say."""
         view = cls(kind, job["metadata"]["name"])
+        if trainer is not None:
+            view.trainer = trainer
         view.apply(JOB, "ADDED", job)
         for pod in pods:
             view.apply(POD, "ADDED", pod)
