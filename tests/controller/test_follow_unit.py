@@ -245,12 +245,32 @@ def test_follow_through_a_broken_stream_and_a_recreated_pod():
     assert any("following j-master-0 (attempt 2)" in n for n in notes)
 
 
+class AskedPods(dict):
+    """A view's pods by UID that count how often each was looked up (``get``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._asked: dict[Any, int] = {}
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        with self._lock:
+            self._asked[key] = self._asked.get(key, 0) + 1
+        return super().get(key, default)
+
+    def times(self, key: Any) -> int:
+        with self._lock:
+            return self._asked.get(key, 0)
+
+
 def test_a_stream_that_ends_at_the_exit_is_not_opened_again_before_the_pod_says_so():
     """The kubelet ends a follow stream when the container exits; the pod's watch event says
     so a moment later. Meanwhile the ended log is not opened again (and again)."""
     c = FakeCluster()
     out: list[str] = []
     follower = RankFollower(c, "ns", "j", 0, out.extend, lambda s: None)
+    asked = AskedPods()
+    follower.view.pods = asked  # counts the reader's questions to the view, nothing else
     c.pod_event("ADDED", "j-master-0", "a", "running")
     t = threading.Thread(target=lambda: follower.follow(time.monotonic() + 30))
     t.start()
@@ -259,8 +279,15 @@ def test_a_stream_that_ends_at_the_exit_is_not_opened_again_before_the_pod_says_
     with c.cond:
         c.exited.add("a")
         c.cond.notify_all()
-    time.sleep(1.0)  # the pod's event is late: a re-attach every 0.1 s would show here
-    assert [pod for pod, follow, _ in c.opened if follow] == ["j-master-0"]
+
+    def follows() -> list[str]:
+        with c.cond:
+            return [pod for pod, follow, _ in c.opened if follow]
+
+    # The pod's event is late. The reader asks the view again and again whether the run's
+    # container exited; a reader that re-attached instead would open the stream again first.
+    until(lambda: len(follows()) > 1 or asked.times("a") >= 3, "the reader asking the view")
+    assert follows() == ["j-master-0"]
     c.pod_event("MODIFIED", "j-master-0", "a", "terminated")
     c.job_event("Succeeded")
     t.join(timeout=20)
