@@ -19,7 +19,7 @@ from decimal import Decimal
 from typing import Any
 
 from controller.errors import ClusterError, DdpjobError, Forbidden, NotFound, Refused, UserError
-from controller.jobs.queue import Integration, integration
+from controller.jobs.queue import Integration, integration, kueue_config
 from controller.jobs.read.apis import KINDS, PYTORCHJOB_KIND, TRAINJOB_KIND, JobKind, kind_of
 from controller.jobs.read.queue import framework, unmanaged_line
 from controller.kube.client import Cluster
@@ -584,10 +584,13 @@ def queue_checks(
             ]
         return [Check("Kueue", WARN, "not installed: only needed for specs with queue:")]
     if manifest is None:
+        config = kueue_config(cluster) if kinds else None  # read once, for every kind
         return [
             _check_kueue_queues(cluster, namespace),
             *(
-                integration_check(integration(cluster, sample_job(k, namespace), PROBE_QUEUE))
+                integration_check(
+                    integration(cluster, sample_job(k, namespace), PROBE_QUEUE, config)
+                )
                 for k in kinds or ()
             ),
         ]

@@ -124,29 +124,44 @@ class Integration:
         return self.webhook if self.webhook is not None else self.configured
 
 
-def integration(cluster: Cluster, job: dict[str, Any], queue: str) -> Integration:
-    """Ask the cluster whether its Kueue manages ``job``'s kind (a manifest, or a job read
-    back), both ways (:class:`Integration`). Two requests: a get of the ConfigMap and a
-    dry-run create, which needs only the create permission ``submit`` needs anyway."""
-    kind = job["kind"]
+@dataclass(frozen=True)
+class KueueConfig:
+    """Kueue's Configuration as read from its ConfigMap: the frameworks it enables (None: not
+    read, or not a Configuration), and where it was read or why it was not."""
+
+    frameworks: list[str] | None
+    note: str
+
+
+def kueue_config(cluster: Cluster) -> KueueConfig:
+    """Read Kueue's Configuration (one get of its ConfigMap)."""
     where = f"ConfigMap {CONFIG_MAP_NAMESPACE}/{CONFIG_MAP_NAME}"
-    configured: bool | None = None
     try:
         frameworks = integrations(
             config_text(cluster.get_config_map(CONFIG_MAP_NAME, CONFIG_MAP_NAMESPACE))
         )
     except Forbidden:
-        config_note = f"may not read {where}"
+        return KueueConfig(None, f"may not read {where}")
     except NotFound:
-        config_note = f"no {where} (Kueue installed another way)"
+        return KueueConfig(None, f"no {where} (Kueue installed another way)")
     except ClusterError as e:
-        config_note = f"cannot read {where} ({e})"
-    else:
-        if frameworks is None:
-            config_note = f"{where} holds no Configuration under {CONFIG_KEY}"
-        else:
-            configured = framework(kind) in frameworks
-            config_note = f"{where} lists {', '.join(frameworks)}"
+        return KueueConfig(None, f"cannot read {where} ({e})")
+    if frameworks is None:
+        return KueueConfig(None, f"{where} holds no Configuration under {CONFIG_KEY}")
+    return KueueConfig(frameworks, f"{where} lists {', '.join(frameworks)}")
+
+
+def integration(
+    cluster: Cluster, job: dict[str, Any], queue: str, config: KueueConfig | None = None
+) -> Integration:
+    """Ask the cluster whether its Kueue manages ``job``'s kind (a manifest, or a job read
+    back), both ways (:class:`Integration`). Two requests: a get of the ConfigMap (none when
+    ``config`` was read already: ``doctor`` asks for every kind) and a dry-run create, which
+    needs only the create permission ``submit`` needs anyway."""
+    kind = job["kind"]
+    config = config if config is not None else kueue_config(cluster)
+    configured = framework(kind) in config.frameworks if config.frameworks is not None else None
+    config_note = config.note
     try:
         got = cluster.create_job(integration_probe(job, queue), dry_run=True)
     except DdpjobError as e:

@@ -381,9 +381,11 @@ class QueueCluster:
         self.objects = objects or {}
         self.config_map = config_map or NotFound("no ConfigMap", reason="NotFound")
         self.created: list[dict] = []
+        self.config_reads = 0
 
     def get_config_map(self, name, namespace):
         assert (namespace, name) == ("kueue-system", "kueue-manager-config")
+        self.config_reads += 1
         if isinstance(self.config_map, Exception):
             raise self.config_map
         return self.config_map
@@ -738,6 +740,21 @@ def test_doctor_without_a_job_says_which_kinds_kueue_manages():
     assert checks["Kueue (PyTorchJob)"].detail.startswith("Kueue does not manage PyTorchJobs")
     (probe,) = cluster.created
     assert probe["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] == 1
+
+
+def test_doctor_reads_kueues_configuration_once_for_every_kind():
+    from controller.jobs.read.apis import PYTORCHJOB_KIND, TRAINJOB_KIND
+
+    cluster = QueueCluster(objects=OBJECTS, integration=False, config_map=config_map(V019))
+    kinds = [PYTORCHJOB_KIND, TRAINJOB_KIND]
+    checks = {c.name: c for c in queue_checks(cluster, "default", None, kinds)}
+    assert cluster.config_reads == 1
+    assert [p["kind"] for p in cluster.created] == ["PyTorchJob", "TrainJob"]  # a dry run each
+    # Both verdicts read the one Configuration: it lists TrainJobs, not PyTorchJobs.
+    for kind in ("PyTorchJob", "TrainJob"):
+        assert "ConfigMap kueue-system/kueue-manager-config lists batch/job" in (
+            checks[f"Kueue ({kind})"].detail
+        ), checks
 
 
 class StatusCluster(QueueCluster):
