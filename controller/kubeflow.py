@@ -148,3 +148,32 @@ KUEUE_POD_SELECTOR = "app.kubernetes.io/name=kueue,control-plane=controller-mana
 #: The image's non-root user and group: runAsUser/runAsGroup/fsGroup of every pod.
 TRAINER_UID = 1000
 DEFAULT_COMMAND = ("python", "-m", "trainer")
+
+# ------------------------------------------------------------------------------------------
+# A shipped working directory (controller/workdir.py packs it, trainer/workdir.py unpacks it)
+
+#: Where every pod unpacks the workdir: an emptyDir, the trainer's working directory and the
+#: head of its PYTHONPATH (``run --local --container`` mounts the unpacked copy here too).
+WORKDIR_PATH = "/workdir"
+#: The emptyDir behind it, and the ConfigMap's volume with the archive, mounted read-only.
+WORKDIR_VOLUME = "workdir"
+WORKDIR_ARCHIVE_VOLUME = "workdir-archive"
+WORKDIR_ARCHIVE_PATH = "/var/run/ddpjob/workdir"
+#: On the job: which code ran. The archive's digest; inside git, the commit and whether the
+#: packed files differed from it ("true"/"false").
+ANNOTATION_WORKDIR_DIGEST = "ddpjob/workdir-digest"
+ANNOTATION_WORKDIR_COMMIT = "ddpjob/workdir-git-commit"
+ANNOTATION_WORKDIR_DIRTY = "ddpjob/workdir-git-dirty"
+WORKDIR_ANNOTATIONS = (
+    ANNOTATION_WORKDIR_DIGEST,
+    ANNOTATION_WORKDIR_COMMIT,
+    ANNOTATION_WORKDIR_DIRTY,
+)
+#: In the trainer's env: the same facts, for the goodput ledger; and PYTHONPATH, whose head
+#: the workdir becomes (a PYTHONPATH of the spec's env follows it).
+WORKDIR_ENV = (
+    contract.WORKDIR_DIGEST_ENV,
+    contract.WORKDIR_COMMIT_ENV,
+    contract.WORKDIR_DIRTY_ENV,
+    "PYTHONPATH",
+)

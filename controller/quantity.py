@@ -34,3 +34,14 @@ def parse_quantity(text: str) -> Decimal:
         return Decimal(m["num"]) * _SUFFIX_FACTOR[suffix]
     except InvalidOperation:  # pragma: no cover - the regex admits only valid numbers
         raise ValueError("not a number") from None
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes for a person: ``512 B``, ``9.8 KiB``, ``1.4 MiB`` (binary units)."""
+    if n < 1024:
+        return f"{int(n)} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        if n < 1024 or unit == "TiB":
+            break
+    return f"{n:.1f} {unit}"

@@ -27,7 +27,12 @@ from pydantic import (
 )
 
 from controller.errors import UserError
-from controller.kubeflow import DEFAULT_RUNTIME, TRAINJOB_REPLICATED_JOB
+from controller.kubeflow import (
+    DEFAULT_RUNTIME,
+    TRAINJOB_REPLICATED_JOB,
+    WORKDIR_ANNOTATIONS,
+    WORKDIR_ENV,
+)
 from controller.quantity import QUANTITY, parse_quantity
 from trainer.config import TrainConfig, format_errors
 from trainer.contract import GRACE_PERIOD_ENV
@@ -457,6 +462,32 @@ class JobSpec(_Model):
         default_factory=TrainConfig,
         description="Trainer settings (the trainer's own schema); passed as key=value args.",
     )
+    workdir: str | None = Field(
+        None,
+        description=(
+            "Your project's folder, shipped with the job so the stock image runs it: a path "
+            "relative to the spec file's folder (`--workdir DIR` on submit, run and render: "
+            "relative to where you run it). Packed as git would commit it (tracked files and "
+            "untracked ones .gitignore keeps, as on disk now); outside git everything but "
+            "`.git`, `.venv`, `__pycache__`, `checkpoints/` and `runs/`; either way less what a "
+            "`.ddpjobignore` at its top lists. Every pod unpacks it at `/workdir`, the working "
+            "directory and the head of PYTHONPATH, so `command: [python, train.py]`, "
+            "`torchrun train.py`, `-m mypkg.train` and `task: mypkg.tasks:build` run your code."
+        ),
+        json_schema_extra=_on("string", minLength=1),
+    )
+    workdir_store: str | None = Field(
+        None,
+        description=(
+            "Where the workdir's archive goes. Empty: a ConfigMap `<name>-workdir` created with "
+            "the job and owned by it (deleted with it), up to about 1 MB packed. "
+            "`s3://bucket/prefix`: the object `prefix/<digest>.tar.gz`, uploaded only when not "
+            "there yet; the pods read it with the credentials and endpoint of `env` and "
+            "`secret_env` (AWS_*, as checkpoint.dir s3:// does), and this machine uploads with "
+            "its own AWS_* environment (`pip install 'ddpjob[s3]'`)."
+        ),
+        json_schema_extra=_on("string", pattern=r"^s3://[^/]+"),
+    )
     nodes: int = Field(1, ge=1, le=1024, description="Pods in the job, the master included (>= 1).")
     nproc_per_node: int = Field(
         1,
@@ -653,6 +684,22 @@ class JobSpec(_Model):
             raise ValueError("must not be empty; leave it out for the default trainer")
         return v
 
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("must be a folder's path, e.g. `.`; leave it out for none")
+        return v
+
+    @field_validator("workdir_store")
+    @classmethod
+    def _workdir_store(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"s3://[^/\s]+(/\S*)?", v):
+            raise ValueError(
+                "must be s3://bucket or s3://bucket/prefix; leave it out for a ConfigMap"
+            )
+        return v
+
     @field_validator("shm_size", mode="before")
     @classmethod
     def _shm(cls, v: Any) -> str:
@@ -720,6 +767,7 @@ class JobSpec(_Model):
             *self._elastic_keeps_pods(),
             *self._rank0_volumes(),
             *self._monitored(),
+            *self._workdir_fits(),
         ]
         if problems:
             # One ValueError carries every problem; spec_errors() splits it back into lines.
@@ -860,6 +908,22 @@ class JobSpec(_Model):
             for i, v in enumerate(self.volumes)
             if v.rank0_only
         ]
+
+    def _workdir_fits(self) -> list[str]:
+        out = []
+        if self.workdir_store and not self.workdir:
+            out.append(
+                f"workdir_store: names where the workdir goes (got {self.workdir_store}), but no "
+                "workdir is set. Set workdir, or remove workdir_store"
+            )
+        if self.workdir:
+            for key in sorted(set(self.annotations) & set(WORKDIR_ANNOTATIONS)):
+                out.append(f"annotations: {key} is set by ddpjob from the workdir; remove it")
+            for name in sorted(set(self.secret_env) & set(WORKDIR_ENV)):
+                out.append(f"secret_env: {name} is set by ddpjob from the workdir; remove it")
+            for name in sorted(set(self.env) & (set(WORKDIR_ENV) - {"PYTHONPATH"})):
+                out.append(f"env: {name} is set by ddpjob from the workdir; remove it")
+        return out
 
     # -- derived values the renderer and the local runner share --------------------------------
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -223,10 +224,31 @@ def test_the_controller_never_imports_torch_or_an_s3_client():
     heavy = ("torch", "boto3", "botocore", "s3transfer")  # ddpjob[trainer]'s, not the laptop's
     for path in (REPO / "controller").rglob("*.py"):
         assert not any(m.split(".")[0] in heavy for m in _imports(path)), path
-    # What the controller imports of the trainer (its config and contract) reaches neither.
+    # What the controller imports of the trainer (its config, its contract, the workdir's
+    # archive format) reaches neither at import.
     for m in (m for m in GRAPH if m.startswith("controller")):
         reached = {d for d in GRAPH[m] if d.startswith("trainer")}
-        assert reached <= {"trainer", "trainer.config", "trainer.contract"}, (m, reached)
+        allowed = {"trainer", "trainer.config", "trainer.contract", "trainer.workdir"}
+        assert reached <= allowed, (m, reached)
+
+
+def test_the_workdir_reaches_s3_only_on_demand():
+    """``trainer.workdir`` (the archive's format, read by the controller too) imports the
+    standard library and the contract at module level; the S3 store, and boto3 with it, only
+    inside the functions that fetch or upload ``s3://`` (a laptop without ``ddpjob[s3]`` packs
+    and ships through a ConfigMap)."""
+    path = REPO / "trainer" / "workdir.py"
+    tree = ast.parse(path.read_text())
+    top = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            top.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            top.add(node.module if node.module.startswith("trainer") else node.module.split(".")[0])
+    ours = {m for m in top if m.startswith("trainer")}
+    assert ours == {"trainer.contract"}, ours
+    assert top - ours <= set(sys.stdlib_module_names) | {"__future__"}, top - ours
+    assert "trainer.checkpoint.storage" in GRAPH["trainer.workdir"]  # lazily, for s3://
 
 
 def test_nothing_outside_tests_imports_tests():
@@ -338,8 +360,9 @@ TRAINER_ROOMS = {
     # The ledger observes the loop's phases and keeps its record in the checkpoints' store.
     "trainer.health": ("trainer.telemetry", "trainer.parts.phases", "trainer.checkpoint.storage"),
 }
-#: What ties the rooms together: the Trainer and the entrypoint.
-TRAINER_TOP = ("trainer.train", "trainer.__main__")
+#: What ties the rooms together: the Trainer and the entrypoint; beside them the pod's other
+#: entrypoint, which unpacks a shipped workdir before the trainer (python -m trainer.workdir).
+TRAINER_TOP = ("trainer.train", "trainer.__main__", "trainer.workdir")
 
 
 def test_the_trainer_is_in_rooms():

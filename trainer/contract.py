@@ -221,6 +221,12 @@ GRACE_PERIOD_ENV = "DDPJOB_GRACE_PERIOD_S"
 #: When the container's first process started (epoch seconds): set by the torchrun re-launch,
 #: so the workers' ledger counts start-up from the container's start, not their own.
 LAUNCHED_AT_ENV = "DDPJOB_LAUNCHED_AT"
+#: Which code ran, where the job shipped a working directory (controller/render/workdir.py):
+#: the archive's digest and, inside git, its commit and "true"/"false" for a dirty tree. The
+#: goodput ledger reports them.
+WORKDIR_DIGEST_ENV = "DDPJOB_WORKDIR_DIGEST"
+WORKDIR_COMMIT_ENV = "DDPJOB_WORKDIR_COMMIT"
+WORKDIR_DIRTY_ENV = "DDPJOB_WORKDIR_DIRTY"
 #: Kubernetes' ``terminationGracePeriodSeconds`` when a pod sets none.
 KUBERNETES_DEFAULT_GRACE_PERIOD_S = 30
 #: The pod's node (``spec.nodeName``, through the downward API: controller/render/pod.py), which

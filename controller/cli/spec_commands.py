@@ -15,7 +15,10 @@ never by validate/render/help.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from controller.cli.advice import CLI
@@ -27,6 +30,59 @@ def load_spec(path: str, overrides: list[str] | None = None):
     from controller.spec import load_spec as load
 
     return load(path, overrides)
+
+
+@dataclass
+class Prepared:
+    """A spec with its workdir packed: what render names, submit ships and run unpacks."""
+
+    spec: Any
+    archive: Any = None  # controller.workdir.Archive
+    shipped: Any = None  # controller.workdir.Shipped
+
+    def objects(self) -> list[dict[str, Any]]:
+        """The job, then what its ``monitoring`` asks for (``render.job.render_objects``)."""
+        from controller.render.job import render_objects
+
+        return render_objects(self.spec, self.shipped)
+
+    def remove(self) -> None:
+        if self.archive is not None:
+            self.archive.remove()
+
+
+def prepare(args: argparse.Namespace, namespace: str | None = None) -> Prepared:
+    """The spec of ``args`` (``--set``, ``--workdir``, a ``-n`` namespace applied) and, where it
+    has a workdir, the folder packed; UserError before anything is created when the folder is
+    missing, holds what cannot be packed, or is over a ConfigMap's size."""
+    spec = load_spec(args.spec, args.set)
+    update: dict[str, Any] = {}
+    if getattr(args, "workdir", None):
+        update["workdir"] = str(Path(args.workdir).absolute())
+    if namespace:
+        update["namespace"] = namespace
+    spec = spec.model_copy(update=update) if update else spec
+    if not spec.workdir:
+        return Prepared(spec)
+    from controller.workdir import CONFIGMAP_LIMIT_BYTES, check_fits, folder_of, pack, shipped_for
+
+    archive = pack(folder_of(spec.workdir, args.spec))
+    if not spec.workdir_store:
+        try:
+            check_fits(archive, CONFIGMAP_LIMIT_BYTES, "a ConfigMap")
+        except UserError:
+            archive.remove()
+            raise
+    return Prepared(spec, archive, shipped_for(spec.name, spec.workdir_store, archive))
+
+
+def add_workdir_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workdir",
+        metavar="DIR",
+        help="ship this folder with the job (the spec's workdir, relative to here): it is "
+        "packed, and unpacked in every pod at /workdir, the working directory",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -43,30 +99,63 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    spec = load_spec(args.spec, args.set)
-    if args.values:
-        from controller.render.values import render_values
+    prepared = prepare(args)
+    try:
+        if args.values:
+            from controller.render.values import render_values
 
-        obj: Any = render_values(spec)
-    else:
-        from controller.render.job import render_objects
-
-        objects = render_objects(spec)
-        # The job alone as one document; with what monitoring adds, one document each (YAML)
-        # or a List (JSON), as kubectl reads them.
-        if len(objects) == 1:
-            obj = objects[0]
-        elif args.output == "json":
-            obj = {"apiVersion": "v1", "kind": "List", "items": objects}
-        else:
-            from controller.render.output import to_yaml
-
-            sys.stdout.write("---\n".join(to_yaml(o) for o in objects))
+            sys.stdout.write(_dump(render_values(prepared.spec, *_chart_workdir(prepared)), args))
             return 0
+        objects = prepared.objects()
+        if prepared.archive is not None:
+            from controller.workdir import summary
+
+            where = prepared.shipped.url or f"ConfigMap {prepared.shipped.config_map}"
+            _say(summary(prepared.archive, f"{where} (named; submit ships it)"))
+    finally:
+        prepared.remove()
+    # The job alone as one document; with what monitoring adds, one document each (YAML) or a
+    # List (JSON), as kubectl reads them.
+    if len(objects) == 1:
+        sys.stdout.write(_dump(objects[0], args))
+    elif args.output == "json":
+        sys.stdout.write(_dump({"apiVersion": "v1", "kind": "List", "items": objects}, args))
+    else:
+        from controller.render.output import to_yaml
+
+        sys.stdout.write("---\n".join(to_yaml(o) for o in objects))
+    return 0
+
+
+def _dump(obj: Any, args: argparse.Namespace) -> str:
     from controller.render.output import dump
 
-    sys.stdout.write(dump(obj, args.output))
-    return 0
+    return dump(obj, args.output)
+
+
+def _chart_workdir(prepared: Prepared) -> tuple[Any, bytes | None]:
+    """What the chart needs of the workdir: what to name, and the archive itself where the
+    chart creates the ConfigMap; an object store's archive is uploaded here, as submit does."""
+    if prepared.archive is None:
+        return None, None
+    from controller.workdir import HELM_LIMIT_BYTES, check_fits, summary, upload
+
+    if prepared.shipped.url:
+        url, uploaded = upload(prepared.archive, prepared.spec.workdir_store)
+        _say(summary(prepared.archive, f"{url} ({'uploaded' if uploaded else 'already there'})"))
+        return prepared.shipped, None
+    check_fits(prepared.archive, HELM_LIMIT_BYTES, "a Helm release")
+    _say(
+        summary(
+            prepared.archive, f"the values (the chart's ConfigMap {prepared.shipped.config_map})"
+        )
+    )
+    return prepared.shipped, prepared.archive.read_bytes()
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -101,16 +190,46 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"--engine: chooses the engine of --container runs (got --engine {args.engine} "
             "without --container). Add --container, or leave --engine out"
         )
-    spec = load_spec(args.spec, args.set)
-    if args.container:
-        from controller.local.container import run_container
+    prepared = prepare(args)
+    with _unpacked(prepared) as workdir:
+        if args.container:
+            from controller.local.container import run_container
 
-        return run_container(
-            spec, engine=args.engine or "auto", logs_dir=args.logs_dir, grace_s=args.grace_s
+            return run_container(
+                prepared.spec,
+                engine=args.engine or "auto",
+                logs_dir=args.logs_dir,
+                grace_s=args.grace_s,
+                workdir=workdir,
+            )
+        from controller.local.processes import run_local
+
+        return run_local(
+            prepared.spec, logs_dir=args.logs_dir, grace_s=args.grace_s, workdir=workdir
         )
-    from controller.local.processes import run_local
 
-    return run_local(spec, logs_dir=args.logs_dir, grace_s=args.grace_s)
+
+@contextlib.contextmanager
+def _unpacked(prepared: Prepared):
+    """The packed workdir unpacked into a fresh temp folder, as a pod's /workdir is: what the
+    cluster would run, not the folder as it is (yields None without a workdir)."""
+    if prepared.archive is None:
+        yield None
+        return
+    import tempfile
+
+    from controller.local.processes import LocalWorkdir
+    from controller.workdir import summary
+    from trainer.workdir import install
+
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"ddpjob-{prepared.spec.name}-") as tmp:
+            path = Path(tmp) / "workdir"
+            install(prepared.archive.read_bytes(), prepared.archive.digest, path)
+            _say(summary(prepared.archive, f"{path} (a fresh copy, removed after the run)"))
+            yield LocalWorkdir(path, prepared.shipped)
+    finally:
+        prepared.remove()
 
 
 # --------------------------------------------------------------------------------------------
@@ -149,6 +268,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--values", action="store_true", help="print Helm chart values (charts/ddpjob) instead"
     )
+    add_workdir_flag(p)
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("schema", help="print the JSON Schema of the spec")
@@ -184,6 +304,7 @@ def add_commands(sub: Any) -> None:
         help="remove the containers and networks that --container runs whose controller was "
         "killed left behind, then exit (no SPEC)",
     )
+    add_workdir_flag(p)
     p.add_argument(
         "--logs-dir",
         metavar="DIR",

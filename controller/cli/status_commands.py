@@ -33,6 +33,7 @@ from controller.jobs.read.queue import (
     summary,
     verdict_line,
 )
+from controller.jobs.read.workdir import code_line, workdir_of
 from controller.kubeflow import PYTORCHJOB
 from controller.progress import describe
 from trainer.contract import STRAGGLER
@@ -62,6 +63,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     _print_replicas(st)
     if st["elastic"] and st["rank0_pod"]:
         print(f"rank 0: pod {st['rank0_pod']} (the rendezvous placed it)")
+    if st["workdir"]:
+        print(f"workdir: {code_line(st['workdir'])}")
     if st["progress"]:
         print(f"progress: {format_progress(st['progress'])}")
     if st["checkpoint"]:
@@ -150,7 +153,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         what = " or ".join(f"{k.api.kind}s" for k in served)
         print(f"no {what} in {namespace}" + (f" with {args.selector}" if args.selector else ""))
         return 0
+    wide = args.output == "wide"
     rows = [["NAME", "KIND", "STATUS", "QUEUE", "NODES", "PROGRESS", "AGE"]]
+    if wide:
+        rows[0].append("CODE")
     for kind, job in sorted(found, key=lambda kj: (kj[1]["metadata"]["name"], kj[0].name)):
         nodes = kind.nodes(job)
         # The job's own record of its progress (a TrainJob's trainerStatus): no log is read.
@@ -167,6 +173,8 @@ def cmd_list(args: argparse.Namespace) -> int:
                 age(job["metadata"].get("creationTimestamp")),
             ]
         )
+        if wide:  # which code: the shipped workdir's digest and git commit, or the image's
+            rows[-1].append(code_line(workdir_of(job)))
     print(format_table(rows))
     return 0
 
@@ -256,6 +264,13 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("list", help="PyTorchJobs and TrainJobs with their status")
     add_target_flags(p, name=False)
     p.add_argument("-l", "--selector", help="label selector, e.g. app.kubernetes.io/name=ddpjob")
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=("table", "wide"),
+        default="table",
+        help="wide: also which code each job runs (its workdir's digest and git commit)",
+    )
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("events", help="Kubernetes events of a job and its pods")

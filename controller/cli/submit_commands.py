@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from controller.cli.advice import kubectl_hints
 from controller.cli.cluster import add_target_flags, cluster_of, find, say
-from controller.cli.spec_commands import add_spec_argument, load_spec
+from controller.cli.spec_commands import Prepared, add_spec_argument, add_workdir_flag, prepare
 from controller.errors import NotFound
 from controller.jobs.read.apis import kind_of
 from controller.jobs.read.explain import condition_message, is_elastic, job_condition, max_pods
@@ -48,18 +48,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _manifest(args: argparse.Namespace) -> dict[str, Any]:
-    return _objects(args)[0]
-
-
-def _objects(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The job, then what its ``monitoring`` asks for, in ``--namespace`` if given."""
-    from controller.render.job import render_objects  # the spec's pydantic models
-
-    objects = render_objects(load_spec(args.spec, args.set))
-    if args.namespace:
-        for obj in objects:
-            obj["metadata"]["namespace"] = args.namespace
-    return objects
+    prepared = prepare(args, namespace=args.namespace)  # the spec's pydantic models
+    try:
+        return prepared.objects()[0]
+    finally:
+        prepared.remove()
 
 
 def _check_beside(cluster: Cluster, objects: list[dict[str, Any]]) -> None:
@@ -83,11 +76,20 @@ def _check_beside(cluster: Cluster, objects: list[dict[str, Any]]) -> None:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    prepared = prepare(args, namespace=args.namespace)
+    try:
+        return _submit(args, prepared)
+    finally:
+        prepared.remove()
+
+
+def _submit(args: argparse.Namespace, prepared: Prepared) -> int:
     from controller.jobs.doctor import preflight  # holds a Cluster
+    from controller.jobs.submit import create
     from controller.jobs.wait import wait_deleted, wait_for_job
     from controller.jobs.watches import PodHistory
 
-    manifest, *beside = _objects(args)
+    manifest, *beside = prepared.objects()
     kind = kind_of(manifest)
     name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
     cluster = cluster_of(args)
@@ -100,12 +102,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
             pass
     if not args.no_preflight:
         preflight(cluster, manifest, force=args.force, say=say)
+    shipped_to, workdir_map = _ship(prepared, namespace)
+    if workdir_map is not None:
+        beside.append(workdir_map)
+    if not args.no_preflight:
         _check_beside(cluster, beside)
-    created = cluster.create_job(manifest)
-    for obj in beside:  # owned by the job: deleted with it
-        cluster.create_beside(obj, created)
+    create(cluster, manifest, beside)  # owned by the job: deleted with it
     elastic = is_elastic(manifest)
     print(f"submitted {kind.name} {namespace}/{name}")
+    if shipped_to:
+        print(shipped_to)
     print(kubectl_hints(name, namespace, kind, elastic=elastic, max_pods=max_pods(manifest)))
     sys.stdout.flush()
     if args.follow:
@@ -127,6 +133,24 @@ def cmd_submit(args: argparse.Namespace) -> int:
         )
         return _outcome(cluster, job, seen)
     return 0
+
+
+def _ship(prepared: Prepared, namespace: str) -> tuple[str | None, dict[str, Any] | None]:
+    """Send the workdir where the job reads it: an object store now (exit 2 when it refuses),
+    or a ConfigMap that goes with the job (made once the job exists, owned by it). The line
+    submit prints and that ConfigMap, each None where there is none."""
+    from controller.workdir import configmap_manifest, summary, upload
+
+    archive, shipped = prepared.archive, prepared.shipped
+    if archive is None:
+        return None, None
+    if shipped.url:
+        url, uploaded = upload(archive, prepared.spec.workdir_store)
+        return summary(archive, f"{url} ({'uploaded' if uploaded else 'already there'})"), None
+    from controller.render.pod import pod_labels
+
+    config_map = configmap_manifest(shipped, namespace, archive, pod_labels(prepared.spec))
+    return summary(archive, f"ConfigMap {namespace}/{shipped.config_map}"), config_map
 
 
 def _follow_to_end(
@@ -232,6 +256,7 @@ def add_commands(sub: Any) -> None:
     )
     add_spec_argument(p)
     add_target_flags(p, name=False)
+    add_workdir_flag(p)
     p.add_argument("--wait", action="store_true", help="wait until the job ends")
     p.add_argument(
         "--follow",
@@ -264,4 +289,5 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("doctor", help="check the cluster (and a spec) before submitting")
     add_spec_argument(p, required=False)
     add_target_flags(p, name=False)
+    add_workdir_flag(p)
     p.set_defaults(func=cmd_doctor)

@@ -40,6 +40,7 @@ from controller.kubeflow import (
     WORKLOAD,
     WORKLOAD_PRIORITY_CLASS,
 )
+from controller.render.workdir import config_map_of
 
 GPU = "nvidia.com/gpu"
 OK, WARN, FAIL = "ok", "warn", "FAIL"
@@ -99,9 +100,18 @@ QUEUE_PERMISSIONS = [
     ("get", LOCAL_QUEUE.plural, VISIBILITY_GROUP, "pendingworkloads", "status: position"),
 ]
 
+#: Shipping a workdir in a ConfigMap: submit creates it, owned by the job (create only: the
+#: garbage collector deletes it with the job, and nothing of the CLI reads it back).
+WORKDIR_PERMISSIONS = [("create", "configmaps", "", None, "submit with a workdir")]
+
 #: Every verb the CLI uses on either API (k8s/rbac.yaml's Role grants exactly these).
 PERMISSIONS = list(
-    dict.fromkeys(permissions(PYTORCHJOB_KIND) + permissions(TRAINJOB_KIND) + QUEUE_PERMISSIONS)
+    dict.fromkeys(
+        permissions(PYTORCHJOB_KIND)
+        + permissions(TRAINJOB_KIND)
+        + QUEUE_PERMISSIONS
+        + WORKDIR_PERMISSIONS
+    )
 )
 
 
@@ -162,6 +172,8 @@ def run_checks(
         if manifest is not None:
             if kind is TRAINJOB_KIND:
                 checks.append(_check_runtime(cluster, manifest))
+            if config_map_of(manifest):
+                checks.append(_check_workdir_rbac(cluster, namespace))
             checks.append(_check_manifest(cluster, manifest, can_create))
             checks.append(_check_fit(cluster, manifest))
     kinds = [k for name, k in KINDS.items() if served[name]]
@@ -223,6 +235,21 @@ def _check_rbac(cluster: Cluster, namespace: str, kind: JobKind, *, label: bool)
             )
         )
     return out
+
+
+def _check_workdir_rbac(cluster: Cluster, namespace: str) -> Check:
+    """The job ships its workdir in a ConfigMap, which submit creates after the job."""
+    for verb, resource, group, _sub, used_by in WORKDIR_PERMISSIONS:
+        allowed, _ = cluster.can_i(verb, resource, group=group, namespace=namespace)
+        if not allowed:
+            return Check(
+                "workdir",
+                FAIL,
+                f"in namespace {namespace} the current user may not {verb} {resource} (for "
+                f"{used_by}). Ask an admin to bind k8s/rbac.yaml's Role, or set "
+                "workdir_store: s3://BUCKET/PREFIX",
+            )
+    return Check("workdir", OK, f"may create its ConfigMap in {namespace}")
 
 
 def _dedupe_optional_rbac(checks: list[Check]) -> list[Check]:

@@ -27,6 +27,7 @@ from controller.jobs.read.loglines import split_timestamp
 from controller.jobs.read.trainer_events import TrainerEvents
 from controller.jobs.read.view import JobView
 from controller.jobs.read.why import not_started, pending
+from controller.jobs.read.workdir import workdir_of
 from controller.jobs.snapshot import TAIL_LINES, Snapshot
 from controller.kube.client import Cluster
 from trainer.contract import MLFLOW_TRACKING_URI, TRACKING
@@ -87,6 +88,8 @@ def status_of(snap: Snapshot, price_per_gpu_hour: float | None = None) -> dict[s
         "elastic": is_elastic(job),
         # What its wall time went to so far (controller.jobs.read.goodput).
         "goodput": read_goodput(snap, price_per_gpu_hour=price_per_gpu_hour),
+        # Which code it runs: its shipped workdir's digest, git commit and dirty flag.
+        "workdir": workdir_of(job),
     }
 
 
@@ -167,7 +170,7 @@ def failure_report(snap: Snapshot, seen: RunHistory | None = None) -> str:
             text = cluster.read_log(
                 failure.pod,
                 namespace,
-                container=kind.container,
+                container=failure.init_container or kind.container,
                 tail_lines=READ_TAIL_LINES,
                 previous=failure.previous,
             )

@@ -55,6 +55,8 @@ from controller.kubeflow import (
     TRAINER_UID,
     TRAINJOB_MASTER_PORT,
     TRAINJOB_REPLICATED_JOB,
+    WORKDIR_PATH,
+    WORKDIR_VOLUME,
     trainjob_master_addr,
 )
 from controller.local.engine import (
@@ -69,6 +71,7 @@ from controller.local.engine import (
 )
 from controller.local.janitor import Janitor, chown_tree
 from controller.local.processes import (
+    LocalWorkdir,
     Node,
     _Runner,
     _sayer,
@@ -183,8 +186,10 @@ def run_argv(
     volumes: list[Mount],
     gpus: list[int],
     cpus: str,
+    working_dir: str | None = None,
 ) -> list[str]:
-    """``<engine> run ...`` for one node: the pod's settings as the engine's flags."""
+    """``<engine> run ...`` for one node: the pod's settings as the engine's flags
+    (``working_dir``: the container's, where a workdir is shipped)."""
     memory = str(int(parse_quantity(spec.resources.memory)))
     argv = [
         *engine.argv("run", "--rm", "--pull", "never"),
@@ -213,6 +218,8 @@ def run_argv(
         argv += [x for i in gpus for x in ("--device", f"nvidia.com/gpu={i}")]
     elif gpus:
         argv += ["--gpus", '"device=' + ",".join(str(i) for i in gpus) + '"']
+    if working_dir:
+        argv += ["--workdir", working_dir]
     command = container_command(spec)
     return [*argv, "--entrypoint", command[0], spec.image, *command[1:], *container_args(spec)]
 
@@ -363,14 +370,19 @@ def run_container(
     grace_s: float | None = None,
     out: IO[str] | None = None,
     err: IO[str] | None = None,
+    workdir: LocalWorkdir | None = None,
 ) -> int:
     """Run ``spec``'s nodes as containers of its image; 0 when every node exits 0, 128+signal
     when stopped, JobFailed else. UserError (nothing started) for a missing engine, image,
-    secret or GPU."""
+    secret or GPU. ``workdir``: mounted at /workdir, the containers' working directory, as a
+    pod's unpacked workdir is."""
     say = _sayer(err or sys.stderr)
     grace_s = grace_s_of(spec, grace_s)
     extra_env = node_env(spec, grace_s)
-    chosen, gpus, workdir = _preflight(spec, engine)
+    chosen, gpus, workdir_in_image = _preflight(spec, engine)
+    working_dir = WORKDIR_PATH if workdir is not None else None
+    if workdir is not None:
+        extra_env.update(workdir.env(spec, at=WORKDIR_PATH))
     _say_reaped(reap(chosen), say)
 
     run_id = secrets.token_hex(3)
@@ -381,6 +393,8 @@ def run_container(
     volumes = mounts(spec, Path("runs") / spec.name / "volumes")
     for m in volumes:
         m.source.mkdir(parents=True, exist_ok=True)
+    if workdir is not None:
+        volumes.append(Mount(WORKDIR_VOLUME, workdir.path, workdir.path, WORKDIR_PATH, False))
     own, janitor = Ownership([], os.getuid(), os.getgid()), None
     try:
         own = hand_over(volumes, chosen)
@@ -403,10 +417,11 @@ def run_container(
                 chosen, spec, box, run_id=run_id, network=network, owner=owner,
                 env={**launcher_env(spec, box.index), **plain}, secret_names=[*secrets_],
                 volumes=volumes, gpus=gpus[box.index], cpus=cpus(spec, host_cpus),
+                working_dir=working_dir,
             )
             for box in nodes
         ]  # fmt: skip
-        _say_plan(say, spec, chosen, network, nodes, volumes, workdir, logs)
+        _say_plan(say, spec, chosen, network, nodes, volumes, working_dir or workdir_in_image, logs)
         client_env = {**os.environ, **secrets_}  # `--env NAME` takes its value from here
         progress = Progress(out or sys.stdout)
         runner = _ContainerRunner(spec, chosen, nodes, argvs, client_env, logs, progress)

@@ -164,6 +164,24 @@ def node_path(environ: dict[str, str] | None = None) -> str:
     return os.pathsep.join([here, *rest])
 
 
+@dataclass(frozen=True)
+class LocalWorkdir:
+    """A shipped workdir unpacked on this machine: the nodes' working directory and the head of
+    their PYTHONPATH, as ``/workdir`` is a pod's (``shipped``: its digest and git state)."""
+
+    path: Path
+    shipped: Any  # controller.workdir.Shipped
+
+    def env(self, spec: JobSpec, at: str | None = None) -> dict[str, str]:
+        """PYTHONPATH and the ``DDPJOB_WORKDIR_*`` variables, as render gives a pod (``at``:
+        where the node sees the folder, default :attr:`path`)."""
+        from controller.render.workdir import env
+
+        user = [{"name": k, "value": v} for k, v in spec.env.items() if k == "PYTHONPATH"]
+        entries = env(self.shipped, user, path=at or str(self.path))
+        return {e["name"]: e["value"] for e in entries}
+
+
 def node_command(spec: JobSpec) -> list[str]:
     """The container's command + args, with this interpreter standing in for ``python``."""
     command = list(spec.command or DEFAULT_COMMAND)
@@ -180,13 +198,17 @@ def run_local(
     grace_s: float | None = None,
     out: IO[str] | None = None,
     err: IO[str] | None = None,
+    workdir: LocalWorkdir | None = None,
 ) -> int:
     """Run ``spec`` here; 0 when every node exits 0, 128+signal when stopped, JobFailed else.
-    ``grace_s``: between SIGTERM and SIGKILL (default: :func:`grace_s_of`)."""
+    ``grace_s``: between SIGTERM and SIGKILL (default: :func:`grace_s_of`). ``workdir``: the
+    nodes run in it, as a pod runs in its unpacked /workdir."""
     out = out or sys.stdout
     err = err or sys.stderr
     grace_s = grace_s_of(spec, grace_s)
     extra_env = node_env(spec, grace_s)
+    if workdir is not None:
+        extra_env.update(workdir.env(spec))
     logs = Path(logs_dir) if logs_dir else Path("runs") / spec.name / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -198,7 +220,8 @@ def run_local(
     )
     say(f"logs: {logs}/rank-{{0..{spec.nodes - 1}}}.log")
 
-    runner = _Runner(spec, command, extra_env, port, logs, Progress(out))
+    runner = _Runner(spec, command, extra_env, port, logs.absolute(), Progress(out))
+    runner.cwd = workdir.path if workdir is not None else None
     with _signals_to(runner):
         runner.start()
         runner.wait(grace_s)
@@ -225,6 +248,7 @@ class _Runner:
         self.signalled: int | None = None  # SIGINT/SIGTERM received by us
         self.failed: Node | None = None  # the first node to fail on its own
         self.started_s = time.monotonic()
+        self.cwd: Path | None = None  # the nodes' working directory (None: ours)
 
     # -- start -------------------------------------------------------------------------------
 
@@ -242,6 +266,7 @@ class _Runner:
                     self.command,
                     env=env,
                     stdin=subprocess.DEVNULL,
+                    cwd=self.cwd,
                     stdout=subprocess.PIPE if index == 0 else log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # its own process group: Ctrl-C reaches us, not it

@@ -17,6 +17,10 @@ exactly, the value is the renderer's own output instead of the spec's input:
   none (not null: Helm takes a null value for "remove the chart's default").
 - ``env`` and ``secret_env`` are lists, not maps: Helm walks maps in sorted key order, and
   environment order matters (``$(VAR)`` references expand only from earlier entries).
+- ``workdir`` is not the folder (the chart cannot read it) but what was packed: its digest,
+  where the pods fetch it (``config_map`` or ``url``, the latter folding in ``workdir_store``),
+  the git commit and dirty flag, and for the ConfigMap the archive itself, base64, which the
+  chart puts into a ConfigMap of its own (a Helm release keeps it, so the limit is lower).
 - Optional settings that are unset are written out as ``""`` (names) or ``null`` (numbers and
   sections), never left out, so a chart default can't leak into a rendered job.
 
@@ -26,16 +30,21 @@ values.schema.json: change both or neither.
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from controller.kubeflow import DEFAULT_COMMAND
 from controller.render.args import trainer_args
 from controller.render.pod import metrics_port
 from controller.spec import JobSpec
+from controller.workdir import Shipped
 
 
-def render_values(spec: JobSpec) -> dict[str, Any]:
-    """Chart values for ``spec``: ``helm template -f`` of them gives ``render_job(spec)``."""
+def render_values(
+    spec: JobSpec, shipped: Shipped | None = None, archive: bytes | None = None
+) -> dict[str, Any]:
+    """Chart values for ``spec``: ``helm template -f`` of them gives ``render_job(spec,
+    shipped)`` (and, with ``archive``, the ConfigMap that holds it)."""
     return {
         "name": spec.name,
         "namespace": spec.namespace,
@@ -72,4 +81,20 @@ def render_values(spec: JobSpec) -> dict[str, Any]:
         "suspend": spec.suspend,
         "metrics_port": metrics_port(spec) or 0,
         "monitoring": spec.monitoring.model_dump(),
+        "workdir": workdir_values(shipped, archive),
+    }
+
+
+def workdir_values(shipped: Shipped | None, archive: bytes | None) -> dict[str, Any] | None:
+    """What the chart needs of a shipped workdir: what render names, and the archive itself
+    (base64) where the chart creates the ConfigMap."""
+    if shipped is None:
+        return None
+    return {
+        "digest": shipped.digest,
+        "config_map": shipped.config_map or "",
+        "url": shipped.url or "",
+        "git_commit": shipped.commit or "",
+        "git_dirty": "" if shipped.dirty is None else ("true" if shipped.dirty else "false"),
+        "archive": base64.b64encode(archive).decode() if archive is not None else "",
     }

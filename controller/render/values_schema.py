@@ -29,6 +29,9 @@ rules reshape the spec's schema, in this order:
 6. The top-level defaults are the values ``render_values`` writes for a spec of defaults (what
    values.yaml holds; a test checks), ``""`` for name and namespace; image has none.
 7. Helm's ``global`` is allowed: Helm hands it to every chart.
+8. ``workdir`` is what was packed, not the folder: null, or ``{digest, config_map, url,
+   git_commit, git_dirty, archive}`` (``render --values`` writes it); ``workdir_store`` goes,
+   folded into ``workdir.url``.
 
 Every object stays strict (``additionalProperties: false``), as in the spec. The spec's ``$defs``
 are inlined (each is used once), and the schema is draft-07: Helm 3.18 validates with
@@ -91,7 +94,7 @@ def values_schema() -> dict[str, Any]:
 
     properties: dict[str, Any] = {"global": _GLOBAL}
     for key, field in spec["properties"].items():
-        if key == "trainer":  # rule 1
+        if key in ("trainer", "workdir_store"):  # rules 1 and 8
             continue
         prop = _unset_as_rendered(_inline(field, defs))  # rule 2
         if key in _EMPTY_MEANS:  # rule 3
@@ -100,6 +103,8 @@ def values_schema() -> dict[str, Any]:
             prop = _map_as_list(key, prop)
         if key == "args":  # rule 1: the trainer's settings arrive here
             prop["description"] = _ARGS_DESCRIPTION
+        if key == "workdir":  # rule 8
+            prop = _workdir(prop)
         prop = _defaults_required(prop)  # rule 5, in a section (resources, gang, elastic)
         prop.pop("default", None)
         if key != "image":  # rule 6
@@ -145,6 +150,35 @@ def _unset_as_rendered(prop: dict[str, Any]) -> dict[str, Any]:
     if value.get("type") == "array":
         return {**rest, **value}
     return prop
+
+
+#: The object ``render --values`` writes for a shipped workdir (values.py's workdir_values).
+_WORKDIR_FIELDS = {
+    "digest": ("sha256:<hex> of the archive's tar stream.", {"pattern": "^sha256:[0-9a-f]{64}$"}),
+    "config_map": ("The ConfigMap the chart creates with the archive; empty with a url.", {}),
+    "url": ("Where the pods fetch the archive (s3://...); empty with a config_map.", {}),
+    "git_commit": ("The commit of the packed folder's repository; empty outside git.", {}),
+    "git_dirty": (
+        'Whether the packed files differed from it: "true", "false", or empty outside git.',
+        {"enum": ["", "true", "false"]},
+    ),
+    "archive": ("The archive (.tar.gz), base64, for the chart's ConfigMap; empty with a url.", {}),
+}
+
+
+def _workdir(prop: dict[str, Any]) -> dict[str, Any]:
+    """Rule 8: null, or what ``render --values`` packed (the chart cannot read a folder)."""
+    shape = {
+        "description": "What render --values packed and where the pods fetch it.",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            k: {"description": d, "type": "string", **extra}
+            for k, (d, extra) in _WORKDIR_FIELDS.items()
+        },
+        "required": list(_WORKDIR_FIELDS),
+    }
+    return {"description": prop["description"], "anyOf": [{"type": "null"}, shape]}
 
 
 def _or_empty(prop: dict[str, Any], meaning: str) -> dict[str, Any]:

@@ -383,3 +383,28 @@ def test_trainjob_fit_counts_num_nodes_pods_of_resources_per_node():
     assert "no node matches" in fit_problem(trainjob(1, 1), tainted)
     tolerated = trainjob(1, 1, tolerations=[{"key": "gpu", "operator": "Exists"}])
     assert fit_problem(tolerated, tainted) is None
+
+
+def test_a_job_shipping_its_workdir_in_a_configmap_checks_it_may_create_one():
+    """The ConfigMap road needs `create configmaps` (submit makes it after the job); the store
+    road and a job without a workdir need nothing of ConfigMaps."""
+    from controller.jobs.doctor import run_checks
+    from controller.render.job import render_job
+    from controller.spec import validate_spec
+    from controller.workdir import Shipped
+
+    class OnlyNoConfigMaps(FakeCluster):
+        def can_i(self, verb, resource, **_):
+            return resource != "configmaps", ""
+
+    spec = validate_spec({"name": "wd", "namespace": "ml", "image": "i", "workdir": "."})
+    digest = "sha256:" + "0" * 64
+    in_map = render_job(spec, Shipped(digest, config_map="wd-workdir"))
+    checks = _by_name(run_checks(OnlyNoConfigMaps(operator_pods=[]), "ml", in_map))
+    assert checks["workdir"].status == "FAIL"
+    assert checks["workdir"].detail.startswith(
+        "in namespace ml the current user may not create configmaps (for submit with a workdir)"
+    )
+    assert _by_name(run_checks(FakeCluster(), "ml", in_map))["workdir"].status == "ok"
+    in_store = render_job(spec, Shipped(digest, url="s3://b/p/x.tar.gz"))
+    assert "workdir" not in _by_name(run_checks(OnlyNoConfigMaps(), "ml", in_store))

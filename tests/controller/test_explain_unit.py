@@ -334,3 +334,32 @@ def test_an_earlier_run_that_raised_is_named_over_later_runs_of_pods_restarted_i
     assert explain_failure(FAILED_JOB, [final_rank0, final_rank1]).replica == "worker-0"
     f = explain_failure(FAILED_JOB, [final_rank0, final_rank1, *history.earlier_errors()])
     assert (f.replica, f.exit_code, f.run) == ("master-0", 1, (first["metadata"]["uid"], 0))
+
+
+def test_a_failed_init_container_is_the_failure_and_its_log_is_the_one_to_read():
+    """A workdir whose archive does not match: the init container exits 2 and the trainer
+    never starts (PodInitializing); the failure names the init container, so the caller
+    reads its log."""
+    failed = pod("master", 0, phase="Failed", waiting={"reason": "PodInitializing"})
+    failed["status"]["initContainerStatuses"] = [
+        {
+            "name": "workdir",
+            "state": {
+                "terminated": {
+                    "exitCode": 2,
+                    "reason": "Error",
+                    "finishedAt": "2026-01-01T00:00:03Z",
+                }
+            },
+            "restartCount": 0,
+        }
+    ]
+    f = explain_failure(FAILED_JOB, [failed, pod("worker", 0)])
+    assert (f.pod, f.init_container, f.exit_code, f.run) == ("job-master-0", "workdir", 2, None)
+    f.last_lines = ["workdir: the archive's digest is sha256:aa, the job names sha256:bb"]
+    assert f.render("default/job").splitlines() == [
+        "job default/job Failed: replica master-0 (pod job-master-0) init container workdir "
+        "exit code 2 (Error, bad command-line or config)",
+        "last 1 log lines of master-0's workdir:",
+        "  | workdir: the archive's digest is sha256:aa, the job names sha256:bb",
+    ]

@@ -367,3 +367,26 @@ def test_a_job_whose_trainer_prints_no_ledger_is_all_scheduling_and_other():
     assert (g["scheduling_s"], g["other_s"], g["productive_s"]) == pytest.approx((4, 46, 0))
     assert g["sources"]["trainer"] is None
     assert any("no goodput event in rank 0's log" in line for line in gp.format_goodput("j", g))
+
+
+def test_the_code_each_run_ran_is_named_once():
+    """Runs of a shipped workdir carry its digest (the trainer's ledger, from the pod's env):
+    goodput lists each code once, in the order the runs ran it."""
+    code = {"digest": "sha256:" + "a" * 64, "commit": "b" * 40, "dirty": True}
+    other = {"digest": "sha256:" + "c" * 64, "commit": None, "dirty": None}
+    runs = [
+        run(3, 13, 30, productive_s=17, workdir=code, end="preempted"),
+        run(31, 40, 50, productive_s=10, workdir=code, end="preempted"),
+        run(51, 60, 73, productive_s=13, workdir=other, end="completed"),
+    ]
+    g = gp.account(
+        PYTORCHJOB_KIND, pytorchjob(done_at=76), [master_pod(1, scheduled=2, running=None)],
+        ledger={"runs": runs}, events=[], workload=None, now=T0 + 1000,
+        price_per_gpu_hour=None,
+    )  # fmt: skip
+    assert g["workdir"] == [code, other]
+    lines = gp.format_goodput("pytorchjob ml/job", g)
+    assert lines[1:3] == [
+        f"  code: workdir sha256:{'a' * 12} git {'b' * 12} (dirty)",
+        f"  code: workdir sha256:{'c' * 12}",
+    ]

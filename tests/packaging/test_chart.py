@@ -522,8 +522,9 @@ def test_schema_keys_are_the_values_keys_and_the_spec_enums():
     spec_schema = JobSpec.model_json_schema()
     for key in ("api", "restart_policy", "clean_pod_policy"):
         assert _enum(schema["properties"][key]) == _enum(spec_schema["properties"][key]), key
-    # Every spec field has its values key, except `trainer`, which arrives as `args`.
-    assert set(spec_schema["properties"]) - {"trainer"} <= keys
+    # Every spec field has its values key, except `trainer`, which arrives as `args`, and
+    # `workdir_store`, which arrives as `workdir.url`.
+    assert set(spec_schema["properties"]) - {"trainer", "workdir_store"} <= keys
 
 
 @pytest.mark.parametrize(
@@ -577,3 +578,71 @@ def test_schema_rejects_bad_values(helm, values, complaint, tmp_path):
     assert proc.returncode != 0, f"accepted {values}"
     assert "schema" in proc.stderr, proc.stderr
     assert complaint in proc.stderr, proc.stderr
+
+
+# ------------------------------------------------------------------------------------------
+# a shipped workdir: render --values carries what the chart needs
+
+
+def _project(root: Path) -> Path:
+    (root / "mypkg").mkdir(parents=True)
+    (root / "mypkg" / "__init__.py").write_text("")
+    (root / "train.py").write_text("import mypkg\n")
+    return root
+
+
+WORKDIR_CASES = {
+    "pytorchjob": {"nodes": 2, "env": {"PYTHONPATH": "/extra", "A": "1"}, "grace_period_s": 40},
+    "trainjob": {"api": "trainjob", "nodes": 2, "secret_env": {"S": {"secret": "s", "key": "k"}}},
+    "pytorchjob-s3": {"nodes": 2, "workdir_store": "s3://bucket/code"},
+    "trainjob-s3": {"api": "trainjob", "workdir_store": "s3://bucket/code/"},
+}
+
+
+@pytest.mark.parametrize("case", WORKDIR_CASES, ids=str)
+def test_helm_template_of_a_workdir_is_the_submitted_job_and_its_configmap(helm, case, tmp_path):
+    from controller.workdir import configmap_manifest, pack, shipped_for
+
+    project = _project(tmp_path / "project")
+    spec_data = {"name": "wd", "image": "repo/trainer:1", "workdir": "project"}
+    spec_data |= WORKDIR_CASES[case]
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec_data, sort_keys=False))
+    spec = validate_spec(spec_data)
+    with pack(project) as archive:
+        shipped = shipped_for(spec.name, spec.workdir_store, archive)
+        store = spec.workdir_store is not None
+        if store:  # render --values uploads to a store; here the values are built directly
+            values = render_values(spec, shipped)
+        else:
+            values = spec_values(spec_file, output="json")
+            assert values == render_values(spec, shipped, archive.read_bytes())
+        docs = helm_template(helm, values, tmp_path, release="rel", namespace="ignored-ns")
+        want_map = None if store else configmap_manifest(shipped, "default", archive, {})
+    jobs = [d for d in docs if d["kind"] != "ConfigMap"]
+    maps = [d for d in docs if d["kind"] == "ConfigMap"]
+    (chart_job,) = jobs
+    _assert_one_truth(chart_job, render_job(spec, shipped))
+    if store:
+        assert maps == []
+        return
+    (chart_map,) = maps
+    # The chart's ConfigMap is the release's (labels), the submitted one the job's (owner).
+    assert chart_map["metadata"].pop("labels")["app.kubernetes.io/instance"] == "wd"
+    want_map["metadata"].pop("labels")
+    assert chart_map == want_map
+
+
+def test_render_values_of_a_workdir_too_big_for_a_release_names_the_fix(tmp_path):
+    import os
+
+    project = _project(tmp_path / "project")
+    (project / "blob.bin").write_bytes(os.urandom(400_000))
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump({"name": "wd", "image": "i:1", "workdir": "project"}))
+    out = subprocess.run(
+        [sys.executable, "-m", "controller", "render", str(spec_file), "--values"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 2 and out.stdout == "", out.stderr
+    assert "a Helm release holds" in out.stderr and "blob.bin" in out.stderr

@@ -156,3 +156,22 @@ def test_the_writer_beats_while_the_run_goes_on_and_stops_once_it_ended():
     assert writer.wait_until(lambda: writer.beats >= chances + 5, timeout_s=30)
     led.close(timeout_s=10)
     assert len(store.writes) == count and store.writes[-1]["runs"][-1] == final
+
+
+def test_a_run_records_the_shipped_workdir_it_ran(monkeypatch):
+    """The pod's DDPJOB_WORKDIR_* (controller/render/workdir.py) reach the run's record and the
+    goodput event; without them the run ran the image's own code."""
+    from trainer.contract import WORKDIR_COMMIT_ENV, WORKDIR_DIGEST_ENV, WORKDIR_DIRTY_ENV
+
+    for name in (WORKDIR_DIGEST_ENV, WORKDIR_COMMIT_ENV, WORKDIR_DIRTY_ENV):
+        monkeypatch.delenv(name, raising=False)
+    assert view(ledger.new_run(100.0, 0))["workdir"] is None
+    monkeypatch.setenv(WORKDIR_DIGEST_ENV, "sha256:" + "a" * 64)
+    monkeypatch.setenv(WORKDIR_COMMIT_ENV, "c" * 40)
+    monkeypatch.setenv(WORKDIR_DIRTY_ENV, "true")
+    run = json.loads(json.dumps(ledger.new_run(100.0, 0)))  # as a checkpoint carries it
+    assert view(run)["workdir"] == {
+        "digest": "sha256:" + "a" * 64,
+        "commit": "c" * 40,
+        "dirty": True,
+    }

@@ -65,6 +65,9 @@ class Store(Protocol):
     def read_bytes(self, name: str) -> bytes:
         """The object's content (FileNotFoundError if there is none)."""
 
+    def exists(self, name: str) -> bool:
+        """Whether object ``name`` is there (a shipped workdir is uploaded only when not)."""
+
     def local_path(self, name: str) -> Path | None:
         """The object's file, where the store is a directory (None for object storage)."""
 
@@ -169,6 +172,9 @@ class LocalStore:
 
     def read_bytes(self, name: str) -> bytes:
         return (self.root / name).read_bytes()
+
+    def exists(self, name: str) -> bool:
+        return (self.root / name).is_file()
 
     def list(self) -> list[str]:
         names = []
@@ -351,6 +357,16 @@ class S3Store:
                 raise FileNotFoundError(self.url_of(name)) from e
             raise StorageError(self.url_of(name), describe(e)) from e
         return buf.getvalue()
+
+    def exists(self, name: str) -> bool:
+        client = self.client  # without boto3 here: ImportError, not the store's refusal
+        try:
+            client.head_object(Bucket=self.bucket, Key=self._key(name))
+        except Exception as e:
+            if _code(e) in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise StorageError(self.url_of(name), describe(e)) from e
+        return True
 
     def list(self) -> list[str]:
         return self._list(self.client, self._key(""))

@@ -1,10 +1,11 @@
 """What each run of a job cost, carried across restarts by rank 0: the ledger behind ``goodput``.
 
 A re-created pod's earlier log is gone, so the trainer carries what the controller cannot see.
-Each run of the job (one start of the trainer) is one record: when its container's process
-started, when its first step was done, the step it resumed from and the last it reached, and
-its seconds after the first step split into steps, checkpoint stalls and evaluation (laps of
-one clock, so they sum to the run's time), with a mark at every checkpoint it saved. The
+Each run of the job (one start of the trainer) is one record: which code it ran (a shipped
+workdir's digest and git commit, from the pod's env), when its container's process started, when
+its first step was done, the step it resumed from and the last it reached, and its seconds after
+the first step split into steps, checkpoint stalls and evaluation (laps of one clock, so they sum
+to the run's time), with a mark at every checkpoint it saved. The
 ledger travels two ways:
 
 - in the checkpoint state (``state["ledger"]``): the runs as of the save;
@@ -26,13 +27,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 from trainer.checkpoint.storage import Store
-from trainer.contract import GOODPUT
+from trainer.contract import GOODPUT, WORKDIR_COMMIT_ENV, WORKDIR_DIGEST_ENV, WORKDIR_DIRTY_ENV
 from trainer.launch import launched_at
 from trainer.parts.phases import EVALUATION, SAVE
 from trainer.telemetry.writer import NewestWriter
@@ -60,9 +62,24 @@ BUCKETS = (STEPS, STALL, EVAL)
 # A run's record (plain dicts: they go into the checkpoint state, the record object and events)
 
 
+def shipped_code() -> dict[str, Any] | None:
+    """Which code this run runs where the job shipped a workdir (its pod's env, set by the
+    controller): ``{digest, commit, dirty}``; None for the image's own code."""
+    digest = os.environ.get(WORKDIR_DIGEST_ENV)
+    if not digest:
+        return None
+    dirty = os.environ.get(WORKDIR_DIRTY_ENV)
+    return {
+        "digest": digest,
+        "commit": os.environ.get(WORKDIR_COMMIT_ENV) or None,
+        "dirty": None if dirty is None else dirty == "true",
+    }
+
+
 def new_run(launched: float, start_step: int) -> dict[str, Any]:
     return {
         "id": uuid.uuid4().hex[:8],
+        "workdir": shipped_code(),
         "launched_at": launched,
         "first_step_at": None,
         "ended_at": launched,
@@ -109,6 +126,7 @@ def view(run: dict[str, Any]) -> dict[str, Any]:
         **{k: _r(v) for k, v in parts.items()},
         "other_s": 0.0,
         "end": run["end"],
+        "workdir": run.get("workdir"),
     }
     return out
 

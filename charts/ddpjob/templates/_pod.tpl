@@ -119,9 +119,11 @@ terminationGracePeriodSeconds: {{ .Values.grace_period_s | int }}
 {{/*
 What the trainer reads of its pod and job, each unless the user sets it: the pod's node, the
 job's name, namespace, API and image; then the user's env entries in order, Secret references,
-and the grace period for the trainer (when set) (a list body).
+the grace period for the trainer (when set), and a shipped workdir's PYTHONPATH and
+DDPJOB_WORKDIR_* (a list body).
 */}}
 {{- define "ddpjob.envEntries" -}}
+{{- $workdir := .Values.workdir }}
 {{- $own := dict }}
 {{- range (concat .Values.env .Values.secret_env) }}
 {{- $_ := set $own .name true }}
@@ -152,7 +154,11 @@ and the grace period for the trainer (when set) (a list body).
 {{- end }}
 {{- range .Values.env }}
 - name: {{ .name | quote }}
+  {{- if and $workdir (eq .name "PYTHONPATH") }}
+  value: {{ printf "/workdir:%s" (.value | toString) | quote }}
+  {{- else }}
   value: {{ .value | toString | quote }}
+  {{- end }}
 {{- end }}
 {{- range .Values.secret_env }}
 - name: {{ .name | quote }}
@@ -164,6 +170,9 @@ and the grace period for the trainer (when set) (a list body).
 {{- if not (kindIs "invalid" .Values.grace_period_s) }}
 - name: DDPJOB_GRACE_PERIOD_S
   value: {{ .Values.grace_period_s | int | toString | quote }}
+{{- end }}
+{{- if $workdir }}
+{{- include "ddpjob.workdirEnv" . }}
 {{- end }}
 {{- end }}
 
@@ -200,6 +209,7 @@ volumeMounts:
     {{- end }}
   {{- end }}
   {{- end }}
+  {{- include "ddpjob.workdirMounts" . | nindent 2 }}
 {{- end }}
 
 {{/* The volumes behind them. */}}
@@ -219,6 +229,7 @@ volumes:
       claimName: {{ .claim | quote }}
   {{- end }}
   {{- end }}
+  {{- include "ddpjob.workdirVolumes" . | nindent 2 }}
 {{- end }}
 
 {{/*
@@ -234,7 +245,7 @@ spec:
     - name: pytorch
       image: {{ .Values.image | quote }}
       command:
-        {{- toYaml .Values.command | nindent 8 }}
+        {{- include "ddpjob.command" . | nindent 8 }}
       {{- with .Values.args }}
       args:
         {{- toYaml . | nindent 8 }}

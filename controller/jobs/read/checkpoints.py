@@ -14,6 +14,7 @@ from typing import Any
 
 from controller.jobs.read.explain import age, parse_time
 from controller.jobs.read.loglines import split_timestamp
+from controller.quantity import format_bytes
 from trainer.contract import CHECKPOINT, RESUME, parse_event
 
 #: What the ``checkpoint`` event says that ``status`` repeats.
@@ -62,17 +63,7 @@ def format_checkpoint(c: dict[str, Any], now: datetime | None = None) -> str:
         head += f", {age(c['at'], now)} ago"
     extra = []
     if c.get("bytes") is not None:
-        extra.append(_size(c["bytes"]))
+        extra.append(format_bytes(c["bytes"]))
     if c.get("write_s") is not None:
         extra.append(f"written in {c['write_s']:.1f} s")
     return f"{head} ({', '.join(extra)})" if extra else head
-
-
-def _size(n: float) -> str:
-    if n < 1024:
-        return f"{int(n)} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        n /= 1024
-        if n < 1024 or unit == "TiB":
-            break
-    return f"{n:.1f} {unit}"

@@ -285,6 +285,8 @@ class Failure:
     previous: bool = False  # the failed run is the container's previous one
     meaning: str = ""  # what the reason means beside the exit code (OOMKilled); see render
     run: tuple[str, int] | None = None  # (pod uid, run index): which container run failed
+    #: The init container that failed (the pod's trainer never started).
+    init_container: str | None = None
 
     def render(self, job_name: str) -> str:
         """The lines ``submit --wait`` / ``wait`` print for a failed job."""
@@ -295,13 +297,16 @@ class Failure:
         reason = self.reason + (
             f": {meaning}" if self.meaning else f", {meaning}" if meaning else ""
         )
+        where = f"init container {self.init_container} " if self.init_container else ""
         lines = [
-            f"job {job_name} Failed: replica {self.replica} (pod {self.pod}) {what} ({reason})"
+            f"job {job_name} Failed: replica {self.replica} (pod {self.pod}) {where}{what} "
+            f"({reason})"
         ]
         if self.message:
             lines.append(f"  {self.message}")
         if self.last_lines:
-            lines.append(f"last {len(self.last_lines)} log lines of {self.replica}:")
+            of = f"{self.replica}'s {self.init_container}" if self.init_container else self.replica
+            lines.append(f"last {len(self.last_lines)} log lines of {of}:")
             lines.extend(f"  | {line}" for line in self.last_lines)
         return "\n".join(lines)
 
@@ -339,7 +344,11 @@ def explain_failure(job: dict[str, Any], pods: list[dict[str, Any]]) -> Failure:
     for pod in pods:
         status = pod.get("status", {})
         term = last_termination(pod)
-        if status.get("reason") == "Evicted" or (status.get("phase") == "Failed" and not term):
+        init = failed_init(pod)
+        if init is not None and not term:  # the trainer never started: why is the init's
+            finished = init["state"]["terminated"].get("finishedAt") or ""
+            candidates.append((finished, pod, {**init["state"]["terminated"], "init": init}))
+        elif status.get("reason") == "Evicted" or (status.get("phase") == "Failed" and not term):
             candidates.append(
                 (
                     status.get("startTime") or "",
@@ -367,17 +376,29 @@ def explain_failure(job: dict[str, Any], pods: list[dict[str, Any]]) -> Failure:
         ),
     )
     run, in_previous = termination_run(pod)
+    init = term.get("init")
     return Failure(
         replica=replica_name(pod),
         pod=pod["metadata"]["name"],
         exit_code=term.get("exitCode"),
         reason=term.get("reason") or "Error",
         message=(term.get("message") or "").strip(),
-        restarts=int(container_status(pod).get("restartCount", 0)),
-        previous=in_previous,
+        restarts=int((init or container_status(pod)).get("restartCount", 0)),
+        previous=in_previous and init is None,
         meaning=termination_meaning(pod, term),
-        run=run,
+        run=None if init else run,
+        init_container=init["name"] if init else None,
     )
+
+
+def failed_init(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """The status of the pod's init container that ended non-zero, if one did (a user's own,
+    or an operator's that gave up)."""
+    for cs in pod.get("status", {}).get("initContainerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated") or {}
+        if term.get("exitCode", 0) != 0:
+            return cs
+    return None
 
 
 # ----------------------------------------------------------------------------------------

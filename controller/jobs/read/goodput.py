@@ -36,6 +36,7 @@ from datetime import datetime
 from typing import Any
 
 from controller.jobs.read.apis import JobKind
+from controller.jobs.read.workdir import code_line
 
 GPU = "nvidia.com/gpu"
 
@@ -316,6 +317,8 @@ def account(
         "gpus": gpus,
         "replicas": replicas,
         "sources": {"queue": queue_source, "trainer": "ledger" if runs else None},
+        # Which code the runs ran (a shipped workdir's, from the ledger), each once, in order.
+        "workdir": _distinct([r.get("workdir") for r in runs if r.get("workdir")]),
     }
     if gpus:
         out["gpu_hours_held"] = _r(gpus * held_s / 3600, 4)
@@ -420,6 +423,8 @@ def format_goodput(name: str, g: dict[str, Any]) -> list[str]:
     """The lines ``goodput`` prints for job ``name``."""
     state = "running" if g["running"] else "ended"
     lines = [f"{name}: {_dur(g['wall_s'])} wall time ({state}), {g['runs']} run(s)"]
+    for code in g.get("workdir") or []:
+        lines.append(f"  code: workdir {code_line(code)}")
     for key in PARTS:
         share = 100.0 * g[key] / g["wall_s"] if g["wall_s"] > 0 else 0.0
         lines.append(f"  {LABELS[key]:<27} {_dur(g[key]):>10}  {share:5.1f}%")
@@ -460,3 +465,11 @@ def _dur(s: float) -> str:
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _distinct(items: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for item in items:
+        if item not in out:
+            out.append(item)
+    return out
