@@ -29,6 +29,8 @@ CONFIG = {"lr": 0.001, "checkpoint": {"dir": "/ckpt", "keep": 3}, "task_args": {
 
 def settings(uri: str, experiment: str) -> Settings:
     env = {"DDPJOB_JOB_NAME": "job-a", "DDPJOB_NAMESPACE": "team", "DDPJOB_JOB_API": "trainjob"}
+    # The code a shipped working directory brought (controller/render/workdir.py).
+    env |= {"DDPJOB_WORKDIR_DIGEST": "sha256:ab12", "DDPJOB_WORKDIR_COMMIT": "c0ffee"}
     found = Settings.from_env(uri, experiment, "/ckpt", env)
     assert found is not None
     return found
@@ -73,6 +75,8 @@ def test_one_run_per_job_across_restarts_with_no_step_twice(mlflow_server, tmp_p
     assert params["lr"] == "0.001" and params["checkpoint.keep"] == "3"
     tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
     assert tags["ddpjob.job"] == "job-a" and tags["ddpjob.api"] == "trainjob"
+    assert tags["ddpjob.code_digest"] == "sha256:ab12"
+    assert tags["mlflow.source.git.commit"] == "c0ffee" and "ddpjob.code_dirty" not in tags
     assert tags["ddpjob.checkpoint"] == "/ckpt/step_00000030"
 
     # Resumed from the checkpoint at step 20: steps 30 and 40 are trained again and 50 is new.

@@ -10,8 +10,10 @@ each event it prints): the run's config as params (dotted keys) at its start; ev
 figures as metrics at the global step (``loss``, ``lr``, ``samples_per_s``, ...), evaluation's
 as ``eval/<name>``, each checkpoint's ``checkpoint_stall_s`` and ``checkpoint_write_s``, the
 ledger's ``goodput`` (the productive share of the job's time so far); tags for the job
-(``ddpjob.job``, ``ddpjob.namespace``, ``ddpjob.api``, ``ddpjob.image``), the checkpoint location
-(``ddpjob.checkpoint_dir``, and ``ddpjob.checkpoint``: the newest complete one).
+(``ddpjob.job``, ``ddpjob.namespace``, ``ddpjob.api``, ``ddpjob.image``), the code a shipped
+working directory brought (``ddpjob.code_digest``, ``ddpjob.code_dirty`` and MLflow's own
+``mlflow.source.git.commit``), the checkpoint location (``ddpjob.checkpoint_dir``, and
+``ddpjob.checkpoint``: the newest complete one).
 
 One run per job: the run's id is kept beside the checkpoints (:data:`RECORD` under
 ``checkpoint.dir``), so a restarted or preempted job continues the same run: it sets the run
@@ -55,6 +57,9 @@ from trainer.contract import (
     NONFINITE,
     START,
     TRAIN,
+    WORKDIR_COMMIT_ENV,
+    WORKDIR_DIGEST_ENV,
+    WORKDIR_DIRTY_ENV,
 )
 from trainer.telemetry.mlflow_client import (
     FAILED,
@@ -113,6 +118,9 @@ class Settings:
             "ddpjob.namespace": env.get(NAMESPACE_ENV),
             "ddpjob.api": env.get(JOB_API_ENV),
             "ddpjob.image": env.get(IMAGE_ENV),
+            "ddpjob.code_digest": env.get(WORKDIR_DIGEST_ENV),
+            "ddpjob.code_dirty": env.get(WORKDIR_DIRTY_ENV),
+            "mlflow.source.git.commit": env.get(WORKDIR_COMMIT_ENV),
             "ddpjob.checkpoint_dir": checkpoint_dir,
         }
         name = experiment or env.get(MLFLOW_EXPERIMENT_NAME) or job
