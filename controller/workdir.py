@@ -58,9 +58,10 @@ DEFAULT_EXCLUDES = (
     "/checkpoints/",
     "/runs/",
 )
-#: The largest archive shipped in a ConfigMap. The API server refuses a ConfigMap whose data
-#: exceed 1 MiB (1,048,576 bytes of binaryData, counted decoded); this leaves room for the key
-#: and the metadata, and etcd's request limit (1.5 MiB by default) is far above both.
+#: The largest archive shipped in a ConfigMap. The API server takes binaryData of 1,048,576
+#: bytes (decoded) and refuses one byte more ("Too long: may not be more than 1048576 bytes",
+#: kube-apiserver v1.33); this leaves room for the key, and etcd's request limit (1.5 MiB by
+#: default) is above the object with its metadata.
 CONFIGMAP_LIMIT_BYTES = 1_000_000
 #: The largest archive ``render --values`` puts into chart values. Helm keeps a release (its
 #: values and its manifest, so the archive twice, base64-encoded, then gzipped and

@@ -49,6 +49,13 @@ def translate(exc: BaseException, where: str, what: str = "", server: str = "") 
             status=status,
             reason="AdmissionDenied",
         )
+    if status == 403 and "exceeded quota" in message:
+        # The namespace's ResourceQuota, not RBAC: the request itself was allowed.
+        return Refused(
+            f"{where}: the namespace's quota refused {what or 'the request'} ({message})",
+            status=status,
+            reason="QuotaExceeded",
+        )
     if status == 403:
         return Forbidden(f"{where}: RBAC forbids this (got {message})", reason="Forbidden", **data)
     if status == 404 and kind and not details.get("name"):

@@ -17,8 +17,9 @@ Why the container's own command and not an init container: a PyTorchJob's operat
 one whose init container failed has none, which it counts as retryable: a pod whose archive does
 not match would be re-created for ever. In the container, a mismatch is exit 2, which fails the
 job at once and which wait and status explain with the line that says why. A TrainJob could not
-have one anyway: Trainer v2.3's webhook refuses a runtimePatches init container its runtime
-lacks, and the patches carry no ``workingDir``. A container restarted in place (the TrainJob
+have one of the job's image anyway: Trainer v2.3's runtimePatches patch a container by name with
+env, volumeMounts and a securityContext only, never an image or a command, and set no
+``workingDir``. A container restarted in place (the TrainJob
 runtime's OnFailure) finds /workdir already unpacked and keeps it.
 """
 

@@ -78,6 +78,15 @@ def api_error(status: int, message: str, details: dict | None = None):
             "must be 1",
         ),
         (
+            403,
+            'configmaps "q-workdir" is forbidden: exceeded quota: cm, requested: '
+            "count/configmaps=1, used: count/configmaps=1, limited: count/configmaps=1",
+            {},
+            "ConfigMap default/q-workdir",
+            errors.Refused,
+            "the namespace's quota refused ConfigMap default/q-workdir (configmaps",
+        ),
+        (
             500,
             'Internal error: failed calling webhook "validator": connection refused',
             {},

@@ -64,8 +64,8 @@ def test_a_pytorchjob_pod_unpacks_in_its_own_command_then_execs_the_users():
 
 
 def test_a_trainjob_node_unpacks_in_its_own_command_then_execs_the_users():
-    """As a PyTorchJob's: runtimePatches could add no init container (the webhook wants it in
-    the runtime) nor set workingDir anyway."""
+    """As a PyTorchJob's: runtimePatches could give an init container no image or command,
+    nor set workingDir, anyway."""
     job = render_job(_spec(api="trainjob", command=["torchrun", "train.py"]), IN_CONFIG_MAP)
     trainer = job["spec"]["trainer"]
     assert trainer["command"] == [
