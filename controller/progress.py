@@ -13,7 +13,8 @@ beside human lines (docs/architecture.md, "The trainer's stdout contract"). Feed
 On a terminal it draws a rich bar (step/max, loss, samples/s, ETA) and prints events as short
 human lines. Anywhere else every line passes through unchanged, so the output stays
 machine-readable (``... | grep '"event": "eval"'``), and what the job must hear at once (rank 0's
-verdict on a rank that is stuck, a straggler) is also said on stderr. Either way the latest state
+verdict on a rank that is stuck, a straggler, a restart of the job and why, a failed save, a bad
+node, a slow rank before step 1) is also said on stderr. Either way the latest state
 is kept in attributes (``step``, ``max_steps``, ``loss``, ``eta_s``, ``done``) for the caller.
 """
 
@@ -27,10 +28,14 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from trainer.contract import (
+    BAD_NODE,
     CHECKPOINT,
+    CHECKPOINT_FAILED,
     COMPLETED,
     DONE,
     EVAL,
+    PREFLIGHT,
+    RESTART,
     RESUME,
     START,
     STRAGGLER,
@@ -256,8 +261,19 @@ def describe(event: dict[str, Any]) -> str | None:
         return None
     if name == DONE:
         reason = event.get("reason", "?")
+        if reason == RESTART:
+            return (
+                f"restarts itself at step {step}/{event.get('max_steps')}: {event.get('cause')} "
+                "(exit 138; the next run resumes from the last complete checkpoint)"
+            )
         error = f": {event['error']}" if event.get("error") else ""
         return f"stopped ({reason}) at step {step}/{event.get('max_steps')}{error}"
+    if name == CHECKPOINT_FAILED:
+        return describe_failed_save(event)
+    if name == BAD_NODE:
+        return describe_bad_node(event)
+    if name == PREFLIGHT:
+        return describe_preflight(event)
     if name == STUCK:
         return describe_stuck(event)
     if name == STRAGGLER:
@@ -267,12 +283,18 @@ def describe(event: dict[str, Any]) -> str | None:
     return json.dumps(event)
 
 
+#: The events that may be urgent (:func:`is_urgent`), as they appear in a log line.
+_URGENT_NAMES = tuple(
+    f'"{name}"' for name in (STUCK, STRAGGLER, RESTART, CHECKPOINT_FAILED, BAD_NODE, PREFLIGHT)
+)
+
+
 def urgent_lines(lines: list[str]) -> list[str]:
     """What :func:`describe` says of the urgent events among raw log ``lines``. Only a line
     that names one of their events is parsed, so a long log costs a substring test a line."""
     found = []
     for line in lines:
-        if f'"{STUCK}"' in line or f'"{STRAGGLER}"' in line:
+        if any(name in line for name in _URGENT_NAMES):
             event = parse_event(line)
             if event is not None and is_urgent(event):
                 found.append(describe(event) or "")
@@ -280,10 +302,61 @@ def urgent_lines(lines: list[str]) -> list[str]:
 
 
 def is_urgent(event: dict[str, Any]) -> bool:
-    """Rank 0's verdict on a job that makes no progress (or moves again), or a straggler: what a
-    person following the job must hear at once."""
+    """What a person following the job must hear at once: rank 0's verdict on a job that makes
+    no progress (or moves again), a straggler, the job restarting itself (and why), a save that
+    failed, a node that failed the job, a rank or link the pre-flight found slow."""
     name = event.get("event")
-    return (name == STUCK and "culprit" in event) or name == STRAGGLER
+    return (
+        (name == STUCK and "culprit" in event)
+        or name in (STRAGGLER, CHECKPOINT_FAILED, BAD_NODE)
+        or (name == DONE and event.get("reason") == RESTART)
+        or (name == PREFLIGHT and bool(event.get("slow")))
+    )
+
+
+def describe_failed_save(event: dict[str, Any]) -> str:
+    """A ``checkpoint_failed`` event: which save, where, what the server answered, how many in
+    a row of how many the job takes before it restarts."""
+    row, limit = event.get("failed_in_row"), event.get("limit")
+    count = f"; {row} in a row" if row else ""
+    count += f", the job restarts at {limit}" if limit else ""
+    return (
+        f"checkpoint @ step {event.get('step')} failed: {event.get('error')} "
+        f"({event.get('path')}){count}; training goes on"
+    )
+
+
+def describe_bad_node(event: dict[str, Any]) -> str:
+    """A ``bad_node`` event: the node, the rank and why, its faults, whether it is avoided."""
+    node, faults = event.get("node") or "an unknown node", event.get("faults")
+    line = f"bad node {node}: rank {event.get('rank')}, {event.get('cause')}"
+    if isinstance(faults, int):
+        line += f"; {faults} fault(s) of this job there"
+    if event.get("avoided"):
+        line += f"; its next pods avoid {', '.join(event.get('nodes') or [node])}"
+    if event.get("problem"):
+        line += f"; not recorded on the job: {event['problem']}"
+    return line
+
+
+def describe_preflight(event: dict[str, Any]) -> str:
+    """A ``preflight`` event: the slow ranks and links, or that none was."""
+    slow = event.get("slow") or []
+    if not slow:
+        return f"preflight: {len(event.get('ranks') or [])} rank(s), none slow"
+    return "; ".join(f"preflight: {describe_slow(s)}" for s in slow)
+
+
+def describe_slow(slow: dict[str, Any]) -> str:
+    """One slow rank (its matmul) or link (the message from ``peer``) of the pre-flight."""
+    factor = slow.get("factor")
+    times = f"{factor:g}x" if isinstance(factor, (int, float)) else "far over"
+    what = (
+        f"the link from rank {slow.get('peer')} to rank {slow.get('rank')}"
+        if slow.get("what") == "link"
+        else f"rank {slow.get('rank')}'s matmul"
+    )
+    return f"{what} took {times} the other ranks' median{_place(slow)}"
 
 
 def describe_stuck(event: dict[str, Any]) -> str:

@@ -45,6 +45,31 @@ class CheckpointConfig(_Section):
         100, ge=0, description="Write a checkpoint every N optimizer steps; 0 = only at the end."
     )
     keep: int = Field(3, ge=1, description="Keep the newest N checkpoints, delete older ones.")
+    max_attempts: int = Field(
+        8,
+        ge=1,
+        description=(
+            "Attempts per S3 request before a save counts as failed, the first included: "
+            "boto3's own retries, with exponential backoff (throttling, 5xx answers, timeouts, "
+            "refused connections)."
+        ),
+    )
+    retry_mode: Literal["standard", "adaptive"] = Field(
+        "standard",
+        description=(
+            "boto3's retry mode for S3: `standard`, or `adaptive` (also slows its own request "
+            "rate while the server throttles)."
+        ),
+    )
+    max_failed_saves: int = Field(
+        3,
+        ge=0,
+        description=(
+            "Saves in a row whose write may fail (after the retries) before the job restarts "
+            "(exit 138) to resume from its last complete checkpoint; each failure is a "
+            "`checkpoint_failed` event, and training goes on. 0 = never restart for it."
+        ),
+    )
 
     @field_validator("dir")
     @classmethod
@@ -86,8 +111,9 @@ class DDPConfig(_Section):
 
 
 class WatchdogConfig(_Section):
-    """A rank that hangs, named with where it is; a rank that lags, flagged. Neither stops the
-    job: a collective stuck for ``timeout_s`` still fails it."""
+    """A rank that hangs, named with where it is, and the job restarted from its last
+    checkpoint when the hang lasts; a rank that lags, flagged; a node that failed the job
+    twice, left behind."""
 
     stuck_after_s: float = Field(
         20.0,
@@ -101,6 +127,27 @@ class WatchdogConfig(_Section):
     )
     stuck_step_times: float = Field(
         10.0, ge=1, description="How many of its slowest recent steps a rank may take to be stuck."
+    )
+    restart_after_s: float = Field(
+        120.0,
+        ge=0,
+        description=(
+            "How long rank 0's verdict on a stuck job may stand before the job restarts itself: "
+            "every rank exits 138 (retried by the operator), naming the stuck rank, its node "
+            "and frame, and the job resumes from its last complete checkpoint. Set it below "
+            "`timeout_s`, which otherwise fails the job first. 0 = never: the job waits for "
+            "`timeout_s`."
+        ),
+    )
+    avoid_node_after: int = Field(
+        2,
+        ge=0,
+        description=(
+            "A node that hosted a stuck, lost or pre-flight-slow rank of this job this many "
+            "times is avoided by the job's next pods (a preferred node anti-affinity on the "
+            "job, which the pods' service account must be allowed to patch: k8s/rbac.yaml's "
+            "ddpjob-trainer). 0 = never."
+        ),
     )
     straggler_factor: float = Field(
         1.5,
@@ -140,6 +187,28 @@ class PrometheusConfig(_Section):
         le=65535,
         description=(
             "The port the metrics are served on; the pods' prometheus.io/port annotation names it."
+        ),
+    )
+
+
+class PreflightConfig(_Section):
+    """Before the first step, each rank times a short matmul and a fixed-size message from its
+    neighbour, and the job one all-reduce: a rank or a link far slower than the job's median is
+    named in a `preflight` event, with its node."""
+
+    enabled: Literal["auto"] | bool = Field(
+        "auto", description="true, false, or auto = true when training on GPUs (CUDA)."
+    )
+    factor: float = Field(
+        2.0,
+        gt=1,
+        description="A rank or link this many times slower than the other ranks' median is named.",
+    )
+    fail: bool = Field(
+        False,
+        description=(
+            "A slow rank or link restarts the job (exit 138) instead of training slowly, and "
+            "counts as a fault of its node (`watchdog.avoid_node_after`)."
         ),
     )
 
@@ -276,7 +345,11 @@ class TrainConfig(_Section):
         description="Skip up to N steps with a NaN/inf loss before stopping (exit 1); 0 = stop.",
     )
     watchdog: WatchdogConfig = Field(
-        default_factory=WatchdogConfig, description="Stuck ranks and stragglers."
+        default_factory=WatchdogConfig,
+        description="Stuck ranks (and the job's restart), stragglers, bad nodes.",
+    )
+    preflight: PreflightConfig = Field(
+        default_factory=PreflightConfig, description="The ranks' check before step 1."
     )
     tensorboard_dir: str | None = Field(
         None, description="Also write scalars for TensorBoard here (rank 0)."

@@ -30,8 +30,14 @@ EXIT_CONFIG = 2
 EXIT_SIGINT = 130
 #: SIGKILL: the kernel's OOM killer, ``kill -9``, or a grace period that ran out.
 EXIT_KILLED = 137
-#: 128 + SIGUSR1: another rank was lost (or the group never formed); this process is fine.
+#: 128 + SIGUSR1: another rank was lost (or the group never formed); this process is fine. Also
+#: the code of a job that restarts itself (a stuck job, a slow rank found by the pre-flight,
+#: saves failing in a row): 138 is the one code every version of the PyTorchJob operator
+#: retries that is not a signal's (Kubeflow's "user-defined retryable" code), and a TrainJob's
+#: Job retries any. What the restart is for is said by the ``done`` event's ``cause``.
 EXIT_PEER_LOST = 138
+#: The code a job that restarts itself exits with (see EXIT_PEER_LOST).
+EXIT_RESTART = EXIT_PEER_LOST
 #: SIGTERM: preempted or deleted; the last checkpoint is complete before the exit.
 EXIT_PREEMPTED = 143
 #: A worker of the pod's own torchrun found the rendezvous it was started from already over (the
@@ -50,7 +56,9 @@ EXIT_MEANINGS = {
     134: "SIGABRT (abort)",
     EXIT_KILLED: "SIGKILL (killed: OOM, kill -9 or grace period over)",
     EXIT_PEER_LOST: (
-        "lost a peer rank (the trainer's retryable code, 128 + SIGUSR1: another rank died first)"
+        "lost a peer rank or restarts itself (the trainer's retryable code, 128 + SIGUSR1: "
+        "another rank died first, or the job was stuck, slow or could not save; its last "
+        "lines say which)"
     ),
     139: "SIGSEGV (segmentation fault)",
     EXIT_PREEMPTED: "SIGTERM (preempted or deleted; retried)",
@@ -76,7 +84,9 @@ EVAL = "eval"
 #: Rank 0: a checkpoint is complete and readable (``step``, ``path``; ``stall_s``: what the save
 #: cost the training step, ``write_s``: its background write until complete, ``bytes``).
 CHECKPOINT = "checkpoint"
-#: Rank 0: the run ended (``step``, ``reason``: one of ``DONE_REASONS``).
+#: Rank 0: the run ended (``step``, ``reason``: one of ``DONE_REASONS``). Added: ``cause``,
+#: with ``reason`` ``restart``: why the job restarts itself, in one line (``stuck: rank 1 in
+#: hangtask.py:_stuck_here on node X``, ``checkpoint: 3 saves in a row failed ...``).
 DONE = "done"
 #: A rank whose step made no progress for ``stuck_s`` seconds. Every rank prints its own, about
 #: itself (``rank``, ``step``, ``stuck_s``, ``in_collective``: the collective it waits in or
@@ -108,7 +118,8 @@ STRAGGLER = "straggler"
 #: times in epoch seconds (``launched_at``: the container's process start; ``first_step_at``:
 #: the first step done, null before; ``ended_at``: the last moment the run was known alive),
 #: and its seconds split so that they sum to ``ended_at - launched_at``; ``end`` is the ``done``
-#: reason, null while running or for a run that died without one.
+#: reason, null while running or for a run that died without one. Added: ``cause``, the ``done``
+#: event's (why a run that ended ``restart`` restarted the job), null otherwise.
 GOODPUT = "goodput"
 
 #: Rank 0, once its experiment tracker knows its run (``trainer/telemetry/mlflow.py``): ``tracker``
@@ -116,18 +127,53 @@ GOODPUT = "goodput"
 #: ``resumed`` (true: the job's run from before a restart, continued).
 TRACKING = "tracking"
 
-JOB_EVENTS = (START, RESUME, TRAIN, EVAL, CHECKPOINT, DONE, STRAGGLER, GOODPUT, TRACKING)
+#: Rank 0, before the first step: what each rank's short matmul and its link to the next rank
+#: took (``ranks``: each ``{"rank", "pod", "node", "matmul_s", "link_s"}``; ``link_s`` is the
+#: time its neighbour's fixed-size message took to arrive, the link from ``rank - 1``), the
+#: medians (``matmul_median_s``, ``link_median_s``), one all-reduce of ``bytes``
+#: (``allreduce_s``), ``factor`` (the configured limit), ``elapsed_s`` (what the pre-flight
+#: cost), and ``slow``: each rank or link over ``factor`` times the median of the other ranks'
+#: (``median_s``), as ``{"rank", "pod", "node", "what": "matmul" | "link", "seconds",
+#: "median_s", "factor", "peer"}`` (``peer``: a link's sending rank).
+PREFLIGHT = "preflight"
+#: Rank 0: a background checkpoint write failed after the store's own retries (``step``,
+#: ``path``, ``error``: where and what the server answered, ``failed_in_row``, ``limit``: the
+#: saves in a row that may fail before the job restarts). Training goes on; the next save is
+#: tried.
+CHECKPOINT_FAILED = "checkpoint_failed"
+#: A node that hosted a stuck, slow or lost rank of the job (``node``, ``rank``, ``pod``,
+#: ``cause``), with the job's faults on it so far (``faults``) and whether the job's next pods
+#: now avoid it (``avoided``: ``faults`` reached ``after``); ``nodes``: every node the job
+#: avoids; ``problem``: why the job could not be told (no API access, ...), else null.
+BAD_NODE = "bad_node"
+
+JOB_EVENTS = (
+    START,
+    RESUME,
+    TRAIN,
+    EVAL,
+    CHECKPOINT,
+    DONE,
+    STRAGGLER,
+    GOODPUT,
+    PREFLIGHT,
+    CHECKPOINT_FAILED,
+    BAD_NODE,
+    TRACKING,
+)
 RANK_EVENTS = (STUCK,)
 
-#: Why a run ended (the ``done`` event's ``reason``).
-COMPLETED, PREEMPTED, NONFINITE, PEER_LOST, ERROR = (
+#: Why a run ended (the ``done`` event's ``reason``). ``restart``: the job restarts itself
+#: (exit EXIT_RESTART), the event's ``cause`` says why.
+COMPLETED, PREEMPTED, NONFINITE, PEER_LOST, ERROR, RESTART = (
     "completed",
     "preempted",
     "nonfinite",
     "peer_lost",
     "error",
+    "restart",
 )
-DONE_REASONS = (COMPLETED, PREEMPTED, NONFINITE, PEER_LOST, ERROR)
+DONE_REASONS = (COMPLETED, PREEMPTED, NONFINITE, PEER_LOST, ERROR, RESTART)
 
 
 def _clean(value: Any) -> Any:
@@ -246,6 +292,31 @@ PROMETHEUS_MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
 #: MLflow's own variables (its client reads the same): where to track, and in which experiment.
 MLFLOW_TRACKING_URI = "MLFLOW_TRACKING_URI"
 MLFLOW_EXPERIMENT_NAME = "MLFLOW_EXPERIMENT_NAME"
+
+# ---------------------------------------------------------------------------------------------
+# What the trainer writes on its job (trainer/health/nodes.py), read by ``status``
+
+#: The job's annotation holding the faults its ranks had, by node: a JSON list of ``{"node",
+#: "rank", "pod", "cause", "at", "run"}``, oldest first (at most NODE_FAULTS_KEPT).
+NODE_FAULTS_ANNOTATION = "ddpjob.io/node-faults"
+NODE_FAULTS_KEPT = 64
+#: The job's annotation naming the nodes its next pods avoid (a JSON list), beside the node
+#: affinity that does it.
+AVOIDED_NODES_ANNOTATION = "ddpjob.io/avoided-nodes"
+
+
+def read_node_faults(job: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The faults recorded on ``job`` and the nodes its pods avoid (each empty when its
+    annotation is missing or not a list of what it should hold)."""
+    annotations = job.get("metadata", {}).get("annotations") or {}
+    out: list[list[Any]] = []
+    for key, kind in ((NODE_FAULTS_ANNOTATION, dict), (AVOIDED_NODES_ANNOTATION, str)):
+        try:
+            value = json.loads(annotations.get(key) or "[]")
+        except ValueError:
+            value = []
+        out.append([v for v in value if isinstance(v, kind)] if isinstance(value, list) else [])
+    return out[0], out[1]
 
 
 def without_launcher(environ: dict[str, str]) -> dict[str, str]:

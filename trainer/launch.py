@@ -92,6 +92,13 @@ def trainjob() -> bool:
     return bool(os.environ.get(PET_MASTER_ADDR)) and WORLD_SIZE not in os.environ
 
 
+def hosts_rank0() -> bool:
+    """True in the pod whose torchrun starts global rank 0: node rank 0 of a static job (a
+    PyTorchJob's ``RANK``, a TrainJob's ``PET_NODE_RANK``). An elastic job's rendezvous
+    decides where rank 0 runs, after this: False."""
+    return not elastic() and _env_first(PET_NODE_RANK, RANK, default="0") == "0"
+
+
 def _env_first(*names: str, default: str) -> str:
     """The first of ``names`` set to something non-empty, else ``default``."""
     return next((os.environ[n] for n in names if os.environ.get(n)), default)
@@ -192,8 +199,10 @@ def check_before_relaunch(cfg: TrainConfig) -> None:
     """What can be checked without torch fails here, once, before torchrun starts the workers
     (a ConfigError); the task factory's own arguments are the workers' to check."""
     _check_task_module(cfg.task)
+    # A named checkpoint is rank 0's to read (the others get its state by broadcast): only its
+    # pod may have the volume that holds it (a rank0_only volume).
     named = cfg.resume not in ("auto", "never") and "://" not in cfg.resume
-    if named and not Path(cfg.resume).exists():
+    if named and hosts_rank0() and not Path(cfg.resume).exists():
         raise ConfigError([f"resume: no such checkpoint (got {cfg.resume})"])
 
 

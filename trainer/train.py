@@ -38,10 +38,12 @@ import torch
 from torch import nn
 
 from trainer import distributed as dist_
-from trainer.checkpoint.cadence import CheckpointCadence
+from trainer.checkpoint.cadence import CheckpointCadence, SavesFailed
 from trainer.checkpoint.manager import CheckpointManager
+from trainer.checkpoint.storage import Retries
 from trainer.config import ConfigError, TrainConfig
 from trainer.contract import (
+    CHECKPOINT,
     COMPLETED,
     DONE,
     ERROR,
@@ -52,11 +54,15 @@ from trainer.contract import (
     NONFINITE,
     PEER_LOST,
     PREEMPTED,
+    RESTART,
     RESUME,
     START,
 )
 from trainer.distributed import DistEnv
 from trainer.health.ledger import Ledger
+from trainer.health.nodes import BadNodes, track_nodes
+from trainer.health.preflight import run_preflight
+from trainer.health.restart import Restart, leave
 from trainer.health.stragglers import Stragglers
 from trainer.health.watchdog import Watchdog
 from trainer.launch import record_exit
@@ -86,8 +92,16 @@ TRACKING_CLOSE_S = 10.0
 class Trainer:
     """One rank's training run: model, optimizer, data, the loop's parts, and the loop."""
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv, task: Task, reporter: Reporter):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        env: DistEnv,
+        task: Task,
+        reporter: Reporter,
+        bad_nodes: BadNodes | None = None,
+    ):
         self.cfg, self.env, self.task, self.report = cfg, env, task, reporter
+        self.bad_nodes = bad_nodes or BadNodes(0, False, reporter, [])
         dev = env.device
         set_numerics(cfg, dev)  # before any kernel runs
 
@@ -118,7 +132,13 @@ class Trainer:
         self._build_loop_parts(strategy.sync_norms_at_eval)
         self._build_metrics()
         stuck = self.metrics.stuck if self.metrics is not None else None
-        self.watchdog = Watchdog(cfg.watchdog, env.rank, env.world_size, on_stuck=stuck)
+        self.watchdog = Watchdog(
+            cfg.watchdog,
+            env.rank,
+            env.world_size,
+            on_stuck=stuck,
+            on_restart=self._restart_stuck if env.is_main else None,
+        )
         self.stragglers = Stragglers(
             cfg.watchdog, env.rank, env.world_size, dev, reporter, self.step_flags
         )
@@ -126,6 +146,7 @@ class Trainer:
         self._resume_and_checkpoint()
         self.phase = Phases(self.ledger, self.watchdog)
         self.last_loss = math.nan
+        self.preflight: dict[str, Any] = {}  # the pre-flight's slow ranks, in every train event
 
     def _build_loop_parts(self, sync_norms_at_eval: bool) -> None:
         """The loop's parts: the stop decisions, the step, the log window, evaluation."""
@@ -194,8 +215,9 @@ class Trainer:
         """Open the checkpoint location (once: the ledger keeps its record in the same store),
         resume from it, and set up the ledger, the save cadence and the data position."""
         cfg, env = self.cfg, self.env
+        retries = Retries(cfg.checkpoint.max_attempts, cfg.checkpoint.retry_mode)
         manager = CheckpointManager(
-            cfg.checkpoint.dir, cfg.checkpoint.keep, env.is_main, env.device
+            cfg.checkpoint.dir, cfg.checkpoint.keep, env.is_main, env.device, retries=retries
         )
         self.step = 0
         epoch, batch_in_epoch = 0, 0
@@ -232,6 +254,7 @@ class Trainer:
             self.report,
             every_steps=cfg.checkpoint.every_steps,
             saved_step=self.step if resumed else None,
+            max_failed_saves=cfg.checkpoint.max_failed_saves,
         )
         # CPU batches are already where they belong.
         on_device = env.device if env.device.type != "cpu" else None
@@ -313,7 +336,17 @@ class Trainer:
             with self.watchdog, self.watchdog.while_compiling(self.cfg.compile):
                 reason = self._loop()
             return reason
+        except Restart as restart:
+            self._end_for_restart(restart)
+            raise
+        except SavesFailed as e:
+            restart = Restart(str(e))
+            self._end_for_restart(restart)
+            raise restart from None
         finally:
+            # The watchdog's hook holds this trainer (a cycle that would keep the process group
+            # past its teardown until a garbage collection).
+            self.watchdog.on_restart = None
             # A run that ends on an error still finishes the write in flight: a complete
             # checkpoint of a step every rank completed.
             self.checkpoints.close()
@@ -330,6 +363,11 @@ class Trainer:
         cfg = self.cfg
         started = self._report_start()
         self.ledger.started()
+        found = run_preflight(
+            cfg.preflight, self.env.rank, self.env.world_size, self.env.device, self.report
+        )
+        if found and found["slow"]:
+            self.preflight = {"preflight": found["slow"]}
         self.window.reset()
         self.model.train()
         reason = COMPLETED
@@ -359,7 +397,9 @@ class Trainer:
                 slow = self.stragglers.compare(self.step)
                 if self.metrics is not None:
                     self.metrics.health(self.stragglers.busy_s, self.stragglers.slow)
-                self.window.log(self.step, self.batches.epoch, self.skips.count, **slow)
+                self.window.log(
+                    self.step, self.batches.epoch, self.skips.count, **slow, **self.preflight
+                )
                 self.ledger.window()
             if self.evaluator.should_evaluate(self.step):
                 with self.phase(EVALUATION, self.step):
@@ -380,10 +420,50 @@ class Trainer:
                 self.checkpoints.save(self.step, self.state_dict)
         # Preempted or done: the last checkpoint is complete before the run says so and exits.
         with self.phase(LAST_WRITE, self.step):
-            self.checkpoints.report_completed(wait=True)
+            self.checkpoints.report_completed(wait=True, final=reason == COMPLETED)
         self.ledger.end(reason)
         self._report_done(reason, time.perf_counter() - started)
         return reason
+
+    # ------------------------------------------------------------------------------------------
+    # The job restarts itself (trainer.health.restart)
+
+    def _end_for_restart(self, restart: Restart) -> None:
+        """Before the job restarts (rank 0): the bad node, where a rank's fault it is; the
+        ledger's end and the ``done`` event, with the cause."""
+        if restart.rank is not None:
+            self.bad_nodes.fault(
+                restart.cause, rank=restart.rank, node=restart.node, pod=restart.pod
+            )
+        self.ledger.end(RESTART, restart.cause)
+        tracking = _dropped(self.report.end_tracking(RESTART, UNFINISHED_CLOSE_S))
+        self.report.event(
+            DONE,
+            step=self.step,
+            max_steps=self.cfg.max_steps,
+            loss=self.last_loss,
+            elapsed_s=None,
+            reason=RESTART,
+            cause=restart.cause,
+            **tracking,
+        )
+
+    #: How long a stuck job's restart waits for the checkpoint write in flight.
+    RESTART_WRITE_WAIT_S = 60.0
+
+    def _restart_stuck(self, cause: str, verdict: dict[str, Any]) -> None:
+        """Rank 0's watchdog thread, before a stuck job restarts (its loop's thread hangs): the
+        write in flight, if any, completes (or is given up after a while), and then as
+        :meth:`_end_for_restart`, the stuck rank's node at fault."""
+        for fields in self.checkpoints.storage.flush(timeout_s=self.RESTART_WRITE_WAIT_S):
+            if "error" not in fields:
+                self.report.event(CHECKPOINT, **fields)
+        culprit = verdict.get("culprit")
+        self._end_for_restart(
+            Restart(cause, rank=culprit, node=verdict.get("node"), pod=verdict.get("pod"))
+        )
+        self.ledger.close()
+        self.report.close(wait_s=UNFINISHED_CLOSE_S)
 
     def _report_start(self) -> float:
         """The ``start`` event; returns the run's start time."""
@@ -451,10 +531,12 @@ def _build_loaders(task: Task, cfg: TrainConfig, env: DistEnv) -> tuple[Any, Any
     )
 
 
-def _fit(cfg: TrainConfig, env: DistEnv, task: Task, reporter: Reporter) -> str:
+def _fit(
+    cfg: TrainConfig, env: DistEnv, task: Task, reporter: Reporter, bad_nodes: BadNodes
+) -> str:
     """Build the trainer and train. The trainer, whose DDP module holds the process group, is
     garbage once this returns: nothing else may keep it."""
-    trainer = Trainer(cfg, env, task, reporter)
+    trainer = Trainer(cfg, env, task, reporter, bad_nodes)
     # From fit on until the group is gone, SIGTERM only asks the trainer to stop (fit restores
     # this handler, its own). A rank whose pod is deleted just after another rank stopped the
     # run waits past fit in the barrier for a rank still writing its checkpoint or its last
@@ -484,9 +566,10 @@ def run(cfg: TrainConfig) -> int:
             flush=True,
         )
     reporter = Reporter(env.is_main, cfg.max_steps, cfg.progress, cfg.tensorboard_dir)
+    bad_nodes = track_nodes(cfg.watchdog.avoid_node_after, env, reporter)
     previous = signal.getsignal(signal.SIGTERM)
     try:
-        reason = _fit(cfg, env, task, reporter)
+        reason = _fit(cfg, env, task, reporter, bad_nodes)
         # Leave together: a rank that destroys its group while a peer is still talking to it
         # can make the peer abort (exit 134) after a run that had finished well.
         dist_.barrier()
@@ -496,7 +579,11 @@ def run(cfg: TrainConfig) -> int:
         traceback.clear_frames(e.__traceback__)
         if isinstance(e, ConfigError):
             raise
+        if isinstance(e, Restart):  # the done event and the ledger said it already
+            leave(env.rank, e.cause, "restarting the job")
         lost = dist_.is_peer_lost(e)
+        if lost:  # rank 0 names the rank that was lost (with its node), before its done event
+            bad_nodes.peer_lost(f"{type(e).__name__}: {str(e)[:120]}")
         reason = PEER_LOST if lost else ERROR
         tracking = _dropped(reporter.end_tracking(reason, UNFINISHED_CLOSE_S))
         reporter.event(

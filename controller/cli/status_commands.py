@@ -24,7 +24,7 @@ from controller.errors import NotFound, UserError
 from controller.jobs.read.apis import KINDS
 from controller.jobs.read.checkpoints import format_checkpoint
 from controller.jobs.read.explain import age, format_progress, format_reported, sort_events
-from controller.jobs.read.goodput import format_goodput
+from controller.jobs.read.goodput import format_goodput, restart_lines
 from controller.jobs.read.queue import (
     QueueView,
     preemption_line,
@@ -35,7 +35,7 @@ from controller.jobs.read.queue import (
 )
 from controller.jobs.read.workdir import code_line, workdir_of
 from controller.kubeflow import PYTORCHJOB
-from controller.progress import describe
+from controller.progress import describe, describe_slow
 from trainer.contract import STRAGGLER
 
 if TYPE_CHECKING:
@@ -75,6 +75,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(describe(st["stuck"]))
     for straggler in st["stragglers"]:
         print(describe({"event": STRAGGLER, **straggler}))
+    for slow in st["preflight"]:
+        print(f"preflight: {describe_slow(slow)}")
+    for line in restart_lines(st):
+        print(line)
+    _print_nodes(st["nodes"])
     if st["reported_progress"]:
         print(f"reported in the {st['kind']}: {format_reported(st['reported_progress'])}")
     g = st["goodput"]
@@ -85,6 +90,16 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"(`{CLI} goodput {st['name']} -n {namespace}` splits it)"
         )
     return 0
+
+
+def _print_nodes(nodes: dict[str, Any]) -> None:
+    """The nodes the job's ranks failed on, and whether its next pods avoid them."""
+    for n in nodes["faults"]:
+        causes = "; ".join(n["causes"])
+        if n["node"] in nodes["avoided"]:
+            print(f"avoids node {n['node']}: {n['faults']} fault(s) of this job there ({causes})")
+        else:
+            print(f"fault on node {n['node']}: {n['faults']} of this job there ({causes})")
 
 
 def _print_replicas(st: dict[str, Any]) -> None:

@@ -30,7 +30,7 @@ from controller.jobs.read.why import not_started, pending
 from controller.jobs.read.workdir import workdir_of
 from controller.jobs.snapshot import TAIL_LINES, Snapshot
 from controller.kube.client import Cluster
-from trainer.contract import MLFLOW_TRACKING_URI, TRACKING
+from trainer.contract import MLFLOW_TRACKING_URI, TRACKING, read_node_faults
 
 #: Rank 0's log lines read further back for a checkpoint when its tail has none.
 CHECKPOINT_LINES = 5000
@@ -62,6 +62,7 @@ def status_of(snap: Snapshot, price_per_gpu_hour: float | None = None) -> dict[s
     # in an elastic job the log of the worker the rendezvous made rank 0 (found by its events).
     rank0 = snap.rank0()
     cond = view.condition
+    goodput = read_goodput(snap, price_per_gpu_hour=price_per_gpu_hour)
     return {
         "name": snap.name,
         "namespace": snap.namespace,
@@ -87,9 +88,28 @@ def status_of(snap: Snapshot, price_per_gpu_hour: float | None = None) -> dict[s
         "rank0_pod": rank0["metadata"]["name"] if rank0 is not None else None,
         "elastic": is_elastic(job),
         # What its wall time went to so far (controller.jobs.read.goodput).
-        "goodput": read_goodput(snap, price_per_gpu_hour=price_per_gpu_hour),
+        "goodput": goodput,
         # Which code it runs: its shipped workdir's digest, git commit and dirty flag.
         "workdir": workdir_of(job),
+        # What the job did about itself: each time it restarted itself, and why; the nodes
+        # its ranks failed on and those its next pods avoid; the slow ranks its pre-flight
+        # found.
+        "restarts": goodput["restarts"] if goodput else [],
+        "nodes": node_faults(job),
+        "preflight": view.trainer.preflight_slow(),
+    }
+
+
+def node_faults(job: dict[str, Any]) -> dict[str, Any]:
+    """The faults the trainer recorded on ``job``, by node, and the nodes its pods avoid
+    (``trainer/health/nodes.py``)."""
+    faults, avoided = read_node_faults(job)
+    by_node: dict[str, list[str]] = {}
+    for f in faults:
+        by_node.setdefault(str(f.get("node")), []).append(str(f.get("cause")))
+    return {
+        "avoided": avoided,
+        "faults": [{"node": n, "faults": len(c), "causes": c} for n, c in by_node.items()],
     }
 
 

@@ -120,3 +120,34 @@ def test_a_resume_needs_the_checkpoint_only_where_rank_0_runs(tmp_path: Path) ->
     again = read_checkpoint(pods[0] / "ckpt" / "step_00000006")
     for k in straight["model"]:  # rank 1 trained on from the state rank 0 sent, or these differ
         assert torch.equal(straight["model"][k], again["model"][k]), k
+
+
+@pytest.mark.slow
+def test_a_named_resume_starts_on_every_pod_though_only_rank_0s_has_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """A named checkpoint on a ``rank0_only`` volume: two pods of two processes each (the pod's
+    own torchrun), ``resume`` a path that only rank 0's pod has (relative to its working
+    directory). The worker's pod starts, and all four ranks resume from what rank 0 read."""
+    pods = [tmp_path / "pod0", tmp_path / "pod1"]
+    for pod in pods:
+        pod.mkdir()
+    first = run_pods(
+        [{**kubeflow_env(nproc_per_node=1, world_size=1), "PYTHONPATH": str(REPO)}],
+        common_args(Path("."), max_steps=4, **{"checkpoint.dir": "saved"}),
+        cwds=pods[:1],
+    )
+    assert first[0].rc == 0, first[0].stderr[-2000:]
+    named = "saved/step_00000004"
+    assert (pods[0] / named / "manifest.json").exists() and not (pods[1] / "saved").exists()
+
+    master = kubeflow_env(nproc_per_node=2, world_size=4, rank=0)
+    worker = {**master, "RANK": "1", "PET_NODE_RANK": "1"}
+    envs = [{**env, "PYTHONPATH": str(REPO)} for env in (master, worker)]
+    args = common_args(Path("."), max_steps=6, batch_size=4, resume=named)
+    results = run_pods(envs, args, timeout=240, cwds=pods)
+    assert [r.rc for r in results] == [0, 0], results[1].stderr[-3000:]
+    (note,) = results[0].of("resume")
+    assert note["step"] == 4 and note["path"] == named
+    assert [e["step"] for e in results[0].of("train")] == [6]
+    assert results[0].of("start")[0]["world_size"] == 4

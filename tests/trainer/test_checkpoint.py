@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from trainer.checkpoint import manager
-from trainer.checkpoint.manager import CheckpointError, CheckpointManager, read_path, scan
+from trainer.checkpoint.manager import CheckpointManager, read_path, scan
 from trainer.checkpoint.storage import LocalStore
 from trainer.config import ConfigError
 from trainer.contract import GRACE_PERIOD_ENV
@@ -212,26 +212,31 @@ def test_checkpoints_of_the_layout_before_are_read_and_pruned(tmp_path: Path) ->
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000003", "step_00000004"]
 
 
-def test_a_failed_write_is_raised_by_the_next_look_and_only_logged_by_close(
-    tmp_path: Path, caplog
+def test_a_failed_write_is_reported_with_where_and_why_and_the_next_save_goes_on(
+    tmp_path: Path,
 ) -> None:
     mgr = CheckpointManager(tmp_path, keep=3, is_main=True)
+    real_write = mgr.store.write
 
     def full(name, produce):
+        real_write(name, produce)  # the state is written, then the disk is full
         raise OSError(28, "No space left on device")
 
     mgr.store.write = full
     mgr.save(3, lambda: _state(3))
-    with pytest.raises(CheckpointError) as e:
-        mgr.flush()
-    assert str(e.value) == (
-        f"checkpoint: cannot write step 3 to {tmp_path / 'step_00000003'} "
-        "(OSError: [Errno 28] No space left on device)"
-    )
+    assert mgr.flush() == [
+        {
+            "step": 3,
+            "path": str(tmp_path / "step_00000003"),
+            "error": "OSError: [Errno 28] No space left on device",
+        }
+    ]
+    assert not (tmp_path / "step_00000003").exists()  # what it wrote of the step is gone
+    mgr.store.write = real_write
     mgr.save(4, lambda: _state(4))
-    with caplog.at_level(logging.WARNING):
-        assert mgr.close() == []
-    assert "cannot write step 4" in caplog.text
+    (done,) = mgr.close()
+    assert done["step"] == 4 and "error" not in done
+    assert [f.step for f in mgr.list()] == [4]
 
 
 def test_a_write_longer_than_the_grace_period_warns_once(tmp_path, monkeypatch, caplog) -> None:
@@ -277,7 +282,7 @@ def test_a_location_that_lists_but_refuses_writes_is_a_config_error(tmp_path, mo
         def write(self, name, produce):
             raise OSError(30, "Read-only file system")
 
-    monkeypatch.setattr(manager, "open_store", lambda location: ReadOnly(Path(location)))
+    monkeypatch.setattr(manager, "open_store", lambda location, _: ReadOnly(Path(location)))
     with pytest.raises(ConfigError) as e:
         CheckpointManager(tmp_path, keep=3, is_main=True)
     (line,) = e.value.problems

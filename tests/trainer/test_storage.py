@@ -165,9 +165,7 @@ def test_probe_of_an_endpoint_that_is_not_there(monkeypatch) -> None:
 def test_probe_of_an_endpoint_that_never_answers_ends_at_its_read_timeout(monkeypatch) -> None:
     """A server that accepts and then says nothing: the probe's bounded read timeout and
     attempts end it with an error (the bounds lowered here; the probe's own are seconds)."""
-    monkeypatch.setattr(
-        storage, "PROBE_TIMEOUTS", {"connect_timeout": 1, "read_timeout": 1, "max_attempts": 2}
-    )
+    monkeypatch.setattr(storage, "PROBE_TIMEOUTS", {"connect_timeout": 1, "read_timeout": 1})
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)

@@ -2,15 +2,29 @@
 run that did not fail, the state its parts compose; and the ``checkpoint`` event once a save is
 complete. Where and how the state is stored (in the background, a manifest last, keep-last-k,
 fallback on resume) is ``trainer.checkpoint.manager``'s.
+
+A save whose write failed (after the store's retries) is a ``checkpoint_failed`` event and a
+warning that says where and what the server answered; training goes on and the next save is
+tried. ``max_failed_saves`` of them in a row (0: never), or a failed last save of a run that
+completed (its result would be lost), raise SavesFailed: the job restarts
+(``trainer.health.restart``) from the last checkpoint that is complete.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from trainer.checkpoint.manager import CheckpointManager
-from trainer.contract import CHECKPOINT
+from trainer.contract import CHECKPOINT, CHECKPOINT_FAILED
+
+log = logging.getLogger(__name__)
+
+
+class SavesFailed(Exception):
+    """Saves failed ``max_failed_saves`` times in a row, or the last save of a run that
+    completed: the job should restart from its last complete checkpoint. Its text says why."""
 
 
 class _Events(Protocol):
@@ -29,10 +43,13 @@ class CheckpointCadence:
         *,
         every_steps: int,
         saved_step: int | None,
+        max_failed_saves: int = 0,
     ):
         self.storage, self.report = storage, report
         self.every_steps = every_steps
         self.saved_step = saved_step  # the step the newest checkpoint holds, if it is this run's
+        self.max_failed_saves = max_failed_saves
+        self.failed_in_row = 0
 
     def should_save(self, step: int, last: bool = False) -> bool:
         """Whether to save at ``step``: on the cadence, or as the ``last`` step of the run when
@@ -48,14 +65,49 @@ class CheckpointCadence:
         self.storage.save(step, state_dict)
         self.saved_step = step
 
-    def report_completed(self, wait: bool = False) -> None:
-        """A ``checkpoint`` event for each save that completed (``wait``: once the save in
-        flight has). Raises trainer.checkpoint.manager.CheckpointError if a write failed."""
+    def report_completed(self, wait: bool = False, final: bool = False) -> None:
+        """A ``checkpoint`` event for each save that completed, a ``checkpoint_failed`` event
+        for each that failed (``wait``: once the save in flight has). Raises SavesFailed when
+        ``max_failed_saves`` failed in a row, or (``final``: the run completed) the last one."""
         for fields in self.storage.flush() if wait else self.storage.completed():
-            self.report.event(CHECKPOINT, **fields)
+            if "error" not in fields:
+                self.failed_in_row = 0
+                self.report.event(CHECKPOINT, **fields)
+                continue
+            self.failed_in_row += 1
+            self._failed(fields, final)
+
+    def _failed(self, fields: dict[str, Any], final: bool) -> None:
+        limit = self.max_failed_saves
+        self.report.event(
+            CHECKPOINT_FAILED, **fields, failed_in_row=self.failed_in_row, limit=limit
+        )
+        log.warning(
+            "checkpoint: cannot write step %d to %s (%s); %d in a row%s",
+            fields["step"],
+            fields["path"],
+            fields["error"],
+            self.failed_in_row,
+            "" if final else "; training goes on and the next save is tried",
+        )
+        if self.saved_step == fields["step"]:
+            self.saved_step = None  # no checkpoint holds it: the run's last save tries again
+        if limit and final:
+            raise SavesFailed(
+                f"checkpoint: the last save, of step {fields['step']}, failed: "
+                f"{fields['error']} ({fields['path']})"
+            )
+        if limit and self.failed_in_row >= limit:
+            raise SavesFailed(
+                f"checkpoint: {self.failed_in_row} saves in a row failed, the last of step "
+                f"{fields['step']}: {fields['error']} ({fields['path']})"
+            )
 
     def close(self) -> None:
-        """Wait for the save in flight on a path that may be failing already: a failed write
-        is logged, not raised; a completed one is reported."""
+        """Wait for the save in flight on a path that may be failing already: each outcome is
+        reported, none raises."""
         for fields in self.storage.close():
-            self.report.event(CHECKPOINT, **fields)
+            if "error" in fields:
+                self.report.event(CHECKPOINT_FAILED, **fields, failed_in_row=None, limit=None)
+            else:
+                self.report.event(CHECKPOINT, **fields)

@@ -17,11 +17,15 @@ A save costs the training step only the copy of the state off the device (into C
 pinned on CUDA, reused from save to save); a background thread serialises
 and writes it, then prunes to the newest ``keep``. A new save first waits for the one before.
 The loop learns of finished saves from :meth:`CheckpointManager.completed` and waits for the last
-one with :meth:`CheckpointManager.flush` before it exits.
+one with :meth:`CheckpointManager.flush` before it exits. A write that fails (after the S3
+client's own retries, ``storage.Retries``) is one of them too, with the ``error`` that says
+where and what the server answered: the run goes on, and what it left of that step is removed
+(it has no manifest, so nothing ever reads it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import json
@@ -42,7 +46,14 @@ import torch
 
 from trainer import distributed as distributed_
 from trainer.checkpoint.broadcast import broadcast_state
-from trainer.checkpoint.storage import StorageError, Store, describe, is_url, open_store
+from trainer.checkpoint.storage import (
+    Retries,
+    StorageError,
+    Store,
+    describe,
+    is_url,
+    open_store,
+)
 from trainer.config import ConfigError
 from trainer.contract import GRACE_PERIOD_ENV, KUBERNETES_DEFAULT_GRACE_PERIOD_S
 
@@ -158,10 +169,6 @@ def grace_period_s() -> float | None:
     return KUBERNETES_DEFAULT_GRACE_PERIOD_S if "KUBERNETES_SERVICE_HOST" in os.environ else None
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written (after the store's own retries)."""
-
-
 class CheckpointManager:
     """Save and find checkpoints in ``location`` (a local dir or ``s3://bucket/prefix``).
 
@@ -176,6 +183,7 @@ class CheckpointManager:
         keep: int,
         is_main: bool,
         device: torch.device | None = None,
+        retries: Retries | None = None,
     ):
         self.location = str(location)
         self.keep, self.is_main = keep, is_main
@@ -190,7 +198,7 @@ class CheckpointManager:
         if is_main:
             self._stager = _Staging(self.device)
             try:
-                store = open_store(self.location)
+                store = open_store(self.location, retries)
                 store.probe()
                 store.remove_partial()
                 _, incomplete = scan(store.list())
@@ -233,25 +241,22 @@ class CheckpointManager:
         self._inflight = _in_background(self._write, staged, step, stall_s)
 
     def completed(self) -> list[dict[str, Any]]:
-        """The saves that finished since the last call (rank 0; empty elsewhere), as the
-        ``checkpoint`` event's fields. Raises CheckpointError if a write failed."""
+        """The saves that finished since the last call (rank 0; empty elsewhere), in order: a
+        complete one as the ``checkpoint`` event's fields, a failed one as ``{"step", "path",
+        "error"}`` (``error``: where and what the store answered)."""
         self._collect(wait=False)
         done, self._done = self._done, []
         return done
 
-    def flush(self) -> list[dict[str, Any]]:
-        """Wait for the save in flight; then as :meth:`completed`."""
-        self._collect(wait=True)
+    def flush(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
+        """Wait for the save in flight (at most ``timeout_s``: then it is left running); then
+        as :meth:`completed`."""
+        self._collect(wait=True, timeout_s=timeout_s)
         return self.completed()
 
     def close(self) -> list[dict[str, Any]]:
-        """Wait for the save in flight, on a path that is already failing: a write error is
-        logged, not raised. Returns what finished, as :meth:`completed`."""
-        try:
-            return self.flush()
-        except CheckpointError as e:
-            log.warning("%s", e)
-            return []
+        """Wait for the save in flight; as :meth:`flush`."""
+        return self.flush()
 
     def _write(self, staged: dict[str, Any], step: int, stall_s: float) -> dict[str, Any]:
         """The background half of a save: the state, then its manifest, then pruning."""
@@ -270,9 +275,10 @@ class CheckpointManager:
             write_s = time.perf_counter() - started
             self._prune()
         except Exception as e:
-            where, detail = store.url_of(name), describe(e)
-            message = f"checkpoint: cannot write step {step} to {where} ({detail})"
-            raise CheckpointError(message) from e
+            where = store.url_of(name)
+            with contextlib.suppress(Exception):  # a store that refuses writes may refuse this
+                store.delete([f"{name}/{STATE}"])
+            return {"step": step, "path": where, "error": describe(e)}
         return {
             "step": step,
             "path": store.url_of(name),
@@ -292,14 +298,19 @@ class CheckpointManager:
             self.store.delete([manifest])
             self.store.delete([o for o in old.objects if o != manifest])
 
-    def _collect(self, wait: bool) -> None:
+    def _collect(self, wait: bool, timeout_s: float | None = None) -> None:
         inflight = self._inflight
         if inflight is None or not (wait or inflight.done()):
             return
+        try:
+            result = inflight.result(timeout=timeout_s)
+        except TimeoutError:
+            return
         self._inflight = None
-        result = inflight.result()  # the writer's CheckpointError, if it failed
         self._done.append(result)
         limit = self.grace_period_s
+        if "error" in result:
+            return
         if limit is not None and result["write_s"] > limit and not self._warned_slow:
             self._warned_slow = True
             log.warning(

@@ -25,6 +25,7 @@ import socket
 import threading
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -89,10 +90,11 @@ def is_url(location: str) -> bool:
     return location.startswith(S3_SCHEME)
 
 
-def open_store(location: str) -> Store:
-    """The store for ``checkpoint.dir``: ``s3://bucket/prefix`` or a local directory."""
+def open_store(location: str, retries: Retries | None = None) -> Store:
+    """The store for ``checkpoint.dir``: ``s3://bucket/prefix`` or a local directory;
+    ``retries``: how an S3 request is retried (the default: :data:`DATA_RETRIES`)."""
     if is_url(location):
-        return S3Store(location)
+        return S3Store(location, retries)
     return LocalStore(Path(location))
 
 
@@ -237,13 +239,27 @@ def _fsync_dir(directory: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 # S3 and S3-compatible servers
 
+
+@dataclass(frozen=True)
+class Retries:
+    """How boto3 retries an S3 request (``checkpoint.max_attempts``, ``checkpoint.retry_mode``):
+    its own retry modes, which back off exponentially (with jitter, at most 20 s between
+    attempts) on throttling, 5xx answers, timeouts and refused connections."""
+
+    max_attempts: int = 8
+    mode: str = "standard"
+
+
+#: Saves and loads: every attempt a transient outage may need.
+DATA_RETRIES = Retries()
 #: The probe's bounds: a wrong endpoint or bucket is said within seconds, not after minutes of
-#: retries. Saves and loads get longer reads and more attempts (a large part takes a while).
-PROBE_TIMEOUTS = {"connect_timeout": 5, "read_timeout": 10, "max_attempts": 2}
-DATA_TIMEOUTS = {"connect_timeout": 10, "read_timeout": 120, "max_attempts": 5}
+#: retries. Saves and loads get longer reads (a large part takes a while).
+PROBE_TIMEOUTS = {"connect_timeout": 5, "read_timeout": 10}
+PROBE_RETRIES = Retries(max_attempts=2)
+DATA_TIMEOUTS = {"connect_timeout": 10, "read_timeout": 120}
 
 
-def s3_client(connect_timeout: float, read_timeout: float, max_attempts: int):
+def s3_client(connect_timeout: float, read_timeout: float, retries: Retries = DATA_RETRIES):
     """A boto3 S3 client from the environment (credentials, region, endpoint), with bounds."""
     import boto3
     from botocore.config import Config
@@ -256,7 +272,7 @@ def s3_client(connect_timeout: float, read_timeout: float, max_attempts: int):
     config = Config(
         connect_timeout=connect_timeout,
         read_timeout=read_timeout,
-        retries={"mode": "standard", "max_attempts": max_attempts},
+        retries={"mode": retries.mode, "max_attempts": retries.max_attempts},
         max_pool_connections=CONCURRENCY + 2,
         # S3-compatible servers answer at one host name, not a host name per bucket.
         s3={"addressing_style": "path"} if custom_endpoint else None,
@@ -273,15 +289,16 @@ def parse_s3(url: str) -> tuple[str, str]:
 class S3Store:
     """Objects under ``s3://bucket/prefix/``."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, retries: Retries | None = None):
         self.bucket, self.prefix = parse_s3(url)
         self.url = f"{S3_SCHEME}{self.bucket}/{self.prefix}".rstrip("/")
+        self.retries = retries or DATA_RETRIES
         self._client = None
 
     @property
     def client(self):
         if self._client is None:
-            self._client = s3_client(**DATA_TIMEOUTS)
+            self._client = s3_client(**DATA_TIMEOUTS, retries=self.retries)
         return self._client
 
     def _key(self, name: str) -> str:
@@ -393,7 +410,7 @@ class S3Store:
                 raise StorageError(self.url_of(name), describe(e)) from e
 
     def probe(self) -> None:
-        client = s3_client(**PROBE_TIMEOUTS)
+        client = s3_client(**PROBE_TIMEOUTS, retries=PROBE_RETRIES)
         key, data = self._key(_probe_name()), b"ddpjob probe"
         try:
             client.put_object(Bucket=self.bucket, Key=key, Body=data)

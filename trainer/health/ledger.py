@@ -127,6 +127,7 @@ def view(run: dict[str, Any]) -> dict[str, Any]:
         "other_s": 0.0,
         "end": run["end"],
         "workdir": run.get("workdir"),
+        "cause": run.get("cause"),
     }
     return out
 
@@ -281,13 +282,15 @@ class Ledger:
             run["marks"] = [*run["marks"], mark][-(self.keep + 1) :]  # a resume uses only these
             self._queue()
 
-    def end(self, reason: str) -> None:
+    def end(self, reason: str, cause: str | None = None) -> None:
         """The run ends with ``reason`` (the ``done`` event's, printed next): print the ledger
         and write it."""
         if not self.enabled:
             return
         self.lap(STEPS)
         self.run["end"] = reason
+        if cause is not None:
+            self.run["cause"] = cause
         self._print()
         self._queue()
 

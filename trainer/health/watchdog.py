@@ -26,8 +26,14 @@ a barrier, the evaluation's all-reduce, the checkpoint's gather).
 Rank 0's watchdog, alive even when rank 0's loop is the one that hangs, then reads every rank's
 record and prints the job's verdict once (:func:`judge`): the rank that is not in the collective
 the others wait in, and where it is. When the loop moves again, each rank that said it was stuck
-says that it moves, and rank 0 says so for the job, once. Nothing is stopped: a collective stuck
-for the process group's ``timeout_s`` still fails the run.
+says that it moves, and rank 0 says so for the job, once.
+
+When the verdict stands ``restart_after_s`` (the loop has not moved), the job restarts itself
+(``trainer.health.restart``): rank 0's watchdog hands the cause to the run (``on_restart``: the
+``done`` event, the ledger, the bad node), announces it in the store and waits until every other
+rank's watchdog has read it; each rank says its last words, naming the stuck rank, its node and
+frame, and leaves with ``EXIT_RESTART``. With ``restart_after_s`` 0, a collective stuck for the
+process group's ``timeout_s`` fails the run instead.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ import torch.distributed as dist
 from trainer.config import WatchdogConfig
 from trainer.contract import NODE_NAME_ENV, STUCK, TORCHELASTIC_RESTART_COUNT, format_event
 from trainer.distributed import COLLECTIVES
+from trainer.health.restart import Announcement, leave, stuck_cause
 
 log = logging.getLogger(__name__)
 
@@ -216,11 +223,15 @@ class Watchdog:
         stream: Any = None,
         poll_s: float | None = None,
         on_stuck: Callable[[bool], None] | None = None,
+        on_restart: Callable[[str, dict[str, Any]], None] | None = None,
     ):
         self.enabled = cfg.stuck_after_s > 0
         #: Told (from the watchdog's thread) when this rank is found stuck, and when it moves.
         self.on_stuck = on_stuck
         self.after_s, self.step_times_k = cfg.stuck_after_s, cfg.stuck_step_times
+        self.restart_after_s = cfg.restart_after_s
+        #: Rank 0: what the run does before the job restarts (the cause, the verdict).
+        self.on_restart = on_restart
         self.rank, self.world_size = rank, world_size
         self.stream = stream
         self.poll_s = poll_s if poll_s is not None else min(1.0, max(cfg.stuck_after_s / 10, 0.05))
@@ -244,6 +255,8 @@ class Watchdog:
         self.mine: dict[str, Any] = {}  # what it published when it said it was stuck
         self.verdict_due: float | None = None
         self.verdict: dict[str, Any] | None = None  # rank 0's, until the job moves again
+        self.verdict_at = 0.0
+        self.announcement: Announcement | None = None
         self.thread: threading.Thread | None = None
         self.stopped = threading.Event()
         self.lock = threading.Lock()  # one event line at a time on stdout
@@ -257,6 +270,7 @@ class Watchdog:
         if dist.is_available() and dist.is_initialized() and self.world_size > 1:
             self.store = dist.distributed_c10d._get_default_store()
             self.backend = dist.get_backend()
+            self.announcement = Announcement(self.store, self.prefix, self.world_size)
         self.loop_thread = threading.get_ident()
         self.last = time.time()
         self.thread = threading.Thread(target=self._run, name="ddpjob-watchdog", daemon=True)
@@ -358,6 +372,8 @@ class Watchdog:
                 self._moves()
             elif self.verdict_due is not None:
                 self._maybe_judge(now)
+            else:
+                self._maybe_restart(now)
             return
         if self.first or self.pausing:
             return
@@ -422,8 +438,39 @@ class Watchdog:
                     if rec.get("stuck"):
                         records[r] = rec
         self.verdict_due = None
-        self.verdict = judge(records, self.world_size)
+        self.verdict, self.verdict_at = judge(records, self.world_size), now
         self._say(self.verdict)
+
+    def _maybe_restart(self, now: float) -> None:
+        """While stuck: rank 0 restarts the job once its verdict has stood ``restart_after_s``;
+        another rank leaves once rank 0 has announced it."""
+        if not self.restart_after_s:
+            return
+        if self.rank != 0:
+            heard = self.announcement.heard() if self.announcement is not None else None
+            if heard is not None:
+                leave(self.rank, heard["cause"], heard["after"])
+            return
+        if self.verdict is None or now - self.verdict_at < self.restart_after_s:
+            return
+        verdict = self.verdict
+        cause = stuck_cause(verdict)
+        frame = verdict.get("frame") or {}
+        after = ", ".join(
+            part
+            for part in (
+                f"pod {verdict['pod']}" if verdict.get("pod") else "",
+                f"line {frame['line']}" if frame.get("line") else "",
+                f"no progress for {now - self.stuck_since:.0f} s",
+                f"watchdog.restart_after_s: {self.restart_after_s:g}",
+            )
+            if part
+        )
+        if self.on_restart is not None:
+            self.on_restart(cause, verdict)
+        if self.announcement is not None:
+            self.announcement.announce(cause, after)
+        leave(self.rank, cause, after)
 
     def _moves(self, publish: bool = True) -> None:
         """The loop moved again after this rank said it was stuck (``publish``: in the store

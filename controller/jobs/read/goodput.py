@@ -37,6 +37,7 @@ from typing import Any
 
 from controller.jobs.read.apis import JobKind
 from controller.jobs.read.workdir import code_line
+from trainer.contract import RESTART
 
 GPU = "nvidia.com/gpu"
 
@@ -312,6 +313,18 @@ def account(
         "goodput_pct": _r(100.0 * parts[PRODUCTIVE] / wall) if wall > 0 else None,
         "runs": len(runs),
         "lost_steps": sum(int(r.get("lost_steps") or 0) for r in runs),
+        # The runs that restarted the job themselves (a stuck job, failing saves, a slow rank
+        # before step 1), with why.
+        "restarts": [
+            {
+                "run": r.get("id"),
+                "at": r["ended_at"],
+                "step": r.get("last_step"),
+                "cause": r.get("cause"),
+            }
+            for r in runs
+            if r.get("end") == RESTART
+        ],
         "since_report_s": _r(since_report),
         "held_s": _r(held_s),
         "gpus": gpus,
@@ -431,6 +444,7 @@ def format_goodput(name: str, g: dict[str, Any]) -> list[str]:
     extra = f", {g['lost_steps']} step(s) trained again" if g["lost_steps"] else ""
     pct = "-" if g["goodput_pct"] is None else f"{g['goodput_pct']:.1f}%"
     lines.append(f"goodput: {pct} (productive / wall){extra}")
+    lines += restart_lines(g)
     if g["gpus"]:
         lines.append(
             f"GPU-hours: {g['gpu_hours_held']:.3f} held ({g['gpus']} GPU(s)), "
@@ -456,6 +470,14 @@ def format_goodput(name: str, g: dict[str, Any]) -> list[str]:
     if g["sources"]["queue"] == "workload status (total)":
         lines.append("note: Kueue's events have expired: the queued time is its total only")
     return lines
+
+
+def restart_lines(g: dict[str, Any]) -> list[str]:
+    """One line per time the job restarted itself, with why (``goodput`` and ``status``)."""
+    return [
+        f"restarted itself at step {r['step']}: {r['cause'] or 'no cause recorded'}"
+        for r in g.get("restarts") or []
+    ]
 
 
 def _dur(s: float) -> str:

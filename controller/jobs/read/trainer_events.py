@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from controller.progress import is_urgent
-from trainer.contract import DONE, RANK_EVENTS, STRAGGLER, STUCK, TRAIN, parse_event
+from trainer.contract import DONE, PREFLIGHT, RANK_EVENTS, STRAGGLER, STUCK, TRAIN, parse_event
 
 
 class TrainerEvents:
@@ -92,6 +92,15 @@ class TrainerEvents:
         now = [s for s in train[1].get("stragglers") or [] if isinstance(s.get("rank"), int)]
         # The straggler event, where seen, has the median and the factor it was named with.
         return [{**self._stragglers.get(s["rank"], {}), **s} for s in now]
+
+    def preflight_slow(self) -> list[dict[str, Any]]:
+        """The ranks and links the run's pre-flight found slow: its ``preflight`` event where
+        seen, else the newest ``train`` event's ``preflight`` (rank 0 repeats it every window)."""
+        preflight = self._newest.get(PREFLIGHT)
+        if preflight is not None:
+            return list(preflight[1].get("slow") or [])
+        train = self._newest.get(TRAIN)
+        return list(train[1].get("preflight") or []) if train is not None else []
 
     def progress(self) -> dict[str, Any] | None:
         """The newest ``train`` (or ``done``) event, with an ETA added (``eta_s``)."""

@@ -1,0 +1,146 @@
+"""The pre-flight before step 1 (``trainer.health.preflight``): its rule on numbers, and real
+2-rank gloo runs: every rank's times in a ``preflight`` event; a rank throttled from outside (its
+process stopped four fifths of the time, as a GPU that throttles) named with its pod, and with
+``preflight.fail`` the job restarting instead of training at its pace."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.conftest import (
+    REPO,
+    Result,
+    common_args,
+    kubeflow_env,
+    trainer_cmd,
+)
+from trainer.contract import EXIT_RESTART, PREFLIGHT, parse_event
+from trainer.health.preflight import describe, findings
+
+
+def _rank(rank: int, matmul_s: float, link_s: float | None) -> dict:
+    return {"rank": rank, "pod": f"p{rank}", "node": f"n{rank}", "matmul_s": matmul_s,
+            "link_s": link_s}  # fmt: skip
+
+
+def test_a_rank_or_link_over_factor_times_the_others_median_is_slow() -> None:
+    ranks = [_rank(0, 1.0, 0.1), _rank(1, 1.1, 0.1), _rank(2, 3.0, 0.1), _rank(3, 1.0, 0.5)]
+    got = findings(ranks, 2.0)
+    assert got["matmul_median_s"] == 1.05 and got["link_median_s"] == 0.1
+    matmul, link = got["slow"]
+    assert (matmul["rank"], matmul["what"], matmul["node"]) == (2, "matmul", "n2")
+    assert (matmul["median_s"], matmul["factor"]) == (1.0, 3.0)  # the others': 1.0, 1.1, 1.0
+    assert (link["rank"], link["what"], link["peer"]) == (3, "link", 2)
+    assert describe(matmul) == "rank 2's matmul took 3 times the median (3.0000 s) on node n2"
+    assert describe(link).startswith("the link from rank 2 to rank 3 took 5 times the median")
+
+
+def test_of_two_ranks_the_slow_one_is_named_and_one_rank_names_none() -> None:
+    (slow,) = findings([_rank(0, 1.0, 0.1), _rank(1, 2.5, 0.1)], 2.0)["slow"]
+    assert (slow["rank"], slow["factor"]) == (1, 2.5)
+    assert findings([_rank(0, 1.0, 0.1), _rank(1, 1.9, 0.19)], 2.0)["slow"] == []
+    assert findings([_rank(0, 5.0, None)], 2.0)["slow"] == []
+
+
+class Throttle:
+    """Stops a process four fifths of the time (SIGSTOP/SIGCONT), until stopped itself: what the
+    process can do per second drops to a fifth, whatever else the machine runs."""
+
+    def __init__(self, pid: int, on_s: float = 0.01, off_s: float = 0.04):
+        self.pid, self.on_s, self.off_s = pid, on_s, off_s
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Throttle:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        while not self.done.is_set():
+            try:
+                os.kill(self.pid, signal.SIGSTOP)
+                self.done.wait(self.off_s)
+            finally:
+                os.kill(self.pid, signal.SIGCONT)
+            self.done.wait(self.on_s)
+
+
+def _two_pods(tmp_path: Path, throttle_rank: int | None, **overrides) -> list[Result]:
+    """A 2-pod job (one rank each) with the pre-flight on; ``throttle_rank``'s process is
+    throttled from its start until rank 0 prints its ``preflight`` event."""
+    master = kubeflow_env(nproc_per_node=1, world_size=2, rank=0)
+    envs = [master, {**master, "RANK": "1", "PET_NODE_RANK": "1"}]
+    args = common_args(tmp_path, max_steps=2, **{"preflight.enabled": "true", **overrides})
+    procs = [
+        subprocess.Popen(trainer_cmd(*args), cwd=REPO, env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for env in envs
+    ]  # fmt: skip
+    rank1: list[tuple[str, str]] = []
+    rank0_err: list[str] = []
+    drains = [
+        threading.Thread(target=lambda: rank1.append(procs[1].communicate(timeout=300))),
+        threading.Thread(target=lambda: rank0_err.append(procs[0].stderr.read())),
+    ]
+    for t in drains:
+        t.start()
+    lines = []
+    throttle = Throttle(procs[throttle_rank].pid).start() if throttle_rank is not None else None
+    try:
+        for line in procs[0].stdout:
+            lines.append(line)
+            event = parse_event(line)
+            if throttle is not None and event is not None and event["event"] == PREFLIGHT:
+                throttle.stop()
+    finally:
+        if throttle is not None:
+            throttle.stop()
+        procs[0].wait(timeout=300)
+        for t in drains:
+            t.join(timeout=300)
+    ((out1, err1),), (err0,) = rank1, rank0_err
+    return [
+        Result(procs[0].returncode, "".join(lines), err0),
+        Result(procs[1].returncode, out1, err1),
+    ]
+
+
+@pytest.mark.slow
+def test_the_preflight_times_every_rank_and_names_a_throttled_one_with_its_pod(tmp_path) -> None:
+    r0, r1 = _two_pods(tmp_path, throttle_rank=1)
+    assert [r0.rc, r1.rc] == [0, 0], r1.stderr[-2000:]
+    (event,) = r0.of(PREFLIGHT)
+    assert [r["rank"] for r in event["ranks"]] == [0, 1]
+    assert all(r["matmul_s"] > 0 and r["link_s"] > 0 for r in event["ranks"])
+    assert event["bytes"] == 4 << 20 and event["allreduce_s"] > 0 and event["factor"] == 2.0
+    slow = [s for s in event["slow"] if s["what"] == "matmul"]
+    assert [(s["rank"], s["pod"]) for s in slow] == [(1, socket.gethostname())], event
+    assert slow[0]["factor"] > 2.0
+    assert f"preflight: rank 1's matmul took {slow[0]['factor']:g} times the median" in r0.stdout
+    # It ran before the first step, and the run went on (no preflight.fail).
+    events = [e["event"] for e in r0.events]
+    assert events.index(PREFLIGHT) < events.index("train")
+    assert r0.of("done")[0]["reason"] == "completed"
+
+
+@pytest.mark.slow
+def test_with_fail_a_throttled_rank_restarts_the_job_instead_of_training(tmp_path) -> None:
+    r0, r1 = _two_pods(tmp_path, throttle_rank=1, **{"preflight.fail": "true"})
+    assert [r0.rc, r1.rc] == [EXIT_RESTART, EXIT_RESTART], r0.stderr[-2000:]
+    assert r0.of("train") == []
+    (done,) = r0.of("done")
+    assert done["reason"] == "restart"
+    assert done["cause"].startswith("preflight: rank 1's matmul took ")
+    for r in (r0, r1):
+        assert "preflight: rank 1's matmul took " in r.stderr and "exiting 138" in r.stderr
