@@ -1,6 +1,6 @@
 """The pre-flight before step 1 (``trainer.health.preflight``): its rule on numbers, and real
 2-rank gloo runs: every rank's times in a ``preflight`` event; a rank throttled from outside (its
-process stopped four fifths of the time, as a GPU that throttles) named with its pod, and with
+process stopped nine tenths of the time, as a GPU that throttles) named with its pod, and with
 ``preflight.fail`` the job restarting instead of training at its pace."""
 
 from __future__ import annotations
@@ -50,10 +50,10 @@ def test_of_two_ranks_the_slow_one_is_named_and_one_rank_names_none() -> None:
 
 
 class Throttle:
-    """Stops a process four fifths of the time (SIGSTOP/SIGCONT), until stopped itself: what the
-    process can do per second drops to a fifth, whatever else the machine runs."""
+    """Stops a process nine tenths of the time (SIGSTOP/SIGCONT), until stopped itself: what the
+    process can do per second drops to a tenth or less, whatever else the machine runs."""
 
-    def __init__(self, pid: int, on_s: float = 0.01, off_s: float = 0.04):
+    def __init__(self, pid: int, on_s: float = 0.005, off_s: float = 0.045):
         self.pid, self.on_s, self.off_s = pid, on_s, off_s
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
