@@ -43,7 +43,6 @@ from trainer.checkpoint.manager import CheckpointManager
 from trainer.checkpoint.storage import Retries
 from trainer.config import ConfigError, TrainConfig
 from trainer.contract import (
-    CHECKPOINT,
     COMPLETED,
     DONE,
     ERROR,
@@ -428,9 +427,11 @@ class Trainer:
     # ------------------------------------------------------------------------------------------
     # The job restarts itself (trainer.health.restart)
 
-    def _end_for_restart(self, restart: Restart) -> None:
-        """Before the job restarts (rank 0): the bad node, where a rank's fault it is; the
-        ledger's end and the ``done`` event, with the cause."""
+    def _end_for_restart(self, restart: Restart, write_wait_s: float | None = None) -> None:
+        """Before the job restarts (rank 0): the save in flight (waited for at most
+        ``write_wait_s``), the bad node where a rank's fault it is, the ledger's end and the
+        ``done`` event, with the cause."""
+        self.checkpoints.close(write_wait_s)
         if restart.rank is not None:
             self.bad_nodes.fault(
                 restart.cause, rank=restart.rank, node=restart.node, pod=restart.pod
@@ -452,16 +453,12 @@ class Trainer:
     RESTART_WRITE_WAIT_S = 60.0
 
     def _restart_stuck(self, cause: str, verdict: dict[str, Any]) -> None:
-        """Rank 0's watchdog thread, before a stuck job restarts (its loop's thread hangs): the
-        write in flight, if any, completes (or is given up after a while), and then as
-        :meth:`_end_for_restart`, the stuck rank's node at fault."""
-        for fields in self.checkpoints.storage.flush(timeout_s=self.RESTART_WRITE_WAIT_S):
-            if "error" not in fields:
-                self.report.event(CHECKPOINT, **fields)
+        """Rank 0's watchdog thread, before a stuck job restarts (its loop's thread hangs): as
+        :meth:`_end_for_restart`, the stuck rank's node at fault, a write in flight given up
+        after a while; then the ledger's record and the progress are sent."""
         culprit = verdict.get("culprit")
-        self._end_for_restart(
-            Restart(cause, rank=culprit, node=verdict.get("node"), pod=verdict.get("pod"))
-        )
+        restart = Restart(cause, rank=culprit, node=verdict.get("node"), pod=verdict.get("pod"))
+        self._end_for_restart(restart, self.RESTART_WRITE_WAIT_S)
         self.ledger.close()
         self.report.close(wait_s=UNFINISHED_CLOSE_S)
 

@@ -228,7 +228,7 @@ def test_a_failed_write_is_reported_with_where_and_why_and_the_next_save_goes_on
         {
             "step": 3,
             "path": str(tmp_path / "step_00000003"),
-            "error": "OSError: [Errno 28] No space left on device",
+            "error": f"{tmp_path / 'step_00000003'}: OSError: [Errno 28] No space left on device",
         }
     ]
     assert not (tmp_path / "step_00000003").exists()  # what it wrote of the step is gone

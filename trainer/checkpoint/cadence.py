@@ -77,37 +77,39 @@ class CheckpointCadence:
             self.failed_in_row += 1
             self._failed(fields, final)
 
-    def _failed(self, fields: dict[str, Any], final: bool) -> None:
+    def _failed(self, fields: dict[str, Any], final: bool, quiet: bool = False) -> None:
         limit = self.max_failed_saves
         self.report.event(
             CHECKPOINT_FAILED, **fields, failed_in_row=self.failed_in_row, limit=limit
         )
         log.warning(
-            "checkpoint: cannot write step %d to %s (%s); %d in a row%s",
+            "checkpoint: cannot write step %d (%s); %d in a row%s",
             fields["step"],
-            fields["path"],
             fields["error"],
             self.failed_in_row,
             "" if final else "; training goes on and the next save is tried",
         )
         if self.saved_step == fields["step"]:
             self.saved_step = None  # no checkpoint holds it: the run's last save tries again
+        if quiet:
+            return
         if limit and final:
             raise SavesFailed(
-                f"checkpoint: the last save, of step {fields['step']}, failed: "
-                f"{fields['error']} ({fields['path']})"
+                f"checkpoint: the last save, of step {fields['step']}, failed: {fields['error']}"
             )
         if limit and self.failed_in_row >= limit:
             raise SavesFailed(
                 f"checkpoint: {self.failed_in_row} saves in a row failed, the last of step "
-                f"{fields['step']}: {fields['error']} ({fields['path']})"
+                f"{fields['step']}: {fields['error']}"
             )
 
-    def close(self) -> None:
-        """Wait for the save in flight on a path that may be failing already: each outcome is
-        reported, none raises."""
-        for fields in self.storage.close():
+    def close(self, timeout_s: float | None = None) -> None:
+        """Wait for the save in flight (at most ``timeout_s``) on a path that may be failing
+        already: each outcome is reported, as by :meth:`report_completed`, and none raises."""
+        for fields in self.storage.flush(timeout_s):
             if "error" in fields:
-                self.report.event(CHECKPOINT_FAILED, **fields, failed_in_row=None, limit=None)
+                self.failed_in_row += 1
+                self._failed(fields, final=False, quiet=True)
             else:
+                self.failed_in_row = 0
                 self.report.event(CHECKPOINT, **fields)

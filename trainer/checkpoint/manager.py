@@ -19,8 +19,9 @@ and writes it, then prunes to the newest ``keep``. A new save first waits for th
 The loop learns of finished saves from :meth:`CheckpointManager.completed` and waits for the last
 one with :meth:`CheckpointManager.flush` before it exits. A write that fails (after the S3
 client's own retries, ``storage.Retries``) is one of them too, with the ``error`` that says
-where and what the server answered: the run goes on, and what it left of that step is removed
-(it has no manifest, so nothing ever reads it).
+where and what the server answered: the run goes on, and what it left of that step (no manifest:
+nothing ever reads it) is removed then or, if the store refuses that too, by the next save that
+completes.
 """
 
 from __future__ import annotations
@@ -275,10 +276,12 @@ class CheckpointManager:
             write_s = time.perf_counter() - started
             self._prune()
         except Exception as e:
-            where = store.url_of(name)
+            # Where (the object the store refused, where it says) and what it answered.
+            where = e.url if isinstance(e, StorageError) else store.url_of(name)
+            detail = e.detail if isinstance(e, StorageError) else describe(e)
             with contextlib.suppress(Exception):  # a store that refuses writes may refuse this
                 store.delete([f"{name}/{STATE}"])
-            return {"step": step, "path": where, "error": describe(e)}
+            return {"step": step, "path": store.url_of(name), "error": f"{where}: {detail}"}
         return {
             "step": step,
             "path": store.url_of(name),
@@ -288,15 +291,19 @@ class CheckpointManager:
         }
 
     def _prune(self) -> None:
-        """Keep the newest ``keep``; each older step goes manifest first."""
+        """Keep the newest ``keep``; each older step goes manifest first. What a failed write
+        left and could not remove (a store that refused its writes refused the delete too) goes
+        as well: no write is under way but this one, which is complete."""
         assert self.store is not None
-        for old in self.list()[self.keep :]:
+        complete, incomplete = scan(self.store.list())
+        for old in complete[self.keep :]:
             if old.legacy:
                 self.store.delete([old.name])
                 continue
             manifest = f"{old.name}/{MANIFEST}"
             self.store.delete([manifest])
             self.store.delete([o for o in old.objects if o != manifest])
+        self.store.delete(incomplete)
 
     def _collect(self, wait: bool, timeout_s: float | None = None) -> None:
         inflight = self._inflight
