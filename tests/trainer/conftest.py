@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -180,6 +181,46 @@ def run_pods(
         out, err = p.communicate(timeout=timeout)
         results.append(Result(p.returncode, out, err))
     return results
+
+
+def follow_pods(
+    envs: list[dict[str, str]],
+    args: list[str],
+    on_event: Callable[[dict[str, Any], list[subprocess.Popen]], None],
+    timeout: float = 300,
+    started: Callable[[list[subprocess.Popen]], None] | None = None,
+) -> list[Result]:
+    """As :func:`run_pods`, and each event rank 0's pod (the first) prints is handed to
+    ``on_event`` (with the pods' processes) as it comes: a test acts on what the job says.
+    ``started`` sees the processes first, as soon as they exist."""
+    procs = [
+        subprocess.Popen(trainer_cmd(*args), cwd=REPO, env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for env in envs
+    ]  # fmt: skip
+    if started is not None:
+        started(procs)
+    ends: dict[int, tuple[str, str]] = {}
+
+    def drain(i: int) -> None:
+        ends[i] = procs[i].communicate(timeout=timeout)
+
+    drains = [threading.Thread(target=drain, args=(i,)) for i in range(1, len(procs))]
+    err0: list[str] = []
+    drains.append(threading.Thread(target=lambda: err0.append(procs[0].stderr.read())))
+    for t in drains:
+        t.start()
+    lines = []
+    for line in procs[0].stdout:
+        lines.append(line)
+        event = parse_event(line)
+        if event is not None:
+            on_event(event, procs)
+    procs[0].wait(timeout=timeout)
+    for t in drains:
+        t.join(timeout=timeout)
+    results = [Result(procs[0].returncode, "".join(lines), err0[0])]
+    return results + [Result(procs[i].returncode, *ends[i]) for i in range(1, len(procs))]
 
 
 # These tests mean CPU and gloo: on a GPU host `auto` would put every rank of a one-host job on

@@ -8,20 +8,13 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 
-from tests.trainer.conftest import (
-    REPO,
-    Result,
-    common_args,
-    kubeflow_env,
-    trainer_cmd,
-)
-from trainer.contract import EXIT_RESTART, PREFLIGHT, parse_event
+from tests.trainer.conftest import Result, common_args, follow_pods, kubeflow_env
+from trainer.contract import EXIT_RESTART, PREFLIGHT
 from trainer.health.preflight import describe, findings
 
 
@@ -82,38 +75,22 @@ def _two_pods(tmp_path: Path, throttle_rank: int | None, **overrides) -> list[Re
     master = kubeflow_env(nproc_per_node=1, world_size=2, rank=0)
     envs = [master, {**master, "RANK": "1", "PET_NODE_RANK": "1"}]
     args = common_args(tmp_path, max_steps=2, **{"preflight.enabled": "true", **overrides})
-    procs = [
-        subprocess.Popen(trainer_cmd(*args), cwd=REPO, env=env, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for env in envs
-    ]  # fmt: skip
-    rank1: list[tuple[str, str]] = []
-    rank0_err: list[str] = []
-    drains = [
-        threading.Thread(target=lambda: rank1.append(procs[1].communicate(timeout=300))),
-        threading.Thread(target=lambda: rank0_err.append(procs[0].stderr.read())),
-    ]
-    for t in drains:
-        t.start()
-    lines = []
-    throttle = Throttle(procs[throttle_rank].pid).start() if throttle_rank is not None else None
+    throttles: list[Throttle] = []
+
+    def throttle(procs: list) -> None:
+        if throttle_rank is not None:
+            throttles.append(Throttle(procs[throttle_rank].pid).start())
+
+    def on_event(event: dict, _: list) -> None:
+        if event["event"] == PREFLIGHT:
+            for t in throttles:
+                t.stop()
+
     try:
-        for line in procs[0].stdout:
-            lines.append(line)
-            event = parse_event(line)
-            if throttle is not None and event is not None and event["event"] == PREFLIGHT:
-                throttle.stop()
+        return follow_pods(envs, args, on_event, started=throttle)
     finally:
-        if throttle is not None:
-            throttle.stop()
-        procs[0].wait(timeout=300)
-        for t in drains:
-            t.join(timeout=300)
-    ((out1, err1),), (err0,) = rank1, rank0_err
-    return [
-        Result(procs[0].returncode, "".join(lines), err0),
-        Result(procs[1].returncode, out1, err1),
-    ]
+        for t in throttles:
+            t.stop()
 
 
 @pytest.mark.slow

@@ -8,14 +8,13 @@ from __future__ import annotations
 import inspect
 import json
 import socket
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.trainer import tasks
-from tests.trainer.conftest import REPO, Result, common_args, kubeflow_env, run, trainer_cmd
-from trainer.contract import BAD_NODE, EXIT_PEER_LOST, EXIT_RESTART, GOODPUT, parse_event
+from tests.trainer.conftest import common_args, follow_pods, kubeflow_env, run, trainer_cmd
+from trainer.contract import BAD_NODE, EXIT_PEER_LOST, EXIT_RESTART, GOODPUT
 from trainer.health.restart import stuck_cause
 
 HANG_LINE = next(
@@ -126,21 +125,12 @@ def test_a_lost_rank_is_named_with_its_node_by_rank_0(tmp_path: Path) -> None:
     ]
     args = common_args(tmp_path, max_steps=400, log_every=1, timeout_s=120)
     args.append("task_args=" + json.dumps({"sleep_s": 0.05}))
-    procs = [
-        subprocess.Popen(trainer_cmd(*args), cwd=REPO, env=env, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for env in envs
-    ]  # fmt: skip
-    lines = []
-    for line in procs[0].stdout:
-        lines.append(line)
-        event = parse_event(line)
-        if event and event["event"] == "train" and event["step"] == 3:
+
+    def kill_rank_1(event: dict, procs: list) -> None:
+        if event["event"] == "train" and event["step"] == 3:
             procs[1].kill()
-            break
-    out, err = procs[0].communicate(timeout=120)
-    procs[1].communicate(timeout=30)
-    r0 = Result(procs[0].returncode, "".join(lines) + out, err)
+
+    r0, _ = follow_pods(envs, args, kill_rank_1, timeout=120)
     assert r0.rc == EXIT_PEER_LOST, r0.stderr[-3000:]
     (bad,) = r0.of(BAD_NODE)
     assert (bad["rank"], bad["node"], bad["pod"]) == (1, "node-b", socket.gethostname())

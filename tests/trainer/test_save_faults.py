@@ -8,16 +8,14 @@ one once the server takes writes again."""
 from __future__ import annotations
 
 import json
-import subprocess
-import threading
 from pathlib import Path
 
 import pytest
 
-from tests.trainer.conftest import REPO, Result, common_args, kubeflow_env, trainer_cmd
+from tests.trainer.conftest import Result, common_args, follow_pods, kubeflow_env
 from tests.trainer.s3 import Outage
 from trainer.checkpoint.manager import read_path
-from trainer.contract import CHECKPOINT, CHECKPOINT_FAILED, EXIT_RESTART, parse_event
+from trainer.contract import CHECKPOINT, CHECKPOINT_FAILED, EXIT_RESTART
 
 SLOW_DOWN = "SlowDown: Please reduce your request rate."
 
@@ -32,30 +30,7 @@ def _job(tmp_path: Path, outage: Outage, url: str, on_event, **overrides) -> lis
         **overrides,
     })  # fmt: skip
     args.append("task_args=" + json.dumps({"sleep_s": 0.05}))
-    procs = [
-        subprocess.Popen(trainer_cmd(*args), cwd=REPO, env=env, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for env in envs
-    ]  # fmt: skip
-    rest: list[tuple[str, str]] = []
-    err0: list[str] = []
-    drains = [
-        threading.Thread(target=lambda: rest.append(procs[1].communicate(timeout=300))),
-        threading.Thread(target=lambda: err0.append(procs[0].stderr.read())),
-    ]
-    for t in drains:
-        t.start()
-    lines = []
-    for line in procs[0].stdout:
-        lines.append(line)
-        event = parse_event(line)
-        if event is not None:
-            on_event(event)
-    procs[0].wait(timeout=300)
-    for t in drains:
-        t.join(timeout=300)
-    ((out1, e1),), (e0,) = rest, err0
-    return [Result(procs[0].returncode, "".join(lines), e0), Result(procs[1].returncode, out1, e1)]
+    return follow_pods(envs, args, lambda event, _: on_event(event))
 
 
 def _complete_checkpoints(moto, bucket: str, prefix: str) -> list[int]:
