@@ -21,7 +21,6 @@ jobs run at once on 2 cores), with checkpoints on a local PersistentVolume (clai
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -38,6 +37,7 @@ sys.path.insert(0, str(REPO))
 import yaml  # noqa: E402
 
 from bench.apicount import RequestCounter, lost_and_doubled  # noqa: E402
+from trainer.contract import is_event, parse_event  # noqa: E402
 
 CLAIM = "ckpt"
 
@@ -176,9 +176,7 @@ def bench_logs(cluster_handle: Any, ours: Any, namespace: str) -> dict[str, Any]
     )
 
     def step() -> int:
-        return max(
-            [json.loads(x)["step"] for x in list(got) if x.startswith('{"event": "train"')] or [0]
-        )
+        return max([parse_event(x)["step"] for x in list(got) if is_event(x, "train")] or [0])
 
     wait_until("step 100", lambda: step() >= 100, 120, 0.1)
     # kill -9 of the trainer: exit 137 is retryable, the operator re-creates the pod (same
@@ -194,7 +192,7 @@ def bench_logs(cluster_handle: Any, ours: Any, namespace: str) -> dict[str, Any]
     prefix = f"[Pod {name}-master-0]: "
     sdk_lines = [x[len(prefix) :] for x in sdk_out.splitlines() if x.startswith(prefix)]
     truth = cluster_handle.pod_log_lines(namespace, f"{name}-master-0")
-    runs = sum(1 for x in truth if x.startswith('{"event": "start"'))
+    runs = sum(1 for x in truth if is_event(x, "start"))
     out: dict[str, Any] = {"printed_by_pods": len(truth), "runs": runs}
     for who, lines in (
         ("ddpjob logs -f (RankFollower)", got),

@@ -27,6 +27,7 @@ sys.path.insert(0, str(REPO))  # run as a script: localkube from this checkout
 
 from localkube.builds import images  # noqa: E402
 from tools import podman  # noqa: E402
+from trainer.contract import is_event  # noqa: E402
 
 SPEC = REPO / "examples" / "quickstart.yaml"
 
@@ -49,9 +50,9 @@ def run_once(mode: str, image: str, steps: int, env: dict[str, str]) -> tuple[fl
         assert proc.stdout is not None
         first_train = done = None
         for line in proc.stdout:
-            if first_train is None and line.startswith('{"event": "train"'):
+            if first_train is None and is_event(line, "train"):
                 first_train = time.perf_counter() - started
-            if line.startswith('{"event": "done"'):
+            if is_event(line, "done"):
                 done = time.perf_counter() - started
         err = proc.stderr.read() if proc.stderr else ""
         code = proc.wait()

@@ -42,6 +42,7 @@ sys.path.insert(0, str(REPO))
 import yaml  # noqa: E402
 
 from bench.apicount import RequestCounter, lost_and_doubled  # noqa: E402
+from trainer.contract import is_event, parse_event  # noqa: E402
 
 WAIT_JOBS = (("tj-wait-a", 60), ("tj-wait-b", 120), ("tj-wait-c", 240))
 SDK = "Kubeflow SDK wait_for_job_status (defaults)"
@@ -212,8 +213,8 @@ def bench_logs(handle: Any, namespace: str, image: str) -> dict[str, Any]:
     )
 
     def step() -> int:
-        trains = [x for x in list(got) if x.startswith('{"event": "train"')]
-        return max([json.loads(x)["step"] for x in trains] or [0])
+        trains = [x for x in list(got) if is_event(x, "train")]
+        return max([parse_event(x)["step"] for x in trains] or [0])
 
     wait_until(f"step {KILL_AT_STEP}", lambda: step() >= KILL_AT_STEP, 600, 0.1)
     # kill -9 of the trainer (its container's PID 1): exit 137, the Job's OnFailure restarts the
@@ -230,7 +231,7 @@ def bench_logs(handle: Any, namespace: str, image: str) -> dict[str, Any]:
         sdk.kill()
         sdk_out, _ = sdk.communicate()
     truth = handle.pod_log_lines(namespace, pod_name)
-    runs = sum(1 for x in truth if x.startswith('{"event": "start"'))
+    runs = sum(1 for x in truth if is_event(x, "start"))
     out: dict[str, Any] = {"printed_by_pods": len(truth), "runs": runs, "clients": {}}
     for who, lines in ((FOLLOW_OURS, got), (FOLLOW_SDK, sdk_out.splitlines())):
         lost, doubled = lost_and_doubled(lines, truth)

@@ -9,6 +9,8 @@ Both halves read these names from here: the trainer writes them (``trainer.__mai
   events; any rank may write events about itself (``RANK_EVENTS``), with its ``rank``.
   :func:`format_event` writes a line and :func:`parse_event` reads one: the controller parses
   JSON, never a text prefix, so the order of keys and the spacing are free.
+- **Lines**: where several processes share a stream (a node's processes under torchrun), each
+  line reaches the log whole, named by its process's global rank (:class:`RankLines`).
 - **Launcher variables**: what torchrun, the Kubeflow PyTorchJob operator and Kubeflow Trainer v2
   set in a process's environment (docs/architecture.md, "The launcher contracts").
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 # ---------------------------------------------------------------------------------------------
@@ -195,8 +198,9 @@ def format_event(name: str, **fields: Any) -> str:
 def parse_event(line: str) -> dict[str, Any] | None:
     """The event in ``line`` if it is one JSON object with a string ``event`` key, else None.
 
-    Any key order and any spacing: what matters is the object, not how it was printed."""
-    text = line.strip()
+    Any key order and any spacing: what matters is the object, not how it was printed. A line
+    named by its process's rank (:data:`RANK_PREFIX`) is read past the name."""
+    text = split_rank(line.strip())[1].strip()
     if not (text.startswith("{") and text.endswith("}")):
         return None
     try:
@@ -210,6 +214,171 @@ def is_event(line: str, name: str) -> bool:
     """True when ``line`` is the event ``name``."""
     event = parse_event(line)
     return event is not None and event["event"] == name
+
+
+# ---------------------------------------------------------------------------------------------
+# Lines of several processes on one stream
+
+#: How a line of one of several processes that share a stream (a node's processes under
+#: torchrun) names its process: ``[rank 3] text``, the global rank. The trainer's own log lines
+#: carry it already (its logging format), and keep one.
+RANK_PREFIX = "[rank {rank}] "
+_RANK_PREFIX = re.compile(r"\[rank (\d+)\] ")
+
+#: torchrun's prefix for each piece of a worker's output that it copies to its own stream
+#: (``--tee 3`` with ``--log-line-prefix-template``, or ``PET_TEE`` and
+#: ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``): the worker's global rank between two control
+#: characters, record and unit separator, that text does not carry.
+TORCHRUN_PIECE_PREFIX = "\x1e${rank}\x1f"
+_PIECE, _RANK_END = b"\x1e", b"\x1f"
+#: A line longer than this is given out in parts (a process that never ends its line).
+MAX_LINE_BYTES = 1 << 20
+
+
+def split_rank(line: str) -> tuple[int | None, str]:
+    """``[rank 3] text`` -> ``(3, "text")``; a line without the prefix -> ``(None, line)``."""
+    m = _RANK_PREFIX.match(line)
+    return (int(m.group(1)), line[m.end() :]) if m else (None, line)
+
+
+class RankLines:
+    """Whole lines, each named by its process's global rank, from one of torchrun's streams.
+
+    torchrun (with :data:`TORCHRUN_PIECE_PREFIX`) copies each worker's output to its own stream
+    a piece at a time: a line, or as much of one as the worker had written when torchrun looked
+    (an unbuffered ``print`` writes its arguments one at a time), each piece after its rank. The
+    pieces of a rank are kept until its line ends; then the line is given out whole, after
+    :data:`RANK_PREFIX` (unless it starts with it already). Text outside the pieces (torchrun's
+    own lines, a process that prints directly) is given out line by line as it is.
+
+    ``feed`` takes bytes as they were read and returns the lines they completed; ``close``
+    returns what is left, each piece ended with a newline."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._rank: int | None = None  # whose piece the stream is in (None: no piece)
+        self._open: dict[int | None, bytes] = {}  # each rank's line so far
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buf += data
+        out: list[bytes] = []
+        while self._buf:
+            if self._buf.startswith(_PIECE):
+                end = self._buf.find(_RANK_END)
+                if end < 0:
+                    break  # the rank is still on its way
+                rank = self._buf[1:end]
+                self._rank = int(rank) if rank.isdigit() else None
+                self._buf = self._buf[end + 1 :]
+                continue
+            newline, piece = self._buf.find(b"\n"), self._buf.find(_PIECE)
+            if newline >= 0 and (piece < 0 or newline < piece):
+                self._add(self._buf[: newline + 1], out)
+                self._buf = self._buf[newline + 1 :]
+                self._rank = None  # a piece ends with its line: what follows is no rank's
+            else:
+                end = len(self._buf) if piece < 0 else piece
+                self._add(self._buf[:end], out)
+                self._buf = self._buf[end:]
+        return out
+
+    def close(self) -> list[bytes]:
+        if self._buf and not self._buf.startswith(_PIECE):
+            self._add(self._buf, [])
+        out = [self._named(rank, line + b"\n") for rank, line in self._open.items()]
+        self._buf, self._open = b"", {}
+        return out
+
+    def _add(self, text: bytes, out: list[bytes]) -> None:
+        line = self._open.pop(self._rank, b"") + text
+        if line.endswith(b"\n") or len(line) >= MAX_LINE_BYTES:
+            out.append(self._named(self._rank, line))
+        else:
+            self._open[self._rank] = line
+
+    @staticmethod
+    def _named(rank: int | None, line: bytes) -> bytes:
+        if rank is not None:
+            prefix = RANK_PREFIX.format(rank=rank).encode()
+            line = line if line.startswith(prefix) else prefix + line
+        return line if line.endswith(b"\n") else line + b"\n"
+
+
+#: What torch prints when an agent of torchrun finds the agents' store closed in its exit
+#: barrier (the node that held the store exited the moment the last agent entered): a C++
+#: warning with its stack, then the agent's logged traceback. An agent enters that barrier only
+#: once every worker of its node has ended well, so after it nothing is lost.
+_EXIT_RACE_FIRST = (b"[c10d] recvValueWithTimeout failed", b"Error waiting on exit barrier")
+_EXIT_RACE_CPP = (b"Exception raised from ", b"frame #", b"<omitting python frames>")
+_EXIT_RACE_LAST = (b"DistNetworkError", b"DistStoreError")
+#: The line said instead.
+EXIT_RACE_NOTE = (
+    "torchrun: the agents' store (on the node of group rank 0) closed while this node's agent "
+    "waited in torchrun's exit barrier, after every worker of this node had ended well: nothing "
+    "was lost (torch's traceback of it left out)\n"
+)
+
+
+class ExitBarrierRace:
+    """Folds what torch prints of that race (:data:`EXIT_RACE_NOTE`) into one line that says
+    what happened, in torchrun's own lines (those :class:`RankLines` names no rank of). Lines
+    are held from the race's first line until its last; any other line in between gives the
+    held ones back as they were, and so does :meth:`close`."""
+
+    def __init__(self) -> None:
+        self._held: list[bytes] = []
+        self._header = b""  # the agent's log header, once its "Error waiting" line came
+
+    def feed(self, lines: list[bytes]) -> list[bytes]:
+        out: list[bytes] = []
+        for line in lines:
+            if self._held and self._continues(line):
+                self._held.append(line)
+                if self._header and any(last in line for last in _EXIT_RACE_LAST):
+                    out.append(EXIT_RACE_NOTE.encode())
+                    self._held, self._header = [], b""
+                continue
+            out += self.close()
+            if any(first in line for first in _EXIT_RACE_FIRST) and not _RANK_PREFIX.match(
+                line.decode(errors="replace")
+            ):
+                self._held = [line]
+                self._note_header(line)
+            else:
+                out.append(line)
+        return out
+
+    def close(self) -> list[bytes]:
+        held, self._held, self._header = self._held, [], b""
+        return held
+
+    def _continues(self, line: bytes) -> bool:
+        if self._header:
+            return line.startswith(self._header)
+        if line.startswith(_EXIT_RACE_CPP) or not line.strip():
+            return True
+        return self._note_header(line)
+
+    def _note_header(self, line: bytes) -> bool:
+        if _EXIT_RACE_FIRST[1] not in line:
+            return False
+        self._header = line[: line.index(b"] ") + 2] if b"] " in line else b""
+        return bool(self._header)
+
+
+class TorchrunLines:
+    """A torchrun's stream as it reaches a log: whole lines, each named by its process's rank
+    (:class:`RankLines`), and the exit barrier's race said in one line (:class:`ExitBarrierRace`).
+    """
+
+    def __init__(self) -> None:
+        self._lines, self._race = RankLines(), ExitBarrierRace()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        return self._race.feed(self._lines.feed(data))
+
+    def close(self) -> list[bytes]:
+        return self._race.feed(self._lines.close()) + self._race.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,7 +396,12 @@ LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
 #: The agent's own rank among the agents (the node rank under the static rendezvous).
 GROUP_RANK = "GROUP_RANK"
+GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"
 TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+#: torchrun's ``--tee`` and ``--log-dir``, read from its environment, and the name of its line
+#: prefix's template there (``--log-line-prefix-template``).
+PET_TEE, PET_LOG_DIR = "PET_TEE", "PET_LOG_DIR"
+TORCHRUN_PREFIX_TEMPLATE_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 #: torchrun's own settings, read from ``PET_<OPTION>``: the PyTorchJob operator sets the first
 #: three beside the master's; Kubeflow Trainer v2 sets only these five.
 PET_NNODES = "PET_NNODES"

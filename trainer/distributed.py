@@ -25,6 +25,7 @@ from trainer.contract import (
     EXIT_PEER_LOST,
     EXIT_STALE_RENDEZVOUS,
     GROUP_RANK,
+    GROUP_WORLD_SIZE,
     JOIN_TIMEOUT_ENV,
     LOCAL_RANK,
     MASTER_ADDR,
@@ -97,6 +98,12 @@ def setup(device: str = "auto", backend: str = "auto", timeout_s: int = 600) -> 
 JOIN_TIMEOUT_S = 180
 #: How often a joining worker checks that its agent's store still holds its place (seconds).
 PLACE_CHECK_S = 1.0
+#: Where torch's agents count themselves into their exit barrier, under the run id
+#: (``SimpleElasticAgent._exit_barrier`` and ``elastic.utils.store.barrier``, torch 2.15).
+EXIT_BARRIER_MEMBERS_KEY = "torchelastic/agent/terminal_state/num_members"
+#: How long the host node's last worker waits for the other agents to enter that barrier, and
+#: how often it looks (seconds).
+EXIT_ORDER_S, EXIT_ORDER_POLL_S = 60.0, 0.05
 #: Where torch's agent keeps each node's ranks, under the run id
 #: (``SimpleElasticAgent._assign_worker_ranks``, torch 2.15): a name that is not torch's sends
 #: every worker away, which tests/trainer/test_launch.py's TrainJob runs would show.
@@ -184,7 +191,7 @@ def _placement_check() -> Callable[[], bool | None] | None:
     if not under_own_static_torchrun() or os.environ.get("TORCH_ELASTIC_WORKER_IDENTICAL") == "1":
         return None
     addr, port = os.environ[MASTER_ADDR], int(os.environ[MASTER_PORT])
-    run_id, key = os.environ[TORCHELASTIC_RUN_ID], ASSIGNED_RANKS_KEY + os.environ[GROUP_RANK]
+    key = ASSIGNED_RANKS_KEY + os.environ[GROUP_RANK]
 
     def check() -> bool | None:
         try:
@@ -193,15 +200,48 @@ def _placement_check() -> Callable[[], bool | None] | None:
         except OSError:
             return False
         try:
-            client = dist.TCPStore(
-                addr, port, is_master=False, timeout=datetime.timedelta(seconds=30),
-                wait_for_workers=False,
-            )  # fmt: skip
-            return dist.PrefixStore(run_id, client).check([key])
+            return _agent_store(30).check([key])
         except dist.DistError:
             return None
 
     return check
+
+
+def _agent_store(timeout_s: float) -> dist.Store:
+    """The store of torchrun's agents (the one at MASTER_ADDR:MASTER_PORT, which the node of
+    group rank 0 hosts), as the agents see it: under the run's id."""
+    client = dist.TCPStore(
+        os.environ[MASTER_ADDR], int(os.environ[MASTER_PORT]), is_master=False,
+        timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
+    )  # fmt: skip
+    return dist.PrefixStore(os.environ[TORCHELASTIC_RUN_ID], client)
+
+
+def leave_after_the_other_agents() -> None:
+    """Under this pod's own torchrun, after a run that ended well: the worker of local rank 0
+    on the node that hosts the agents' store waits (at most :data:`EXIT_ORDER_S`) until every
+    other node's agent has entered torchrun's exit barrier.
+
+    The barrier is the agents' last use of that store, and the host's agent leaves the barrier
+    and exits the moment the last agent enters it. When that last agent is another node's,
+    its wait for the barrier's end can find the store already closed, and it prints a
+    ``DistNetworkError`` traceback after a run that succeeded. The host's agent enters only once
+    all its workers have ended, so with this worker the last to end, the host's agent enters
+    last: the others are waiting by then, and the store tells them before it closes."""
+    if not under_own_static_torchrun() or os.environ.get(LOCAL_RANK) != "0":
+        return
+    nodes = int(os.environ.get(GROUP_WORLD_SIZE) or 1)
+    if os.environ.get(GROUP_RANK) != "0" or nodes < 2:
+        return
+    deadline = time.monotonic() + EXIT_ORDER_S
+    try:
+        store = _agent_store(EXIT_ORDER_S)
+        while store.add(EXIT_BARRIER_MEMBERS_KEY, 0) < nodes - 1:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(EXIT_ORDER_POLL_S)
+    except dist.DistError as e:  # the store is gone: nothing left to put in order
+        log.info("exit: torchrun's store did not answer (%s)", e)
 
 
 def _leave_stale_rendezvous(rank: int, why: str) -> NoReturn:

@@ -22,12 +22,15 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import NoReturn
+from typing import IO, NoReturn, TextIO
 
 from trainer.config import ConfigError, TrainConfig
 from trainer.contract import (
@@ -49,11 +52,16 @@ from trainer.contract import (
     PET_RDZV_ENDPOINT,
     RANK,
     TORCHELASTIC_RESTART_COUNT,
+    TORCHRUN_PIECE_PREFIX,
     WORLD_SIZE,
+    TorchrunLines,
 )
 
 # Values of nprocPerNode that torchrun resolves itself (e.g. "gpu" = one process per GPU).
 _SYMBOLIC_NPROC = ("auto", "gpu", "cpu", "xpu")
+
+#: How long the re-launch waits, once torchrun has exited, for the last lines of its streams.
+PUMP_JOIN_S = 10.0
 
 #: How many times in a row a pod's launcher starts torchrun, as long as its workers find the
 #: rendezvous they were started from already over (``EXIT_STALE_RENDEZVOUS``); after that it
@@ -104,23 +112,24 @@ def _env_first(*names: str, default: str) -> str:
     return next((os.environ[n] for n in names if os.environ.get(n)), default)
 
 
-def torchrun_argv(trainer_args: list[str]) -> list[str]:
+def torchrun_argv(trainer_args: list[str], log_dir: str) -> list[str]:
     """The torchrun command that turns this pod into ``PET_NPROC_PER_NODE`` trainer processes.
 
     The launcher's variables are passed explicitly: the PyTorchJob operator sets the master as
     MASTER_ADDR/MASTER_PORT and the node rank also as RANK; a TrainJob sets only the ``PET_*``
     names (which torchrun would read by itself). ``auto`` is torchrun's: one process per GPU,
-    or per CPU this process may run on when there is none.
+    or per CPU this process may run on when there is none. Each worker's output goes to its
+    own files under ``log_dir`` and from there, a piece at a time after the worker's rank, to
+    torchrun's streams (``--tee``), which :func:`relaunch_under_torchrun` makes whole lines of.
     """
+    run = [sys.executable, "-m", "torch.distributed.run", *_output_args(log_dir)]
     if elastic():
         # torchrun reads its elastic settings from the operator's PET_* variables itself:
         # PET_NNODES (min:max), PET_RDZV_BACKEND, PET_RDZV_ENDPOINT, PET_NPROC_PER_NODE,
         # PET_MAX_RESTARTS. Nothing to translate.
-        return [sys.executable, "-m", "torch.distributed.run", "-m", "trainer", *trainer_args]
+        return [*run, "-m", "trainer", *trainer_args]
     return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
+        *run,
         "--nnodes",
         _env_first(PET_NNODES, default="1"),
         "--node-rank",
@@ -135,6 +144,12 @@ def torchrun_argv(trainer_args: list[str]) -> list[str]:
         "trainer",
         *trainer_args,
     ]
+
+
+def _output_args(log_dir: str) -> list[str]:
+    """Every worker's stdout and stderr teed through files (``--tee 3``), each piece torchrun
+    copies named by the worker's global rank (``contract.TORCHRUN_PIECE_PREFIX``)."""
+    return ["--tee", "3", "--log-dir", log_dir, "--log-line-prefix-template", TORCHRUN_PIECE_PREFIX]
 
 
 def under_own_static_torchrun() -> bool:
@@ -260,10 +275,33 @@ def relaunch_under_torchrun(argv: list[str], worker_env: dict[str, str] | None =
     When the workers found the rendezvous they were started from already over
     (``EXIT_STALE_RENDEZVOUS``, see ``trainer.distributed._join_watchdog``), torchrun starts
     again here, at once, instead of the container restarting.
+
+    The node's processes share the pod's stdout and stderr; each of their lines reaches them
+    whole, after the process's global rank (``[rank 3] ...``), however the process wrote it
+    (an unbuffered ``print`` writes its arguments one at a time): torchrun tees each worker's
+    streams through files of its own (removed at the end) and this process puts the pieces
+    back together (``contract.TorchrunLines``, which also says in one line what torch prints as
+    a traceback when an agent finds the agents' store closed in torchrun's exit barrier).
     """
+    log_dir = tempfile.mkdtemp(prefix="ddpjob-torchrun-")
+    try:
+        rc, codes, received = _run_torchrun(argv, log_dir, worker_env or {})
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    if rc != 0 and signal.SIGTERM in received:
+        exit_preempted()
+    rc = rc if rc >= 0 else 128 - rc  # killed by a signal: the shell's convention
+    return relaunch_exit_code(rc, codes)
+
+
+def _run_torchrun(
+    argv: list[str], log_dir: str, worker_env: dict[str, str]
+) -> tuple[int, list[int], list[int]]:
+    """torchrun, started again while its workers find their rendezvous over: its exit code, the
+    codes its workers recorded and the signals this process forwarded to it."""
     exit_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"ddpjob-exit-{os.getpid()}"
     # The workers' ledger counts start-up from the container's start (this process's), not theirs.
-    launched = {LAUNCHED_AT_ENV: repr(process_started_at()), **(worker_env or {})}
+    launched = {LAUNCHED_AT_ENV: repr(process_started_at()), **worker_env}
     received: list[int] = []
     proc: subprocess.Popen | None = None
 
@@ -277,8 +315,13 @@ def relaunch_under_torchrun(argv: list[str], worker_env: dict[str, str] | None =
     for attempt in range(1, RENDEZVOUS_ATTEMPTS + 1):
         exit_file.unlink(missing_ok=True)
         env = {**os.environ, EXIT_FILE_ENV: str(exit_file), **launched}
-        proc = subprocess.Popen(torchrun_argv(argv), env=env)
+        proc = subprocess.Popen(
+            torchrun_argv(argv, log_dir), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        pumps = [_pump(proc.stdout, sys.stdout), _pump(proc.stderr, sys.stderr)]
         rc = proc.wait()
+        for pump in pumps:
+            pump.join(PUMP_JOIN_S)  # the last lines; a worker left behind holds no pipe of ours
         try:
             codes = [int(line) for line in exit_file.read_text().split()]
             exit_file.unlink()
@@ -292,7 +335,27 @@ def relaunch_under_torchrun(argv: list[str], worker_env: dict[str, str] | None =
             file=sys.stderr,
             flush=True,
         )
-    if rc != 0 and signal.SIGTERM in received:
-        exit_preempted()
-    rc = rc if rc >= 0 else 128 - rc  # killed by a signal: the shell's convention
-    return relaunch_exit_code(rc, codes)
+    return rc, codes, received
+
+
+def _pump(source: IO[bytes], sink: TextIO) -> threading.Thread:
+    """A thread that copies torchrun's ``source`` to ``sink`` in whole lines, each named by its
+    process's rank."""
+
+    def copy() -> None:
+        lines, fd = TorchrunLines(), source.fileno()
+        while data := os.read(fd, 1 << 16):
+            _write(sink, lines.feed(data))
+        _write(sink, lines.close())
+        source.close()
+
+    thread = threading.Thread(target=copy, name="ddpjob-lines", daemon=True)
+    thread.start()
+    return thread
+
+
+def _write(sink: TextIO, lines: list[bytes]) -> None:
+    if lines:
+        sink.flush()  # what this process printed itself comes first
+        sink.buffer.write(b"".join(lines))
+        sink.buffer.flush()

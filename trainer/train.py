@@ -607,4 +607,7 @@ def run(cfg: TrainConfig) -> int:
     finally:
         dist_.teardown()
         signal.signal(signal.SIGTERM, previous)
-    return {COMPLETED: EXIT_OK, PREEMPTED: EXIT_PREEMPTED}.get(reason, EXIT_FAILED)
+    code = {COMPLETED: EXIT_OK, PREEMPTED: EXIT_PREEMPTED}.get(reason, EXIT_FAILED)
+    if code == EXIT_OK:
+        dist_.leave_after_the_other_agents()  # under torchrun: no traceback after a good run
+    return code

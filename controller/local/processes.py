@@ -16,7 +16,12 @@ image would have (``torchrun``, other console scripts of this environment): this
 own bin directory comes first on PATH, as if its virtualenv were activated.
 
 Rank 0's output drives the progress bar; every node's output is kept in
-``runs/<name>/logs/rank-<node>.log``. The first node to exit non-zero fails the job: the others
+``runs/<name>/logs/rank-<node>.log``, in whole lines. Where a node runs several processes under
+torchrun (the trainer's re-launch, or a spec's own ``torchrun`` command), each line is named by
+its process's global rank (``[rank 3] ...``) however the process wrote it: the node's torchrun
+tees every worker's output (``PET_TEE``, its files under ``runs/<name>/logs/torchrun-<node>``),
+a piece at a time after the worker's rank, and the pieces are put back together here
+(``trainer.contract.TorchrunLines``). The first node to exit non-zero fails the job: the others
 get SIGTERM (what the kubelet sends), then SIGKILL to their whole process group after the grace
 period, and the failing node's exit code and last lines are printed. Ctrl-C or SIGTERM stops
 every node the same way (a second Ctrl-C kills at once).
@@ -67,6 +72,18 @@ class Node:
     exit_code: int | None = None
     ended_s: float | None = None
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    lock: threading.Lock = field(default_factory=threading.Lock)  # its stdout's and stderr's
+
+
+def torchrun_output_env(logs: Path, node: int) -> dict[str, str]:
+    """What makes a torchrun that a node starts tee each worker's output, a piece at a time
+    after the worker's global rank (``contract.TORCHRUN_PIECE_PREFIX``), its files beside the
+    node's log. (The trainer's own re-launch passes the same as arguments.)"""
+    return {
+        contract.PET_TEE: "3",
+        contract.PET_LOG_DIR: str(logs / f"torchrun-{node}"),
+        contract.TORCHRUN_PREFIX_TEMPLATE_ENV: contract.TORCHRUN_PIECE_PREFIX,
+    }
 
 
 def free_port() -> int:
@@ -258,7 +275,12 @@ class _Runner:
         base = contract.without_launcher(dict(os.environ))
         base["PATH"] = node_path()
         for index in range(self.spec.nodes):
-            env = {**base, **operator_env(self.spec, index, self.port), **self.extra_env}
+            env = {
+                **base,
+                **operator_env(self.spec, index, self.port),
+                **torchrun_output_env(self.logs, index),
+                **self.extra_env,
+            }
             log_path = self.logs / f"rank-{index}.log"
             log = open(log_path, "wb")  # noqa: SIM115 - closed in wait()
             try:
@@ -267,8 +289,8 @@ class _Runner:
                     env=env,
                     stdin=subprocess.DEVNULL,
                     cwd=self.cwd,
-                    stdout=subprocess.PIPE if index == 0 else log,
-                    stderr=subprocess.STDOUT,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
                     start_new_session=True,  # its own process group: Ctrl-C reaches us, not it
                 )
             except OSError as e:
@@ -281,11 +303,11 @@ class _Runner:
             node = Node(index, proc, log_path, log)
             self.nodes.append(node)
             self._thread(self._watch, node)
-            if index == 0:
-                self._thread(self._pump_rank0, node)
+            self._thread(self._pump, node, proc.stdout)
+            self._thread(self._pump, node, proc.stderr)
 
-    def _thread(self, target: Any, node: Node) -> None:
-        t = threading.Thread(target=target, args=(node,), daemon=True)
+    def _thread(self, target: Any, *args: Any) -> None:
+        t = threading.Thread(target=target, args=args, daemon=True)
         t.start()
         self.threads.append(t)
 
@@ -294,14 +316,26 @@ class _Runner:
         node.ended_s = time.monotonic() - self.started_s
         self.ended.put(node.index)
 
-    def _pump_rank0(self, node: Node) -> None:
-        assert node.proc.stdout is not None
-        for raw in node.proc.stdout:
-            node.log.write(raw)
+    def _pump(self, node: Node, stream: IO[bytes]) -> None:
+        """One of the node's streams into its log, in whole lines named by rank; rank 0's node's
+        also to the console (the progress)."""
+        lines, fd = contract.TorchrunLines(), stream.fileno()
+        while data := os.read(fd, 1 << 16):
+            self._keep(node, lines.feed(data))
+        self._keep(node, lines.close())
+        stream.close()
+
+    def _keep(self, node: Node, lines: list[bytes]) -> None:
+        if not lines:
+            return
+        with node.lock:
+            node.log.write(b"".join(lines))
             node.log.flush()
-            line = raw.decode("utf-8", errors="replace")
-            node.tail.append(line.rstrip("\n"))
-            self.progress.feed(line)
+            if node.index == 0:
+                for raw in lines:
+                    line = raw.decode("utf-8", errors="replace")
+                    node.tail.append(line.rstrip("\n"))
+                    self.progress.feed(line)
 
     # -- watch and stop ----------------------------------------------------------------------
 

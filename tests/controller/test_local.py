@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -21,6 +22,8 @@ from controller.errors import JobFailed, UserError
 from controller.local.processes import node_command, node_path, operator_env, run_local, spec_env
 from controller.spec import validate_spec
 from tests.controller.conftest import PYTHON, REPO, minimal
+from tests.trainer.conftest import lines_by_rank
+from trainer.contract import START, is_event, parse_event
 
 
 def spec_running(script: str, **fields):
@@ -145,7 +148,9 @@ def test_each_node_gets_the_operator_env_and_its_own_log(tmp_path, capsys):
 
 def test_each_node_of_a_trainjob_sees_exactly_the_trainer_v2_env(tmp_path, monkeypatch):
     """No launcher variable of the caller's shell leaks in (a PyTorchJob's RANK would make the
-    trainer read the env as the v1 operator's)."""
+    trainer read the env as the v1 operator's). Beside Trainer v2's five, a node gets only
+    torchrun's output settings (tee each worker's lines, its files beside the node's log), which
+    name each line's process and place no process in the job."""
     monkeypatch.setenv("WORLD_SIZE", "9")
     monkeypatch.setenv("PET_RDZV_ENDPOINT", "elsewhere:1")
     spec = spec_running(
@@ -162,7 +167,8 @@ def test_each_node_of_a_trainjob_sees_exactly_the_trainer_v2_env(tmp_path, monke
     assert port.isdigit()
     for i, env in enumerate(seen):
         assert env == {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": str(i),
-                       "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": port}  # fmt: skip
+                       "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": port,
+                       "PET_TEE": "3", "PET_LOG_DIR": str(tmp_path / f"torchrun-{i}")}  # fmt: skip
 
 
 # Rank 1 fails with exit 3 once rank 0 has its SIGTERM handler (rank 0 says so in a file);
@@ -305,7 +311,7 @@ def test_an_elastic_spec_runs_locally_through_the_rendezvous(tmp_path, write_spe
     result = _run_local(spec, tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     logs = "".join(p.read_text() for p in sorted(tmp_path.glob("rank-*.log")))
-    starts = [json.loads(x) for x in logs.splitlines() if x.startswith('{"event": "start"')]
+    starts = [e for x in logs.splitlines() if is_event(x, START) and (e := parse_event(x))]
     assert len(starts) == 1 and starts[0]["world_size"] == 2  # one rank 0, a world of two
     assert '"reason": "completed"' in logs
 
@@ -325,7 +331,7 @@ def test_a_trainjob_spec_trains_locally_through_torchrun(tmp_path, write_spec):
     result = _run_local(spec, tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
-    starts = [json.loads(x) for x in lines if x.startswith('{"event": "start"')]
+    starts = [e for x in lines if is_event(x, START) and (e := parse_event(x))]
     assert len(starts) == 1 and starts[0]["world_size"] == 2, result.stdout[-2000:]
     rank1 = (tmp_path / "rank-1.log").read_text()
     assert '"event": "start"' not in rank1  # node 1 runs global rank 1 only
@@ -356,3 +362,33 @@ def test_run_local_tracks_the_job_in_mlflow_as_a_pod_does(tmp_path, write_spec, 
     assert tags["ddpjob.api"] == "pytorchjob" and tags["ddpjob.image"] == "repo/trainer:1"
     tracking = [json.loads(x) for x in result.stdout.splitlines() if '"tracking"' in x]
     assert tracking and tracking[0]["run_id"] == run["info"]["run_id"]
+
+
+#: A user's script under its own torchrun: every process prints long lines unbuffered, each
+#: print's arguments one write each.
+CHATTY = """
+import os
+rank, world = os.environ["RANK"], os.environ["WORLD_SIZE"]
+for i in range(100):
+    print("USERSCRIPT", rank, world, i, *["x" * 50] * 40)
+"""
+USERSCRIPT_LINE = re.compile(r"\[rank (\d)\] USERSCRIPT (\d) 4 (\d+)( x{50}){40}")
+
+
+@pytest.mark.slow
+def test_every_process_of_a_node_reaches_its_log_in_whole_lines_named_by_rank(tmp_path, write_spec):
+    """2 nodes x 2 processes of a spec's own torchrun command: each node's log holds every line
+    of its two processes whole, after the process's global rank; the run prints no traceback."""
+    script = tmp_path / "chatty.py"
+    script.write_text(CHATTY)
+    spec = write_spec(minimal(nodes=2, nproc_per_node=2, api="trainjob",
+                              command=["torchrun", str(script)], args=[]))  # fmt: skip
+    result = _run_local(spec, tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for node in (0, 1):
+        log = (tmp_path / f"rank-{node}.log").read_text()
+        printed = [line for line in log.splitlines() if "USERSCRIPT" in line]
+        seen = lines_by_rank(printed, USERSCRIPT_LINE)
+        assert seen == {2 * node: list(range(100)), 2 * node + 1: list(range(100))}
+        assert "Traceback" not in log, log[-3000:]
+    assert "Traceback" not in result.stdout + result.stderr

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from trainer.contract import is_event, parse_event
+
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
 PY = sys.executable
@@ -303,8 +305,8 @@ def latest_step(cluster, name: str, namespace: str, pod: str | None = None) -> i
         raise
     step = 0
     for line in text.splitlines():
-        if line.startswith('{"event": "train"'):
-            step = json.loads(line)["step"]
+        if is_event(line, "train"):
+            step = parse_event(line)["step"]
     return step
 
 
@@ -416,8 +418,8 @@ def events(text: str, name: str) -> list[dict]:
     """The trainer's JSON events called ``name`` in a log's text."""
     out = []
     for line in text.splitlines():
-        if line.startswith("{") and f'"event": "{name}"' in line:
-            out.append(json.loads(line))
+        if is_event(line, name):
+            out.append(parse_event(line))
     return out
 
 

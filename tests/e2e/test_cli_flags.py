@@ -35,6 +35,7 @@ from tests.e2e.helpers import (
     where_things_stand,
     write_spec,
 )
+from trainer.contract import is_event, parse_event
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -235,7 +236,7 @@ def test_logs_since_against_the_kubelet(cluster, namespace, tmp_path):
     assert events(followed, "train")[0]["step"] >= 12, followed[:500]
 
     # After the end: a cutoff at rank 0's 30th step.
-    (step30,) = [t for t, body in log if body.startswith('{"event": "train", "step": 30,')]
+    (step30,) = [t for t, b in log if is_event(b, "train") and parse_event(b)["step"] == 30]
     since = math.ceil(time.time() - step30)
     before = time.time()
     r = ddpjob(cluster, "logs", name, "-n", namespace, "--since", f"{since}s")

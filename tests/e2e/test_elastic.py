@@ -9,6 +9,7 @@ import json
 import pytest
 
 from tests.e2e.helpers import ddpjob, write_spec
+from trainer.contract import is_event, parse_event
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -16,8 +17,7 @@ MAX_STEPS = 30
 
 
 def _events(text: str, name: str) -> list[dict]:
-    prefix = f'{{"event": "{name}"'
-    return [json.loads(line) for line in text.splitlines() if line.startswith(prefix)]
+    return [parse_event(line) for line in text.splitlines() if is_event(line, name)]
 
 
 def test_an_elastic_job_is_followed_on_the_worker_that_runs_rank_0(real_node, namespace, tmp_path):

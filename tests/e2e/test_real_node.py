@@ -42,6 +42,7 @@ from tests.e2e.helpers import (
     write_spec,
 )
 from tools import podman
+from trainer.contract import parse_event, split_rank
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -217,8 +218,8 @@ def test_quickstart_submit_wait_follow_then_kubectl_logs_exec_describe(real_node
     master_logs = real_node.kubectl("logs", "quickstart-master-0", "-n", rns).stdout
     assert events(master_logs, "done")[-1]["step"] == QUICK_STEPS
     # The rank-0 events `--follow` printed are the master container's, in order, once each.
-    followed = [x for x in out.splitlines() if x.startswith('{"event"')]
-    assert followed == [x for x in master_logs.splitlines() if x.startswith('{"event"')]
+    followed = [x for x in out.splitlines() if parse_event(x) is not None]
+    assert followed and followed == [x for x in master_logs.splitlines() if parse_event(x)]
     describe = real_node.kubectl("describe", "pod", "quickstart-worker-0", "-n", rns).stdout
     assert re.search(rf"^Node:\s+{kubelet.NODE_NAME}/", describe, re.M), describe
     assert re.search(rf"^\s+Image:\s+{re.escape(image)}$", describe, re.M), describe
@@ -293,6 +294,13 @@ def test_shm_size_is_dev_shm_and_nproc_per_node_2_runs_torchrun_in_the_container
     log = real_node.kubectl("logs", "shm-master-0", "-n", rns, "-c", "pytorch").stdout
     (start,) = events(log, "start")
     assert start["world_size"] == 2  # one node, two processes
+    # The two processes share the container's streams: each line reaches the log whole, after
+    # the rank of the process that printed it.
+    lines = log.splitlines()
+    assert all(split_rank(x)[0] == 0 for x in lines if parse_event(x)), log[-3000:]
+    assert any(x.startswith("[rank 1] joined: rank 1 of 2 (local rank 1)") for x in lines), log
+    glued = [x for x in lines if re.search(r".\[rank \d+\] ", x)]
+    assert glued == [], glued[:3]
 
 
 def test_a_secret_env_reaches_the_trainer_and_is_printed_nowhere(real_node, rns, tmp_path):

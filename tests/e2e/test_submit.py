@@ -17,6 +17,7 @@ from tests.e2e.helpers import (
     plugin_on_claim,
     write_spec,
 )
+from trainer.contract import is_event, parse_event
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -47,7 +48,7 @@ def test_quickstart_submit_wait_follow_succeeds(real_node, namespace, tmp_path):
         f"kubectl get pods -l training.kubeflow.org/job-name=quickstart -n {namespace}" in r.stdout
     )
     assert "preflight: ok" in r.stderr
-    train = [json.loads(x) for x in r.stdout.splitlines() if x.startswith('{"event": "train"')]
+    train = [parse_event(x) for x in r.stdout.splitlines() if is_event(x, "train")]
     steps = [e["step"] for e in train]
     assert steps == sorted(steps) and {10, 20} <= set(steps) and steps[-1] <= 30
     assert all(e["max_steps"] == 30 for e in train)

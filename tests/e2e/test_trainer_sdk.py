@@ -5,7 +5,6 @@ and ``get_job_events``, each compared with what the cluster itself says."""
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 
@@ -15,6 +14,7 @@ from controller import kubeflow
 from localkube.handle import wait_until
 from tests.e2e.helpers import ddpjob, get_json
 from tests.e2e.test_trainjob import _trainjob_spec
+from trainer.contract import is_event, parse_event
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -86,7 +86,7 @@ def test_trainer_client_reads_a_trainjob_ddpjob_submitted(real_node, namespace, 
     lines = truth.stdout.splitlines()
     assert list(sdk.get_job_logs(name)) == lines
     assert followed == lines, (len(followed), len(lines))
-    done = [json.loads(x) for x in lines if x.startswith('{"event": "done"')]
+    done = [parse_event(x) for x in lines if is_event(x, "done")]
     assert done and done[-1]["reason"] == "completed" and done[-1]["step"] == 60
     ours = ddpjob(cluster, "logs", name, "-n", namespace)
     assert ours.returncode == 0 and ours.stdout.splitlines() == lines, ours.stderr

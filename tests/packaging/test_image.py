@@ -42,6 +42,7 @@ from tools import base as stand_in
 from tools import image as product
 from tools import lock, wheelhouse
 from tools.podman import CONTAINERS_CONF, inspect, podman_env
+from trainer.contract import parse_event
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -441,13 +442,7 @@ def test_built_image_runs_as_uid_1000_with_the_asserted_cuda_torch(built_image):
 
 
 def _events(stdout: str) -> list[dict]:
-    out = []
-    for line in stdout.splitlines():
-        with contextlib.suppress(ValueError):
-            event = json.loads(line)
-            if isinstance(event, dict) and "event" in event:
-                out.append(event)
-    return out
+    return [e for line in stdout.splitlines() if (e := parse_event(line)) is not None]
 
 
 SMALL_RUN = [

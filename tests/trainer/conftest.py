@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -328,3 +329,16 @@ def one_of_two_ranks(rank: int, port: int, settings: dict[str, Any]) -> Trainer:
     except BaseException:
         distributed.teardown()
         raise
+
+
+def lines_by_rank(lines: list[str], line: re.Pattern[str]) -> dict[int, list[int]]:
+    """What each rank printed of ``lines`` that match ``line`` whole: its first group names the
+    rank the line is named after, its second the rank that printed it (the same), its third a
+    count (the step), gathered by rank. Fails on a line that does not match."""
+    whole = [line.fullmatch(x) for x in lines]
+    assert all(whole), [x for x, m in zip(lines, whole, strict=True) if not m][:3]
+    by_rank: dict[int, list[int]] = {}
+    for m in whole:
+        assert m[1] == m[2], m[0][:100]  # the name is the rank that printed it
+        by_rank.setdefault(int(m[1]), []).append(int(m[3]))
+    return by_rank

@@ -8,7 +8,8 @@ order of two runs. It can scale the loss (and so the gradients) and give the mod
 forward never uses. It can also inject faults on chosen micro-batch calls: a NaN loss, an fp16
 gradient overflow, or a sleep to slow a run down; and on one rank: a hang (a long sleep at one
 call, in :func:`hang_here`), a slower step (a sleep at every call, and a longer one at the
-first), or a slow checkpoint (a sleep while its state is read, in :func:`slow_state_dict`).
+first), or a slow checkpoint (a sleep while its state is read, in :func:`slow_state_dict`). With
+``chatter``, every rank prints a long line at every step, in pieces (:data:`CHATTER`).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class RecordingTask:
         slow_state_s: float = 0.0,
         loss_scale: float = 1.0,
         unused_layer: bool = False,
+        chatter: int = 0,
     ):
         self.n, self.dim, self.hidden, self.classes, self.dropout = n, dim, hidden, classes, dropout
         self.record_dir = Path(record_dir) if record_dir else None
@@ -82,6 +84,7 @@ class RecordingTask:
         self.overflow_calls = set(overflow_calls)
         self.sleep_s = sleep_s
         self.loss_scale, self.unused_layer = loss_scale, unused_layer
+        self.chatter = chatter
         self.calls = 0
         self.rank = int(os.environ.get("RANK", "0"))
         self.hang_s = hang_s if hang_rank == self.rank else 0.0
@@ -137,6 +140,9 @@ class RecordingTask:
                 # d(loss)/d(logits) = 1 per element: times fp16's loss scale (65536) it
                 # overflows fp16 (max 65504) in backward, while the loss itself stays finite.
                 loss = loss + logits.sum()
+            if self.chatter:
+                # A long line in pieces: unbuffered, print writes each argument on its own.
+                print(CHATTER, self.rank, self.calls, *["x" * 50] * self.chatter)
             if self.sleep_s:
                 time.sleep(self.sleep_s)
             if self.slow_s:
@@ -159,6 +165,8 @@ def hang_here(seconds: float, release: str | None = None) -> None:
         time.sleep(min(0.05, seconds))
 
 
+#: What a task with ``chatter`` prints first in each line it prints at every training step.
+CHATTER = "CHATTER"
 #: What :func:`hang_here` prints first, then the time (seconds since the epoch).
 HANGS = "hang_here: hanging from"
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -18,12 +20,14 @@ from tests.trainer.conftest import (
     common_args,
     free_port,
     kubeflow_env,
+    lines_by_rank,
     run,
     run_pods,
     torchrun_cmd,
     trainer_cmd,
     trainjob_envs,
 )
+from tests.trainer.tasks import CHATTER
 from trainer.contract import GOODPUT
 from trainer.health.ledger import RECORD
 
@@ -145,6 +149,28 @@ def test_kubeflow_two_pods_of_two_processes(tmp_path) -> None:
     _check_pods(run_pods(envs, common_args(tmp_path, batch_size=4)), world_size=4)
 
 
+#: A line of tasks.py's chatter as it must reach a pod's output: named by the rank that printed
+#: it, whole (its 40 pieces of 50 characters), once per training step.
+CHATTER_LINE = re.compile(r"\[rank (\d+)\] CHATTER (\d+) (\d+)( x{50}){40}")
+
+
+@pytest.mark.slow
+def test_each_process_of_a_pod_reaches_its_output_in_whole_lines_named_by_rank(tmp_path) -> None:
+    """nodes=2, nprocPerNode=2, every rank printing a long line at every step unbuffered (one
+    write per argument of print): each pod's output holds each of its two ranks' lines whole,
+    after its global rank, and a run that succeeded prints no traceback."""
+    env0 = kubeflow_env(nproc_per_node=2, world_size=4, rank=0)
+    envs = [env0 | {"RANK": str(node), "PET_NODE_RANK": str(node)} for node in (0, 1)]
+    args = [*common_args(tmp_path, batch_size=4), "task_args=" + json.dumps({"chatter": 40})]
+    results = run_pods(envs, args)
+    _check_pods(results, world_size=4)
+    for node, r in enumerate(results):
+        printed = [line for line in r.stdout.splitlines() if CHATTER in line]
+        steps = lines_by_rank(printed, CHATTER_LINE)
+        assert steps == {2 * node: list(range(1, 9)), 2 * node + 1: list(range(1, 9))}, steps
+        assert "Traceback" not in r.stdout + r.stderr, r.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_elastic_pods_rendezvous_through_torchrun(tmp_path) -> None:
     """An elastic PyTorchJob has no master: the operator sets PET_RDZV_ENDPOINT (worker 0),
@@ -209,3 +235,45 @@ def test_accelerate_launch_multi_gpu_two_processes(tmp_path) -> None:
     # HF_HOME: no accelerate config of the developer's (default_config.yaml) changes the launch.
     r = run(cmd, env=base_env(HF_HOME=str(tmp_path / "hf")))
     _check_completed(r, world_size=2)
+
+
+def test_the_host_nodes_last_worker_leaves_after_the_other_agents_entered_the_exit_barrier(
+    monkeypatch,
+) -> None:
+    """The agents' store (a real TCPStore) counts the agents in torchrun's exit barrier; the
+    worker of local rank 0 on group rank 0 returns only once the other two nodes' agents are
+    in it, so its own agent enters last. Any other worker returns at once."""
+    import threading
+
+    import torch.distributed as dist
+
+    from trainer import distributed
+
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    agents = dist.PrefixStore("run-1", server)
+    env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "TORCHELASTIC_RUN_ID": "run-1",
+        "DDPJOB_EXIT_FILE": "/nonexistent/exit",  # under the pod's own static torchrun
+        "GROUP_WORLD_SIZE": "3",
+        "LOCAL_RANK": "0",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("PET_RDZV_ENDPOINT", raising=False)
+    monkeypatch.setenv("GROUP_RANK", "1")  # not the host's node: it leaves at once
+    leaving = threading.Thread(target=distributed.leave_after_the_other_agents, daemon=True)
+    leaving.start()
+    leaving.join(timeout=distributed.EXIT_ORDER_S / 2)
+    assert not leaving.is_alive()
+
+    monkeypatch.setenv("GROUP_RANK", "0")
+    leaving = threading.Thread(target=distributed.leave_after_the_other_agents, daemon=True)
+    leaving.start()
+    agents.add(distributed.EXIT_BARRIER_MEMBERS_KEY, 1)  # node 1's agent is in the barrier
+    assert leaving.is_alive()  # node 2's is not yet: with one of two in, it cannot have left
+    agents.add(distributed.EXIT_BARRIER_MEMBERS_KEY, 1)
+    leaving.join(timeout=30)
+    assert not leaving.is_alive()

@@ -16,6 +16,7 @@ from torch.utils.data import TensorDataset
 
 from tests.trainer.conftest import REPO, base_env
 from trainer.config import ConfigError
+from trainer.contract import TORCHRUN_PIECE_PREFIX
 from trainer.launch import needs_torchrun, torchrun_argv
 from trainer.parts.loader import MicroBatches, build_loader
 from trainer.parts.optimizer import lr_factor
@@ -148,9 +149,12 @@ def test_relaunch_decision_and_command(monkeypatch) -> None:
     monkeypatch.setenv("MASTER_ADDR", "job-master-0")
     monkeypatch.setenv("MASTER_PORT", "23456")
     assert needs_torchrun()
-    argv = torchrun_argv(["lr=1e-3"])
+    argv = torchrun_argv(["lr=1e-3"], "/tmp/logs")
     assert argv[1:3] == ["-m", "torch.distributed.run"]
-    joined = " ".join(argv[3:])
+    # Each worker's streams teed through files, each piece named by the worker's global rank.
+    assert argv[3:8] == ["--tee", "3", "--log-dir", "/tmp/logs", "--log-line-prefix-template"]
+    assert argv[8] == TORCHRUN_PIECE_PREFIX == "\x1e${rank}\x1f"
+    joined = " ".join(argv[9:])
     assert joined == (
         "--nnodes 2 --node-rank 1 --nproc-per-node 4 --master-addr job-master-0 "
         "--master-port 23456 -m trainer lr=1e-3"
@@ -161,7 +165,7 @@ def test_relaunch_decision_and_command(monkeypatch) -> None:
     monkeypatch.delenv("LOCAL_RANK")
     assert not needs_torchrun()
     monkeypatch.setenv("PET_NPROC_PER_NODE", "gpu")  # torchrun resolves it: one per GPU
-    assert needs_torchrun() and "--nproc-per-node gpu" in " ".join(torchrun_argv([]))
+    assert needs_torchrun() and "--nproc-per-node gpu" in " ".join(torchrun_argv([], "/tmp"))
 
 
 def test_trainjob_pod_relaunches_with_the_pet_master(monkeypatch) -> None:
@@ -179,7 +183,7 @@ def test_trainjob_pod_relaunches_with_the_pet_master(monkeypatch) -> None:
     for name, value in trainjob.items():
         monkeypatch.setenv(name, value)
     assert needs_torchrun()
-    assert " ".join(torchrun_argv(["lr=1e-3"])[3:]) == (
+    assert " ".join(torchrun_argv(["lr=1e-3"], "/tmp/logs")[9:]) == (
         "--nnodes 3 --node-rank 2 --nproc-per-node 1 --master-addr tj-node-0-0.tj "
         "--master-port 29500 -m trainer lr=1e-3"
     )

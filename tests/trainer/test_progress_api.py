@@ -25,6 +25,7 @@ import pytest
 
 from localkube.controlplane.pki import PKI
 from tests.trainer.conftest import REPO, common_args, run_pods, trainer_cmd, trainjob_envs
+from trainer.contract import is_event, parse_event
 from trainer.telemetry.progress_api import (
     ENV_CA_CERT,
     ENV_TOKEN,
@@ -360,7 +361,7 @@ def _two_paced_ranks_past_step_5(server, tmp_path) -> list[subprocess.Popen]:
     ]  # fmt: skip
     try:
         for line in procs[0].stdout:  # rank 0's events, until it has trained a few steps
-            if line.startswith('{"event": "train"') and json.loads(line)["step"] >= 5:
+            if is_event(line, "train") and parse_event(line)["step"] >= 5:
                 break
     except BaseException:
         for p in procs:
@@ -404,8 +405,8 @@ def test_a_rank_signalled_after_the_run_stopped_waits_for_the_others_in_the_barr
         assert server.entered.wait(30), "rank 0 never posted"
         procs[0].send_signal(signal.SIGTERM)  # rank 0's pod first
         for line in procs[0].stdout:
-            if line.startswith("{"):
-                events.append(json.loads(line))
+            if (event := parse_event(line)) is not None:
+                events.append(event)
             if events and events[-1]["event"] == "done":
                 break
         # Rank 0 has said done: rank 1 is past the run's last checkpoint, on its way to the
@@ -416,7 +417,7 @@ def test_a_rank_signalled_after_the_run_stopped_waits_for_the_others_in_the_barr
     finally:
         for p in procs:
             p.kill()
-    events += [json.loads(line) for line in results[0][0].splitlines() if line.startswith("{")]
+    events += [e for line in results[0][0].splitlines() if (e := parse_event(line)) is not None]
     errs = [err[-2000:] for _, err in results]
     assert [p.returncode for p in procs] == [143, 143], errs
     assert [e["reason"] for e in events if e["event"] == "done"] == ["preempted"], errs

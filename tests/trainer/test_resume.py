@@ -27,7 +27,7 @@ from tests.trainer.conftest import (
     torchrun_cmd,
     trainer_cmd,
 )
-from trainer.contract import GOODPUT
+from trainer.contract import GOODPUT, parse_event
 from trainer.health.ledger import RECORD
 
 
@@ -40,8 +40,8 @@ def _wait_for_event(proc: subprocess.Popen, pred, timeout: float = 120) -> list[
     """Read the child's stdout until an event matches ``pred``; return the events seen."""
     seen, deadline = [], time.monotonic() + timeout
     for line in proc.stdout:
-        if line.startswith("{"):
-            seen.append(json.loads(line))
+        if (event := parse_event(line)) is not None:
+            seen.append(event)
             if pred(seen[-1]):
                 return seen
         assert time.monotonic() < deadline, "timed out waiting for an event"
