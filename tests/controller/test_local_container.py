@@ -48,7 +48,6 @@ from localkube.builds import images
 from tests.controller.conftest import PYTHON, REPO, minimal
 from tests.timeouts import outside_test_timeout
 from tools import podman
-from trainer.contract import is_event, parse_event
 
 PODMAN = Engine("podman", "/usr/bin/podman")
 DOCKER = Engine("docker", "/usr/bin/docker")
@@ -126,6 +125,16 @@ def test_run_argv_carries_the_pods_settings(tmp_path):
     assert "--label app.kubernetes.io/instance=qs" in text
     assert "--userns" not in text and "--gpus" not in text and "--device" not in text
     assert text.endswith("repo/trainer:1 -m trainer max_steps=5")
+
+
+def test_a_shipped_workdir_is_the_containers_working_directory(tmp_path):
+    """run --local --container --workdir: the unpacked copy at /workdir, the pods' path, and
+    the container's working directory."""
+    spec = validate_spec(minimal(name="wd"))
+    copy = Mount("workdir", tmp_path / "copy", tmp_path / "copy", "/workdir", False)
+    text = " ".join(_argv(PODMAN, spec, volumes=[copy], working_dir="/workdir"))
+    assert f"--volume {tmp_path}/copy:/workdir --workdir /workdir --entrypoint python" in text
+    assert "--workdir" not in " ".join(_argv(PODMAN, spec))
 
 
 def test_a_rank0_only_volume_is_in_node_0s_container_alone(tmp_path):
@@ -302,7 +311,7 @@ def write(tmp_path: Path, spec: dict) -> Path:
 
 
 def events(stdout: str) -> list[dict]:
-    return [e for x in stdout.splitlines() if (e := parse_event(x)) is not None]
+    return [json.loads(x) for x in stdout.splitlines() if x.startswith('{"event"')]
 
 
 def script_spec(name: str, image: str, script: str, **fields) -> dict:
@@ -366,7 +375,7 @@ def test_a_preempted_run_ends_143_with_a_checkpoint_the_next_run_resumes(image, 
     proc = start("run", str(spec), "--local", "--container", cwd=tmp_path)
     assert proc.stdout is not None
     for line in proc.stdout:  # rank 0 trains: preempt it as a node drain would
-        if is_event(line, "train"):
+        if line.startswith('{"event": "train"'):
             break
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
@@ -531,6 +540,38 @@ def test_each_container_gets_what_its_pod_would(image, tmp_path, api):
         assert node["memory"] == 2**30 and node["shm"] == 128 * 2**20
         assert (node["token"], node["user_env"]) == ("s3cret", "x")
     assert seen[0]["peer"] == seen[1]["hostname"]  # the worker reached the master
+    assert leftovers(name) == []
+
+
+@pytest.mark.slow
+def test_a_workdir_runs_in_the_image_at_the_pods_path(image, tmp_path):
+    """The same folder as a pod gets it: the packed copy at /workdir, its working directory
+    and the head of PYTHONPATH; the image's own code is not where it runs."""
+    from tests.projects import git_repository
+
+    git_repository(
+        tmp_path / "project",
+        {
+            ".gitignore": "secret.txt\n",
+            "secret.txt": "x",
+            "mypkg/__init__.py": "VALUE = 'own'\n",
+            "train.py": (
+                "import json, os, mypkg\nfrom pathlib import Path\n"
+                "print(json.dumps({'cwd': os.getcwd(), 'value': mypkg.VALUE, "
+                "'pythonpath': os.environ['PYTHONPATH'], 'uid': os.getuid(), "
+                "'files': sorted(str(p) for p in Path('.').rglob('*') if p.is_file())}))\n"
+            ),
+        },
+    )
+    name = "ct-workdir"
+    spec = write(tmp_path, {"name": name, "image": image, "nodes": 2, "workdir": "project",
+                            "command": ["python", "train.py"], "args": []})  # fmt: skip
+    r = ddpjob("run", str(spec), "--local", "--container", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for node in _probe_lines(tmp_path, name, 2):
+        assert (node["cwd"], node["value"], node["uid"]) == ("/workdir", "own", 1000)
+        assert node["pythonpath"].split(":")[0] == "/workdir"
+        assert node["files"] == [".ddpjob-digest", ".gitignore", "mypkg/__init__.py", "train.py"]
     assert leftovers(name) == []
 
 

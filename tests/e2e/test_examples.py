@@ -98,3 +98,28 @@ def test_helm_install_of_a_rendered_example_succeeds(cluster, namespace, tmp_pat
         _ran_our_image(cluster, [p for p in pods if p["metadata"]["name"].endswith("master-0")])
     finally:
         cluster.helm("uninstall", "quickstart", "-n", namespace, "--wait", check=False)
+
+
+@pytest.mark.slow
+@pytest.mark.whole_node
+def test_the_workdir_example_as_written_runs_its_own_code_on_the_stock_image(cluster, namespace):
+    """examples/workdir/: the project folder beside the spec is not in the image; the job
+    ships it (a ConfigMap owned by the job) and both pods train its task, reading its data
+    (the task's settings file: a missing one would fail the build of the task)."""
+    example = REPO / "examples" / "workdir" / "workdir.yaml"
+    assert yaml.safe_load(example.read_text())["image"] == images.published_ref()
+    r = ddpjob(cluster, "submit", str(example), "-n", namespace, "--wait", *SHORT, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert f"job {namespace}/workdir Succeeded" in r.stdout
+    assert f"-> ConfigMap {namespace}/workdir-workdir" in r.stdout
+    log = cluster.kubectl("logs", "workdir-master-0", "-n", namespace, "-c", "pytorch").stdout
+    (start,) = events(log, "start")
+    assert start["world_size"] == 2 and start["config"]["task"] == "sinefit.task:build"
+    (done,) = events(log, "done")
+    assert (done["reason"], done["step"]) == ("completed", 20)
+    selector = "training.kubeflow.org/job-name=workdir"
+    pods = get_json(cluster, "pods", "-n", namespace, "-l", selector)["items"]
+    _ran_our_image(cluster, pods)
+    for pod in pods:  # the image's own code is not what ran: the pod unpacked the project
+        (container,) = pod["spec"]["containers"]
+        assert container["command"][:3] == ["python", "-m", "trainer.workdir"]

@@ -214,11 +214,22 @@ def _create_dry(cluster, obj: dict[str, Any]) -> subprocess.CompletedProcess:
 
 
 def _rendered_jobs() -> list[tuple[str, dict[str, Any]]]:
-    """(where, PyTorchJob) for every example; quickstart.yaml (2 nodes) first."""
+    """(where, PyTorchJob) for every example; quickstart.yaml (2 nodes) first; then the workdir
+    example's jobs, both APIs, both roads (its init container or wrapped command, its volumes)."""
+    from controller.workdir import folder_of, pack, shipped_for
+
     jobs = []
     for example in sorted(EXAMPLES, key=lambda p: p.name != "quickstart.yaml"):
         spec = validate_spec(yaml.safe_load(example.read_text()))
         jobs.append((f"render {example.name}", render_job(spec)))
+    workdir = ROOT / "examples" / "workdir" / "workdir.yaml"
+    for api in ("pytorchjob", "trainjob"):
+        for store in (None, "s3://bucket/code"):
+            data = yaml.safe_load(workdir.read_text()) | {"api": api, "workdir_store": store}
+            spec = validate_spec(data)
+            with pack(folder_of(spec.workdir, str(workdir))) as archive:
+                shipped = shipped_for(spec.name, store, archive)
+            jobs.append((f"render workdir.yaml {api} {store}", render_job(spec, shipped)))
     return jobs
 
 
