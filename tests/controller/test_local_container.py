@@ -48,6 +48,7 @@ from localkube.builds import images
 from tests.controller.conftest import PYTHON, REPO, minimal
 from tests.timeouts import outside_test_timeout
 from tools import podman
+from trainer.contract import is_event, parse_event
 
 PODMAN = Engine("podman", "/usr/bin/podman")
 DOCKER = Engine("docker", "/usr/bin/docker")
@@ -311,7 +312,7 @@ def write(tmp_path: Path, spec: dict) -> Path:
 
 
 def events(stdout: str) -> list[dict]:
-    return [json.loads(x) for x in stdout.splitlines() if x.startswith('{"event"')]
+    return [e for x in stdout.splitlines() if (e := parse_event(x)) is not None]
 
 
 def script_spec(name: str, image: str, script: str, **fields) -> dict:
@@ -375,7 +376,7 @@ def test_a_preempted_run_ends_143_with_a_checkpoint_the_next_run_resumes(image, 
     proc = start("run", str(spec), "--local", "--container", cwd=tmp_path)
     assert proc.stdout is not None
     for line in proc.stdout:  # rank 0 trains: preempt it as a node drain would
-        if line.startswith('{"event": "train"'):
+        if is_event(line, "train"):
             break
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
