@@ -77,9 +77,7 @@ def write_spec(path: Path, namespace: str, image: str) -> None:
     spec = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
     spec |= {"name": JOB, "namespace": namespace, "image": image}
     trainer = spec["trainer"]
-    trainer.update(
-        task="mypkg.tasks:build", max_steps=5, warmup_steps=0, log_every=1, eval_every=0
-    )
+    trainer.update(task="mypkg.tasks:build", max_steps=5, warmup_steps=0, log_every=1, eval_every=0)
     trainer["checkpoint"] = {"dir": "/tmp/checkpoints", "every_steps": 0}
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
 
