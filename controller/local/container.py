@@ -554,8 +554,8 @@ class _ContainerRunner(_Runner):
                     argv,
                     env=self.client_env,
                     stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE if box.index == 0 else log,
-                    stderr=subprocess.STDOUT,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
                     start_new_session=True,  # Ctrl-C reaches us; we stop the containers
                 )
             except OSError as e:
@@ -567,8 +567,8 @@ class _ContainerRunner(_Runner):
             node = Node(box.index, proc, log_path, log)
             self.nodes.append(node)
             self._thread(self._watch, node)
-            if box.index == 0:
-                self._thread(self._pump_rank0, node)
+            self._thread(self._pump, node, proc.stdout)
+            self._thread(self._pump, node, proc.stderr)
 
     def _master_up(self) -> bool:
         """Wait until the master's container runs (from then on its name resolves), as the
