@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from .addons import kueue, s3, trainer_v2, training_operator
+from .addons import kueue, mlflow, prometheus, s3, trainer_v2, training_operator
 from .controlplane import bootstrap
 from .controlplane import components as control_plane
 from .controlplane.context import Component, Context, Step
@@ -49,15 +49,27 @@ SEQUENCE: tuple[Component | Step, ...] = (
     # Kueue after the operators (its integrations need their CRDs, the TrainJob one the runtime).
     *((Step("kueue-objects", kueue.apply_objects), kueue.KUEUE) if kueue.ENABLED else ()),
     *(NODE if host.ENABLED else ()),
-    # The S3 server listens on the node's bridge, which containerd's preparation creates.
+    # The S3 server, MLflow and Prometheus listen on the node's bridge, which containerd's
+    # preparation creates. MLflow first: its imports take longest, and the rest start meanwhile.
+    *((Step("mlflow-objects", mlflow.apply_objects), mlflow.MLFLOW) if mlflow.ENABLED else ()),
     *((Step("s3-objects", s3.apply_objects), s3.S3) if s3.ENABLED else ()),
+    *(
+        (Step("prometheus-objects", prometheus.apply_objects), prometheus.PROMETHEUS)
+        if prometheus.ENABLED
+        else ()
+    ),
     # The quick start's queues: the ClusterQueue's quota is the real node's CPU and memory.
     *((Step("kueue-queues", _kueue_queues),) if kueue.ENABLED else ()),
 )
 
 #: Checks before anything is built or started: each raises a one-line LocalkubeError when this
 #: machine cannot run the cluster.
-HOST_CHECKS: tuple[Callable[[Path], None], ...] = (kubelet.preflight, s3.preflight)
+HOST_CHECKS: tuple[Callable[[Path], None], ...] = (
+    kubelet.preflight,
+    s3.preflight,
+    mlflow.preflight,
+    prometheus.preflight,
+)
 #: Undo what the cluster changed on the machine outside its processes and state folder; run by
 #: ``down`` after the processes stop and by ``up`` before it starts (what a killed run left).
 HOST_RESETS: tuple[Callable[[Path, Callable[[str], None]], None], ...] = (kubelet.reset,)
