@@ -1,0 +1,157 @@
+"""Metrics where teams look, on the real node: the local cluster's Prometheus scrapes a job's
+pods by Kubernetes service discovery (their prometheus.io annotations) and answers for each
+rank's step and throughput, every query of ddpjob's Grafana dashboard evaluates there; the
+local cluster's MLflow server holds the job as one run through a deleted worker, contiguous to
+max_steps and FINISHED; `status` names the run.
+
+One job serves all of it (a 2-pod PyTorchJob, paced so the scrapes and the delete land while it
+trains); a small TrainJob shows the other API's pods are scraped the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from controller import dashboard
+from localkube.addons import mlflow, prometheus
+from localkube.handle import wait_until
+from tests.controller.test_dashboard import GRAFANA
+from tests.e2e.helpers import ddpjob, latest_step, paced, s3_checkpoints, write_spec
+from tests.trainer.mlflow_server import MlflowApi
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+MAX_STEPS, LOG_EVERY = 60, 5
+
+
+def query(promql: str) -> dict:
+    """The local Prometheus' answer to an instant query (its HTTP API, from the host)."""
+    url = f"{prometheus.HOST_ENDPOINT}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as e:  # a query Prometheus refuses: its error, to assert on
+        return json.loads(e.read())
+
+
+def by_rank(promql: str) -> dict[str, float]:
+    answer = query(promql)
+    assert answer["status"] == "success", answer
+    return {r["metric"]["rank"]: float(r["value"][1]) for r in answer["data"]["result"]}
+
+
+def tracked(cluster, namespace: str, name: str, fields: dict) -> dict:
+    """``fields`` with the job's MLflow run on the local cluster's server."""
+    env = {
+        **fields.get("env", {}),
+        "MLFLOW_TRACKING_URI": mlflow.ENDPOINT,
+        "MLFLOW_EXPERIMENT_NAME": f"{namespace}-{name}",
+    }
+    return {**fields, "env": env}
+
+
+def test_a_job_is_scraped_by_prometheus_and_one_mlflow_run_through_a_deleted_worker(
+    real_node, namespace, tmp_path
+):
+    cluster, name = real_node, "watched"
+    fields = s3_checkpoints(cluster, namespace, name, paced(cluster, namespace, 0.15))
+    spec = write_spec(
+        cluster,
+        tmp_path,
+        name,
+        namespace,
+        max_steps=MAX_STEPS,
+        log_every=LOG_EVERY,
+        every_steps=10,
+        **tracked(cluster, namespace, name, fields),
+    )
+    assert ddpjob(cluster, "submit", str(spec)).returncode == 0
+    job = f'job_name="{name}", namespace="{namespace}"'
+
+    # Scraped by service discovery: every rank's step and throughput, from Prometheus' API.
+    wait_until(
+        "both ranks' steps in Prometheus",
+        lambda: len(by_rank(f"ddpjob_step{{{job}}}")) == 2,
+        120,
+        1.0,
+    )
+    wait_until(
+        "both ranks' throughput in Prometheus",
+        lambda: sorted(by_rank(f"rate(ddpjob_samples_total{{{job}}}[30s]) > 0")) == ["0", "1"],
+        120,
+        1.0,
+    )
+    steps = by_rank(f"ddpjob_step{{{job}}}")
+    assert min(steps.values()) >= 1 and max(steps.values()) < MAX_STEPS
+    # Every query of the dashboard evaluates there, with Grafana's variables filled in.
+    variables = {**GRAFANA, "$job": name, "$namespace": namespace}
+    for expr in dashboard.queries():
+        for var, value in variables.items():
+            expr = expr.replace(var, value)
+        answer = query(expr)
+        assert answer["status"] == "success", (expr, answer)
+    buckets = f"rate(ddpjob_step_seconds_bucket{{{job}}}[1m])"
+    p90 = by_rank(f"histogram_quantile(0.9, sum by (le, rank) ({buckets}))")
+    assert p90.keys() == {"0", "1"} and all(s > 0 for s in p90.values())
+
+    # A worker deleted mid-run: the job restarts from its last checkpoint and finishes.
+    wait_until("training past step 20", lambda: latest_step(cluster, name, namespace) >= 20, 120)
+    cluster.kubectl("delete", "pod", f"{name}-worker-0", "-n", namespace, "--wait=false")
+    w = ddpjob(cluster, "wait", name, "-n", namespace, "--timeout", "240", timeout=260)
+    assert w.returncode == 0, w.stdout + w.stderr
+
+    # One MLflow run: the config as params, every log window's loss once, to max_steps; the
+    # restart marked; FINISHED.
+    api = MlflowApi(mlflow.HOST_ENDPOINT)
+    (run,) = api.runs(f"{namespace}-{name}")
+    run_id = run["info"]["run_id"]
+    assert run["info"]["status"] == "FINISHED" and run["info"]["run_name"] == name
+    params = {p["key"]: p["value"] for p in run["data"]["params"]}
+    assert params["max_steps"] == str(MAX_STEPS) and params["log_every"] == str(LOG_EVERY)
+    loss_steps = [step for step, _ in api.history(run_id, "loss")]
+    assert loss_steps == list(range(LOG_EVERY, MAX_STEPS + 1, LOG_EVERY))
+    tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+    assert tags["ddpjob.job"] == name and tags["ddpjob.namespace"] == namespace
+    assert tags["ddpjob.api"] == "pytorchjob" and int(tags["ddpjob.restarts"]) >= 1
+    assert tags["ddpjob.checkpoint"].startswith(f"s3://ddpjob/{namespace}/{name}/")
+    restarts = api.history(run_id, "restarts")
+    assert restarts and restarts[0][1] == 1.0 and 0 < restarts[0][0] <= MAX_STEPS
+
+    st = json.loads(ddpjob(cluster, "status", name, "-n", namespace, "-o", "json").stdout)
+    assert st["tracking"]["run_id"] == run_id
+    assert (
+        st["tracking"]["url"]
+        == f"{mlflow.ENDPOINT}/#/experiments/{run['info']['experiment_id']}/runs/{run_id}"
+    )
+
+
+def test_a_trainjobs_pods_are_scraped_the_same_way(real_node, namespace, tmp_path):
+    cluster, name = real_node, "tj-watched"
+    spec = write_spec(
+        cluster,
+        tmp_path,
+        name,
+        namespace,
+        api="trainjob",
+        max_steps=400,
+        log_every=5,
+        every_steps=0,
+        **paced(cluster, namespace, 0.1),
+    )
+    assert ddpjob(cluster, "submit", str(spec)).returncode == 0
+    job = f'job_name="{name}", namespace="{namespace}"'
+    try:
+        wait_until(
+            "the TrainJob's rank 0 in Prometheus",
+            lambda: by_rank(f"ddpjob_step{{{job}}} > 0").keys() == {"0"},
+            180,
+            1.0,
+        )
+    finally:
+        ddpjob(cluster, "delete", name, "-n", namespace, "--api", "trainjob")
+    (result,) = query(f"ddpjob_world_size{{{job}}}")["data"]["result"]
+    assert result["metric"]["pod"].startswith(f"{name}-node-0-0")
