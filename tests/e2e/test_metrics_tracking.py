@@ -164,14 +164,22 @@ def test_a_trainjobs_pods_are_scraped_the_same_way(real_node, namespace, tmp_pat
     )
     assert ddpjob(cluster, "submit", str(spec)).returncode == 0
     job = f'job_name="{name}", namespace="{namespace}"'
+
+    def pod_by_rank() -> dict[str, str]:
+        """The pod each training rank's step is scraped from."""
+        answer = query(f"ddpjob_step{{{job}}} > 0")
+        assert answer["status"] == "success", answer
+        return {r["metric"]["rank"]: r["metric"]["pod"] for r in answer["data"]["result"]}
+
     try:
-        wait_until(
-            "the TrainJob's rank 0 in Prometheus",
-            lambda: by_rank(f"ddpjob_step{{{job}}} > 0").keys() == {"0"},
+        # Each node's pod serves its own rank (its launcher, for the worker under its torchrun).
+        pods = wait_until(
+            "both of the TrainJob's ranks in Prometheus",
+            lambda: (got := pod_by_rank()).keys() == {"0", "1"} and got,
             180,
             1.0,
         )
     finally:
         ddpjob(cluster, "delete", name, "-n", namespace, "--api", "trainjob")
-    (result,) = query(f"ddpjob_world_size{{{job}}}")["data"]["result"]
-    assert result["metric"]["pod"].startswith(f"{name}-node-0-0")
+    assert pods["0"].startswith(f"{name}-node-0-0-"), pods
+    assert pods["1"].startswith(f"{name}-node-0-1-"), pods
