@@ -36,6 +36,7 @@ from controller.kubeflow import (
 from controller.quantity import QUANTITY, parse_quantity
 from trainer.config import TrainConfig, format_errors
 from trainer.contract import GRACE_PERIOD_ENV
+from trainer.sizing import Estimate, estimate
 
 # --------------------------------------------------------------------------------------------
 # Names and formats Kubernetes insists on
@@ -206,10 +207,20 @@ class Resources(_Model):
         json_schema_extra=_QUANTITY_SCHEMA,
     )
 
-    @field_validator("cpu", "memory", mode="before")
+    gpu_memory: str | None = Field(
+        None,
+        description=(
+            "Memory of each GPU as a Kubernetes quantity (`80Gi`), for `validate`, `doctor` and "
+            "`submit` to check that the model's training state fits (a built-in task's); not "
+            "part of the pods. Without GPUs the check uses memory / nproc_per_node."
+        ),
+        json_schema_extra=_on("string", **_QUANTITY_SCHEMA),
+    )
+
+    @field_validator("cpu", "memory", "gpu_memory", mode="before")
     @classmethod
-    def _is_quantity(cls, v: Any) -> str:
-        return _quantity(v)
+    def _is_quantity(cls, v: Any) -> str | None:
+        return None if v is None else _quantity(v)
 
 
 class SecretKeyRef(_Model):
@@ -944,6 +955,23 @@ class JobSpec(_Model):
     def world_size(self) -> int:
         """Processes in the job: nodes x nproc_per_node."""
         return self.nodes * self.nproc_per_node
+
+    def model_state(self) -> Estimate | None:
+        """One rank's model state (trainer.sizing) and the memory it has: a GPU's
+        (``resources.gpu_memory``), or without GPUs the pod's memory over its processes. None
+        for a task of one's own, or a spec that gives ``args`` instead of trainer settings.
+        An elastic job is reckoned at its fewest pods (the largest shards)."""
+        if self.args is not None:
+            return None
+        t, r = self.trainer, self.resources
+        if r.gpus:
+            room = "a {size} GPU"
+            room_bytes = int(parse_quantity(r.gpu_memory)) if r.gpu_memory else None
+        else:
+            room = "the {size} of resources.memory a process has"
+            room_bytes = int(parse_quantity(r.memory) / self.nproc_per_node)
+        nodes = self.elastic.min_nodes if self.elastic else self.nodes
+        return estimate(t, nodes * self.nproc_per_node, room_bytes, room)
 
 
 def _shown(value: Any) -> str:

@@ -224,12 +224,15 @@ def test_the_controller_never_imports_torch_or_an_s3_client():
     heavy = ("torch", "boto3", "botocore", "s3transfer")  # ddpjob[trainer]'s, not the laptop's
     for path in (REPO / "controller").rglob("*.py"):
         assert not any(m.split(".")[0] in heavy for m in _imports(path)), path
-    # What the controller imports of the trainer (its config, its contract, the workdir's
-    # archive format) reaches neither at import.
+    # What the controller imports of the trainer (its config, its contract, the model-state
+    # estimate, the workdir's archive format) reaches neither at import.
+    torch_free = {"trainer", "trainer.config", "trainer.contract", "trainer.sizing"}
     for m in (m for m in GRAPH if m.startswith("controller")):
         reached = {d for d in GRAPH[m] if d.startswith("trainer")}
-        allowed = {"trainer", "trainer.config", "trainer.contract", "trainer.workdir"}
-        assert reached <= allowed, (m, reached)
+        assert reached <= torch_free | {"trainer.workdir"}, (m, reached)
+    for m in torch_free - {"trainer"}:
+        path = REPO / (m.replace(".", "/") + ".py")
+        assert not any(d.split(".")[0] in heavy for d in _imports(path)), m
 
 
 def test_the_workdir_reaches_s3_only_on_demand():
@@ -350,7 +353,13 @@ def test_localkube_imports_nothing_from_tests():
 
 
 #: The trainer's floor: what every room may use (torch-free but ``distributed``).
-TRAINER_FLOOR = ("trainer.contract", "trainer.config", "trainer.launch", "trainer.distributed")
+TRAINER_FLOOR = (
+    "trainer.contract",
+    "trainer.config",
+    "trainer.launch",
+    "trainer.distributed",
+    "trainer.sizing",
+)
 #: The trainer's rooms, and what each may use besides the floor and itself.
 TRAINER_ROOMS = {
     "trainer.tasks": (),

@@ -26,6 +26,19 @@ class ConfigError(Exception):
         super().__init__("\n".join(problems))
 
 
+def other_model(path: str | None, detail: str) -> ConfigError:
+    """A resume refused: the checkpoint at ``path`` holds another model (``detail``: what did
+    not match)."""
+    detail = detail if len(detail) <= 100 else detail[:97] + "..."
+    return ConfigError(
+        [
+            f"resume: {path} holds a model of another shape or version (got {detail}). Resume "
+            "with the task_args it was written with, or start fresh: resume=never or another "
+            "checkpoint.dir"
+        ]
+    )
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -108,6 +121,51 @@ class DDPConfig(_Section):
             " reads) has them broadcast before each evaluation instead."
         ),
     )
+
+
+class FSDPConfig(_Section):
+    """Options of strategy fsdp (torch.distributed.fsdp.fully_shard, FSDP2)."""
+
+    reshard_after_forward: bool = Field(
+        True,
+        description=(
+            "Free each block's gathered parameters after its forward and gather them again for "
+            "its backward: the least memory, one more all-gather per block and step. false "
+            "keeps them from forward to backward."
+        ),
+    )
+    reduce_each_micro_batch: bool = Field(
+        False,
+        description=(
+            "With grad_accum > 1: reduce-scatter each micro-batch's gradients, so that a rank "
+            "keeps only its shard of the gradients between micro-batches (1/world_size of their "
+            "memory), at one reduce-scatter per micro-batch. false reduces once per step, in "
+            "the last micro-batch's backward, and every rank holds the whole fp32 gradients "
+            "until then (4 bytes per parameter)."
+        ),
+    )
+
+
+#: What strategy fsdp does not take, and why: ``(field, is_set, why)`` of each, read by
+#: TrainConfig's check across fields.
+_NOT_UNDER_FSDP = (
+    (
+        "precision",
+        lambda c: c.precision == "fp16",
+        "fp16 needs a loss scaler over sharded gradients, whose skipped steps fused AdamW does not "
+        "take. Use precision=bf16 (no loss scaling)",
+    ),
+    (
+        "sync_batchnorm",
+        lambda c: c.sync_batchnorm,
+        "SyncBatchNorm is strategy ddp's. Use strategy=ddp, or a model without BatchNorm",
+    ),
+    (
+        "ddp",
+        lambda c: bool(c.ddp.model_fields_set),
+        "these are the DDP wrapper's options. Remove them",
+    ),
+)
 
 
 class WatchdogConfig(_Section):
@@ -280,7 +338,27 @@ class TrainConfig(_Section):
     ema_decay: float | None = Field(
         None, gt=0, lt=1, description="Keep an EMA of the weights with this decay (e.g. 0.999)."
     )
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description=(
+            "How the ranks share the model. ddp: every rank holds all of the weights, gradients "
+            "and optimizer state, and the gradients are all-reduced (DistributedDataParallel). "
+            "fsdp: the three are sharded over the ranks, each rank holding 1/world_size of them "
+            "(FSDP2's fully_shard per block and at the root); every rank writes its shard of a "
+            "checkpoint, and checkpoint.dir must be one place for all ranks (s3:// or a shared "
+            "volume). A checkpoint resumes only under the strategy that wrote it."
+        ),
+    )
     ddp: DDPConfig = Field(default_factory=DDPConfig, description="DDP wrapper options.")
+    fsdp: FSDPConfig = Field(default_factory=FSDPConfig, description="Options of strategy fsdp.")
+    activation_checkpointing: bool = Field(
+        False,
+        description=(
+            "Recompute each block's activations in backward instead of keeping them from the "
+            "forward: less memory, about one more forward of compute. The blocks are the task's "
+            "(a task's `blocks(model)`, else the modules of the model's largest ModuleList)."
+        ),
+    )
     eval_every: int = Field(
         0, ge=0, description="Evaluate every N steps (metrics reduced across ranks); 0 = at end."
     )
@@ -384,6 +462,12 @@ class TrainConfig(_Section):
             raise ValueError(
                 f"warmup_steps ({self.warmup_steps}) < max_steps ({self.max_steps}) does not hold"
             )
+        if self.strategy == "fsdp":
+            for name, is_set, why in _NOT_UNDER_FSDP:
+                if is_set(self):
+                    value = getattr(self, name)
+                    got = value.model_dump(exclude_unset=True) if name == "ddp" else value
+                    raise ValueError(f"{name}: not with strategy fsdp (got {got}): {why}")
         return self
 
 
@@ -400,7 +484,10 @@ def format_errors(err: ValidationError, prefix: str = "") -> list[str]:
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
         where = loc or "(top level)"
-        if e["type"] in ("missing", "model_type") or "input" not in e:
+        if e["type"] == "value_error" and isinstance(e.get("input"), dict):
+            # A rule across fields: its message names them; the input is the whole mapping.
+            lines.append(msg if not loc else f"{loc}: {msg}")
+        elif e["type"] in ("missing", "model_type") or "input" not in e:
             lines.append(f"{where}: {msg}")
         else:
             lines.append(f"{where}: {msg} (got {_short(e['input'])})")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import logging
 import os
 import socket
@@ -307,6 +308,8 @@ def teardown() -> None:
     """
     if not (dist.is_available() and dist.is_initialized()):
         return
+    _forget_device_meshes()
+    gc.collect()  # a sharded model and its FSDP state refer to each other: only gc frees them
     group = weakref.ref(dist.group.WORLD)
     dist.destroy_process_group()
     if group() is not None:
@@ -314,6 +317,20 @@ def teardown() -> None:
             "the process group outlived destroy_process_group (something still references "
             "it); its threads may abort the process at exit"
         )
+
+
+def _forget_device_meshes() -> None:
+    """Empty DTensor's caches, which keep every device mesh they have seen (and so its process
+    groups) for the life of the process: strategy fsdp's sharded parameters are DTensors on a
+    mesh of the job's ranks. Nothing when no DTensor was made."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return
+    from torch.distributed.tensor import _collective_utils, _redistribute, debug
+
+    debug._clear_sharding_prop_cache()
+    _redistribute._gen_transform_infos.cache_clear()
+    _redistribute.clear_redistribute_planner_cache()
+    _collective_utils.MeshTopoInfo.build_from_mesh.cache_clear()
 
 
 class Collectives:

@@ -17,9 +17,10 @@ not a step (an evaluation, a save, the wait for the last write) is a phase
 pauses for (``trainer.health``). Beside the loop, the watchdog names a rank that makes no
 progress, and each log window ``trainer.health.stragglers`` names a rank that lags. What leaves
 the process goes through ``trainer.telemetry``: rank 0's events (and its MLflow run), every
-rank's Prometheus metrics. The model is wrapped by the strategy (``trainer.parts.ddp``): at
-world size 1 there is no DDP wrapper, nothing to all-reduce, and ``torch.compile`` sees the
-model whole.
+rank's Prometheus metrics. The model is shared by the strategy (``trainer.parts.strategy``): DDP
+(``trainer.parts.ddp``; at world size 1 no wrapper, nothing to all-reduce, and
+``torch.compile`` sees the model whole) or FSDP (``trainer.parts.fsdp``: sharded, with sharded
+checkpoints).
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ import torch
 from torch import nn
 
 from trainer import distributed as dist_
+from trainer import sizing
 from trainer.checkpoint.cadence import CheckpointCadence, SavesFailed
-from trainer.checkpoint.manager import CheckpointManager
-from trainer.checkpoint.storage import Retries
+from trainer.checkpoint.sharded import checkpoint_manager
 from trainer.config import ConfigError, TrainConfig
 from trainer.contract import (
     COMPLETED,
@@ -65,15 +66,16 @@ from trainer.health.restart import Restart, leave
 from trainer.health.stragglers import Stragglers
 from trainer.health.watchdog import Watchdog
 from trainer.launch import record_exit
-from trainer.parts import ddp
+from trainer.parts.blocks import blocks_of, recompute_activations
 from trainer.parts.evaluation import Evaluator
 from trainer.parts.loader import MicroBatches, build_loader
-from trainer.parts.optimizer import Ema, build_optimizer, build_scheduler
+from trainer.parts.optimizer import build_optimizer, build_scheduler
 from trainer.parts.phases import EVALUATION, LAST_WRITE, SAVE, Phases
 from trainer.parts.precision import forward_context_of, set_numerics
 from trainer.parts.rng import get_rng_state, seed_everything, set_rng_state
 from trainer.parts.step import TrainStep
 from trainer.parts.stop import NonfiniteSkips, StopRequest
+from trainer.parts.strategy import wrap
 from trainer.parts.window import LogWindow
 from trainer.tasks import Task, load_task, tokens_per_sample
 from trainer.telemetry import metrics as metrics_
@@ -104,31 +106,29 @@ class Trainer:
         dev = env.device
         set_numerics(cfg, dev)  # before any kernel runs
 
-        # Model: initialised from the base seed, so every rank builds identical weights.
+        # Model: initialised from the base seed, so every rank builds identical weights; then
+        # on the device as the strategy shares it (trainer.parts.strategy).
         seed_everything(cfg.seed)
-        self.raw_model = _build_model(task, cfg, env)  # what checkpoints hold: no prefixes
-        self.fwd_model: nn.Module = (
-            torch.compile(self.raw_model, mode=cfg.compile_mode) if cfg.compile else self.raw_model
-        )
-        strategy = ddp.wrap(self.raw_model, self.fwd_model, cfg, env)
-        self.model, self.ddp, self.step_flags = strategy.model, strategy.ddp, strategy.step_flags
-        log.info(
-            "model: %.3fM parameters", sum(p.numel() for p in self.raw_model.parameters()) / 1e6
-        )
+        self.strategy = wrap(_build_model(task, cfg, env), task, cfg, env)
+        self.raw_model = self.strategy.raw_model  # what checkpoints hold: no prefixes
+        self.fwd_model, self.model = self.strategy.fwd_model, self.strategy.model
+        self.step_flags = self.strategy.step_flags
+        self.ddp = self.step_flags is not None
+        _log_model_state(self.raw_model, cfg, env)
 
         # Optimizer, schedule, loss scaling (only fp16 needs it: bf16 has fp32's range), EMA.
         self.optimizer = build_optimizer(self.raw_model, cfg, env.world_size, dev)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self._autocast = forward_context_of(cfg, dev)
         self.scaler = torch.amp.GradScaler(dev.type, enabled=cfg.precision == "fp16")
-        self.ema = Ema(self.raw_model, cfg.ema_decay) if cfg.ema_decay else None
+        self.ema = self.strategy.make_ema(task, cfg.ema_decay) if cfg.ema_decay else None
 
         # Data: each rank its own shard; the sampler seed is shared so shards partition an epoch.
         self.train_loader, self.eval_loader = _build_loaders(task, cfg, env)
         # Per-rank seeds for everything random from here on (dropout, augmentation).
         seed_everything(cfg.seed + env.rank)
 
-        self._build_loop_parts(strategy.sync_norms_at_eval)
+        self._build_loop_parts(self.strategy.sync_norms_at_eval)
         self._build_metrics()
         stuck = self.metrics.stuck if self.metrics is not None else None
         self.watchdog = Watchdog(
@@ -154,20 +154,18 @@ class Trainer:
         self.skips = NonfiniteSkips(cfg.max_nonfinite_skips)
         params = [p for p in self.raw_model.parameters() if p.requires_grad]
         self.train_step = TrainStep(
-            self.model,
+            self.strategy,
             params,
             self.task,
             self.optimizer,
             self.scaler,
             self._autocast,
             self.stop,
-            self.step_flags,
             grad_accum=cfg.grad_accum,
             grad_clip=cfg.grad_clip,
             fused_clip=cfg.fused_clip,
             world_size=env.world_size,
             device=dev,
-            gradient_as_bucket_view=cfg.ddp.gradient_as_bucket_view,
         )
         self.window = LogWindow(
             self.report,
@@ -214,13 +212,13 @@ class Trainer:
         """Open the checkpoint location (once: the ledger keeps its record in the same store),
         resume from it, and set up the ledger, the save cadence and the data position."""
         cfg, env = self.cfg, self.env
-        retries = Retries(cfg.checkpoint.max_attempts, cfg.checkpoint.retry_mode)
-        manager = CheckpointManager(
-            cfg.checkpoint.dir, cfg.checkpoint.keep, env.is_main, env.device, retries=retries
-        )
+        manager = checkpoint_manager(cfg, env)
         self.step = 0
         epoch, batch_in_epoch = 0, 0
-        state, path, skipped = manager.load(cfg.resume)
+        # Under fsdp each rank's shards are loaded into its own model's, optimizer's and EMA's.
+        state, path, skipped = manager.load(
+            cfg.resume, into=lambda: self.strategy.state(self.optimizer, self.ema)
+        )
         if state is not None:
             epoch, batch_in_epoch = self._restore(state, path)
             self.report.event(RESUME, step=self.step, path=path, skipped=skipped)
@@ -263,17 +261,18 @@ class Trainer:
     # State
 
     def state_dict(self) -> dict[str, Any] | None:
-        """Full training state on rank 0 (None elsewhere); collective: every rank must call it."""
+        """The training state as this rank holds it; collective: every rank must call it. Under
+        ddp all of it on rank 0 (None elsewhere); under fsdp every rank's shards of the model,
+        optimizer and EMA, and the rest on rank 0."""
         rngs = dist_.gather_objects(get_rng_state(), what="checkpoint gather")
+        held = self.strategy.state(self.optimizer, self.ema)
         if not self.env.is_main:
-            return None
+            return held or None
         epoch, batch_in_epoch = self.batches.position()
         return {
-            "model": self.raw_model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            **held,
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "ema": self.ema.state_dict() if self.ema is not None else None,
             "step": self.step,
             "epoch": epoch,
             "batch_in_epoch": batch_in_epoch,
@@ -286,25 +285,10 @@ class Trainer:
 
     def _restore(self, state: dict[str, Any], path: str | None) -> tuple[int, int]:
         """Load a checkpoint into every part; return the data position to continue from."""
-        try:
-            self.raw_model.load_state_dict(state["model"])
-        except RuntimeError as e:  # missing/unexpected keys or other shapes: not this model
-            lines = str(e).strip().splitlines()
-            detail = (lines[1] if len(lines) > 1 else lines[0]).strip()
-            detail = detail if len(detail) <= 100 else detail[:97] + "..."
-            raise ConfigError(
-                [
-                    f"resume: {path} holds a model of another shape or version (got {detail}). "
-                    "Resume with the task_args it was written with, or start fresh: "
-                    "resume=never or another checkpoint.dir"
-                ]
-            ) from None
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.strategy.load_state(self.optimizer, self.ema, state, path)
         self.scheduler.load_state_dict(state["scheduler"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
-        if self.ema is not None and state.get("ema"):
-            self.ema.load_state_dict(state["ema"])
         self.step = state["step"]
         self.skips.load_state_dict(state)
         epoch, batch_in_epoch = state["epoch"], state["batch_in_epoch"]
@@ -502,14 +486,37 @@ def _dropped(count: int | None) -> dict[str, int]:
 
 
 def _build_model(task: Task, cfg: TrainConfig, env: DistEnv) -> nn.Module:
-    """The task's model on this rank's device, with SyncBatchNorm where asked and possible."""
+    """The task's model on the CPU (the strategy puts it on the device), with SyncBatchNorm
+    where asked and possible and its blocks' activations recomputed with
+    activation_checkpointing."""
     model = task.build_model()
     if cfg.sync_batchnorm and env.world_size > 1:
         if env.device.type == "cuda":
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         else:
             log.warning("sync_batchnorm: SyncBatchNorm needs CUDA; keeping per-rank BatchNorm")
-    return model.to(env.device)
+    if cfg.activation_checkpointing:
+        recompute_activations(blocks_of(task, model))
+    return model
+
+
+def _log_model_state(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> None:
+    """The model's size, and its training state per rank against the device's memory
+    (``trainer.sizing``'s rule, which validate applies before submit to the built-in tasks):
+    a warning when it cannot fit."""
+    count = sum(p.numel() for p in model.parameters())
+    log.info("model: %.3fM parameters", count / 1e6)
+    gpu = (
+        torch.cuda.get_device_properties(env.device).total_memory
+        if env.device.type == "cuda"
+        else None
+    )
+    estimate = sizing.estimate(cfg, env.world_size, gpu, parameters=count)
+    assert estimate is not None
+    if estimate.fits is False:
+        log.warning("%s", estimate.line())
+    else:
+        log.info("%s", estimate.line())
 
 
 def _build_loaders(task: Task, cfg: TrainConfig, env: DistEnv) -> tuple[Any, Any]:

@@ -95,6 +95,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         f"{args.spec}: ok ({spec.name}: {spec.nodes} node(s) x {spec.nproc_per_node} "
         f"process(es), {spec.resources.gpus} GPU(s) per node)"
     )
+    model_state = spec.model_state()
+    if model_state is not None and model_state.fits is False:
+        print(f"{args.spec}: warning: {model_state.line()}", file=sys.stderr)
+    elif model_state is not None:
+        print(f"{args.spec}: {model_state.line()}")
     return 0
 
 

@@ -31,26 +31,28 @@ if TYPE_CHECKING:
     from controller.jobs.read.apis import JobKind
     from controller.jobs.watches import PodHistory
     from controller.kube.client import Cluster
+    from controller.spec import JobSpec
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from controller.jobs.doctor import FAIL, run_checks  # holds a Cluster
+    from controller.jobs.doctor import FAIL, run_checks, spec_checks  # holds a Cluster
 
     cluster = cluster_of(args)
-    manifest, namespace = None, args.namespace
+    manifest, namespace, first = None, args.namespace, []
     if args.spec:
-        manifest = _manifest(args)
+        spec, manifest = _spec_and_manifest(args)
         namespace = manifest["metadata"]["namespace"]
-    checks = run_checks(cluster, namespace or cluster.default_namespace(), manifest)
+        first = spec_checks(spec)
+    checks = [*first, *run_checks(cluster, namespace or cluster.default_namespace(), manifest)]
     for c in checks:
         print(c.line())
     return 1 if any(c.status == FAIL for c in checks) else 0
 
 
-def _manifest(args: argparse.Namespace) -> dict[str, Any]:
+def _spec_and_manifest(args: argparse.Namespace) -> tuple[JobSpec, dict[str, Any]]:
     prepared = prepare(args, namespace=args.namespace)  # the spec's pydantic models
     try:
-        return prepared.objects()[0]
+        return prepared.spec, prepared.objects()[0]
     finally:
         prepared.remove()
 
@@ -84,7 +86,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace, prepared: Prepared) -> int:
-    from controller.jobs.doctor import preflight  # holds a Cluster
+    from controller.jobs.doctor import preflight, spec_checks  # holds a Cluster
     from controller.jobs.submit import create
     from controller.jobs.wait import wait_deleted, wait_for_job
     from controller.jobs.watches import PodHistory
@@ -101,7 +103,8 @@ def _submit(args: argparse.Namespace, prepared: Prepared) -> int:
         except NotFound:
             pass
     if not args.no_preflight:
-        preflight(cluster, manifest, force=args.force, say=say)
+        checks = spec_checks(prepared.spec)
+        preflight(cluster, manifest, force=args.force, say=say, spec_checks=checks)
     shipped_to, workdir_map = _ship(prepared, namespace)
     if workdir_map is not None:
         beside.append(workdir_map)

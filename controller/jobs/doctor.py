@@ -13,10 +13,10 @@ it ignores stays suspended forever) and, with a job naming a queue, that queue.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from controller.errors import ClusterError, DdpjobError, Forbidden, NotFound, Refused, UserError
 from controller.jobs.queue import Integration, integration, kueue_config
@@ -41,6 +41,9 @@ from controller.kubeflow import (
     WORKLOAD_PRIORITY_CLASS,
 )
 from controller.render.workdir import config_map_of
+
+if TYPE_CHECKING:
+    from controller.spec import JobSpec
 
 GPU = "nvidia.com/gpu"
 OK, WARN, FAIL = "ok", "warn", "FAIL"
@@ -760,13 +763,28 @@ def _check_priority_class(cluster: Cluster, manifest: dict[str, Any]) -> list[Ch
     return [Check("priority class", OK, f"WorkloadPriorityClass {name} (value {wpc.get('value')})")]
 
 
+def spec_checks(spec: JobSpec) -> list[Check]:
+    """The checks that read the spec alone: whether one rank's model state fits the memory it
+    has (trainer.sizing), a warning when it does not, since what a run needs beside it is only
+    estimated; nothing for a task of one's own (its model is built only where it trains)."""
+    estimate = spec.model_state()
+    if estimate is None:
+        return []
+    return [Check("model state", WARN if estimate.fits is False else OK, estimate.detail())]
+
+
 def preflight(
-    cluster: Cluster, manifest: dict[str, Any], *, force: bool, say: Callable[[str], None]
+    cluster: Cluster,
+    manifest: dict[str, Any],
+    *,
+    force: bool,
+    say: Callable[[str], None],
+    spec_checks: Sequence[Check] = (),
 ) -> None:
-    """Run the checks before a submit; refuse on a failed one. With ``force`` a job that does
-    not fit the nodes goes through (it will wait Pending). ``say`` gets one line per check that
-    is not ok, and the verdict."""
-    checks = run_checks(cluster, manifest["metadata"]["namespace"], manifest)
+    """Run the checks before a submit (``spec_checks``, made from the spec, first); refuse on
+    a failed one. With ``force`` a job that does not fit the nodes goes through (it will wait
+    Pending). ``say`` gets one line per check that is not ok, and the verdict."""
+    checks = [*spec_checks, *run_checks(cluster, manifest["metadata"]["namespace"], manifest)]
     failed = [c for c in checks if c.status == FAIL]
     for c in checks:
         if c.status != OK:

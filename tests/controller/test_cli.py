@@ -262,3 +262,22 @@ def test_a_price_below_zero_is_refused_before_asking_the_cluster(command, price,
     err = capsys.readouterr().err
     assert err.startswith(f"error: --price-per-gpu-hour: must be 0 or more (got {float(price)})")
     assert "Traceback" not in err
+
+
+def test_validate_says_each_rank_s_model_state_and_warns_when_it_cannot_fit(write_spec, capsys):
+    lm = {"task": "lm", "task_args": {"n_layer": 32, "n_embd": 4096, "n_head": 32}}
+    spec = minimal(trainer=lm, resources={"gpus": 8, "gpu_memory": "80Gi"}, nproc_per_node=8)
+    path = write_spec(spec)
+    assert main(["validate", str(path)]) == 0  # a warning: what else a run needs is estimated
+    out, err = capsys.readouterr()
+    assert err == (
+        f"{path}: warning: model state per rank: 96 GiB (6.4B parameters x 16 bytes on every "
+        "rank, strategy ddp): more than 80% of a 80 GiB GPU (64 GiB). Use strategy fsdp over "
+        "at least 2 GPUs, or a smaller model\n"
+    )
+    assert main(["validate", str(path), "--set", "trainer.strategy=fsdp"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and out.splitlines()[1] == (
+        f"{path}: model state per rank: 12 GiB (6.4B parameters x 16 bytes/8 ranks, strategy "
+        "fsdp): fits in 80% of a 80 GiB GPU (64 GiB)"
+    )

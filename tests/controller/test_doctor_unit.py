@@ -408,3 +408,73 @@ def test_a_job_shipping_its_workdir_in_a_configmap_checks_it_may_create_one():
     assert _by_name(run_checks(FakeCluster(), "ml", in_map))["workdir"].status == "ok"
     in_store = render_job(spec, Shipped(digest, url="s3://b/p/x.tar.gz"))
     assert "workdir" not in _by_name(run_checks(OnlyNoConfigMaps(), "ml", in_store))
+
+
+# ---------------------------------------------------------------------------------------------
+# The model state per rank: does a built-in task's training state fit the GPUs it asks?
+
+#: The lm task at 6.4 B parameters (32 blocks of width 4096).
+BIG_LM = {"task": "lm", "task_args": {"n_layer": 32, "n_embd": 4096, "n_head": 32}}
+
+
+def _spec(strategy: str, nodes: int, gpu_memory: str | None = "80Gi", **trainer: Any):
+    from controller.spec import validate_spec
+
+    resources = {"gpus": 8, "gpu_memory": gpu_memory} if gpu_memory else {"gpus": 8}
+    return validate_spec(
+        {
+            "name": "big",
+            "image": "repo/trainer:1",
+            "nodes": nodes,
+            "nproc_per_node": 8,
+            "resources": resources,
+            "trainer": {**BIG_LM, "strategy": strategy, **trainer},
+        }
+    )
+
+
+def test_the_model_state_check_warns_when_a_rank_cannot_hold_it_and_says_what_would():
+    from controller.jobs.doctor import spec_checks
+
+    (ddp,) = spec_checks(_spec("ddp", 1))
+    assert ddp.status == "warn"
+    assert ddp.detail == (
+        "96 GiB (6.4B parameters x 16 bytes on every rank, strategy ddp): more than 80% of a "
+        "80 GiB GPU (64 GiB). Use strategy fsdp over at least 2 GPUs, or a smaller model"
+    )
+    (fsdp,) = spec_checks(_spec("fsdp", 1))  # 8 ranks share it
+    assert fsdp.status == "ok"
+    assert fsdp.detail.startswith("12 GiB (6.4B parameters x 16 bytes/8 ranks, strategy fsdp)")
+    (ema,) = spec_checks(_spec("fsdp", 1, gpu_memory="16Gi", ema_decay=0.999))
+    assert ema.status == "warn" and "x 20 bytes/8 ranks" in ema.detail
+    assert ema.detail.endswith(
+        "Shard it over at least 10 GPUs (nodes x nproc_per_node), or a smaller model"
+    )
+    (whole,) = spec_checks(_spec("fsdp", 1, grad_accum=4))  # whole gradients between steps
+    assert whole.status == "ok" and whole.detail.startswith(
+        "36 GiB (6.4B parameters x 16 bytes/8 ranks, + 4 bytes of whole gradients while "
+        "accumulating, strategy fsdp)"
+    )
+    (tight,) = spec_checks(_spec("fsdp", 1, gpu_memory="40Gi", grad_accum=4))
+    assert tight.status == "warn" and tight.detail.endswith(
+        "Shard it over at least 13 GPUs (nodes x nproc_per_node), or set "
+        "fsdp.reduce_each_micro_batch, or a smaller model"
+    )
+    (unknown,) = spec_checks(_spec("ddp", 1, gpu_memory=None))
+    assert unknown.status == "ok" and unknown.detail.endswith(
+        "set resources.gpu_memory to check that it fits"
+    )
+    assert spec_checks(_spec("ddp", 1, task="tests.trainer.tasks:build", task_args={})) == []
+
+
+def test_preflight_says_the_model_state_warning_and_submits():
+    from controller.jobs.doctor import preflight, spec_checks
+    from controller.render.job import render_job
+
+    spec = _spec("ddp", 1)
+    said: list[str] = []
+    preflight(
+        FakeCluster(), render_job(spec), force=False, say=said.append, spec_checks=spec_checks(spec)
+    )
+    assert said[0].startswith("preflight [warn] model state: 96 GiB")
+    assert said[-1] == "preflight: ok (8 checks)"  # a warning: the job is submitted

@@ -158,6 +158,18 @@ def run(
     return Result(p.returncode, p.stdout, p.stderr)
 
 
+def start(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """``python -m trainer args`` started with ``env``, its output piped as text."""
+    return subprocess.Popen(
+        trainer_cmd(*args),
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
 def run_pods(
     envs: list[dict[str, str]],
     args: list[str],

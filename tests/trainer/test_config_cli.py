@@ -24,6 +24,19 @@ from trainer.config import ConfigError, load_config
         (["task=trainer.tasks:nope"], "task: trainer.tasks has no callable nope"),
         (["task_args.colour=3"], "task_args: got an unexpected keyword argument 'colour'"),
         (["lr"], "lr: expected key=value"),
+        (
+            ["strategy=fsdp", "precision=fp16"],
+            "precision: not with strategy fsdp (got fp16): fp16 needs a loss scaler",
+        ),
+        (
+            ["strategy=fsdp", "sync_batchnorm=true"],
+            "sync_batchnorm: not with strategy fsdp (got True): SyncBatchNorm is strategy ddp's",
+        ),
+        (
+            ["strategy=fsdp", "ddp.static_graph=true"],
+            "ddp: not with strategy fsdp (got {'static_graph': True}): these are the DDP wrapper's",
+        ),
+        (["strategy=zero3"], "strategy: Input should be 'ddp' or 'fsdp' (got zero3)"),
     ],
 )
 def test_bad_value_exits_2_naming_the_key(args: list[str], expected: str) -> None:

@@ -24,6 +24,7 @@ from tests.trainer.conftest import (
     parse_events,
     read_checkpoint,
     run,
+    start,
     torchrun_cmd,
     trainer_cmd,
 )
@@ -199,14 +200,7 @@ def test_sigterm_checkpoints_exits_143_and_rerun_resumes(tmp_path: Path) -> None
         **{"task_args.sleep_s": 0.05, "checkpoint.every_steps": 100_000},
     )
     env = kubeflow_env(nproc_per_node=2, world_size=2)
-    proc = subprocess.Popen(
-        trainer_cmd(*args),
-        cwd=REPO,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = start(args, env)
     _wait_for_event(proc, lambda e: e["event"] == "train" and e["step"] >= 3)
     proc.send_signal(signal.SIGTERM)  # what the kubelet does to the pod's main process
     out, err = proc.communicate(timeout=120)
@@ -230,14 +224,7 @@ def test_sigterm_checkpoints_exits_143_and_rerun_resumes(tmp_path: Path) -> None
 @pytest.mark.slow
 def test_sigterm_standalone_exits_143(tmp_path: Path) -> None:
     args = common_args(tmp_path, max_steps=10_000, log_every=1, **{"task_args.sleep_s": 0.02})
-    proc = subprocess.Popen(
-        trainer_cmd(*args),
-        cwd=REPO,
-        env=base_env(),
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = start(args, base_env())
     _wait_for_event(proc, lambda e: e["event"] == "train")
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
@@ -314,17 +301,7 @@ def test_a_lost_peer_exits_138_retryable_not_1(tmp_path: Path) -> None:
     args = common_args(tmp_path, max_steps=10_000, log_every=1, **{"task_args.sleep_s": 0.02})
     master = kubeflow_env(nproc_per_node=1, world_size=2, rank=0)
     worker = {**master, "RANK": "1", "PET_NODE_RANK": "1"}
-    procs = [
-        subprocess.Popen(
-            trainer_cmd(*args),
-            cwd=REPO,
-            env=env,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for env in (master, worker)
-    ]
+    procs = [start(args, env) for env in (master, worker)]
     _wait_for_event(procs[0], lambda e: e["event"] == "train" and e["step"] >= 3)
     procs[1].kill()
     out, err = procs[0].communicate(timeout=120)
@@ -338,14 +315,7 @@ def test_a_lost_peer_exits_138_retryable_not_1(tmp_path: Path) -> None:
 def test_a_lost_peer_under_the_torchrun_relaunch_still_exits_138(tmp_path: Path) -> None:
     """torchrun reports any worker failure as 1; the relaunching pod must still report 138."""
     args = common_args(tmp_path, max_steps=10_000, log_every=1, **{"task_args.sleep_s": 0.02})
-    proc = subprocess.Popen(
-        trainer_cmd(*args),
-        cwd=REPO,
-        env=kubeflow_env(nproc_per_node=2, world_size=2),
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = start(args, kubeflow_env(nproc_per_node=2, world_size=2))
     _wait_for_event(proc, lambda e: e["event"] == "train" and e["step"] >= 3)
     trainers = [
         c

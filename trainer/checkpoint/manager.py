@@ -51,6 +51,7 @@ from trainer.checkpoint.storage import (
     Retries,
     StorageError,
     Store,
+    crc_file,
     describe,
     is_url,
     open_store,
@@ -63,6 +64,9 @@ log = logging.getLogger(__name__)
 STATE = "state.pt"
 MANIFEST = "manifest.json"
 FORMAT = "ddpjob-checkpoint/1"
+#: The manifest's ``strategy``: a full state written by rank 0 (no key: written before there
+#: was another), or rank 0's state.pt beside every rank's shard (trainer.checkpoint.sharded).
+DDP, FSDP = "ddp", "fsdp"
 _STEP = re.compile(r"step_(\d+)")
 _LEGACY = re.compile(r"step_(\d+)\.pt")
 
@@ -106,20 +110,21 @@ def scan(names: list[str]) -> tuple[list[Found], list[str]]:
     return complete, sorted(incomplete)
 
 
-def read(store: Store, name: str) -> dict[str, Any]:
-    """Load checkpoint ``name`` of ``store`` onto CPU; raise if it is not complete and intact."""
+def read(store: Store, name: str, strategy: str = DDP) -> dict[str, Any]:
+    """Load checkpoint ``name`` of ``store`` onto CPU (its state.pt: under ``strategy`` fsdp the
+    state beside the shards); raise if it is not complete and intact, OtherStrategy if it was
+    written under the other strategy."""
     if name.endswith(".pt"):  # a legacy file (or a state.pt named on its own)
-        return _load(io.BytesIO(store.read_bytes(name)))
-    try:
-        manifest = json.loads(store.read_bytes(f"{name}/{MANIFEST}"))
-        want = manifest["objects"][STATE]
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no {MANIFEST}: not a complete checkpoint") from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{MANIFEST} is damaged ({describe(e)})") from e
+        if strategy != DDP:
+            raise OtherStrategy({"strategy": DDP})
+        return _load(io.BytesIO(store.read_bytes(name)), strategy)
+    manifest = read_manifest(store, name)
+    if manifest.get("strategy", DDP) != strategy:
+        raise OtherStrategy(manifest)
+    want = manifest["objects"][STATE]
     path = store.local_path(f"{name}/{STATE}")
     if path is not None:
-        size, crc = _crc_file(path)
+        size, crc = crc_file(path)
         source: Path | io.BytesIO = path
     else:
         data = store.read_bytes(f"{name}/{STATE}")
@@ -129,25 +134,52 @@ def read(store: Store, name: str) -> dict[str, Any]:
         raise ValueError(f"{STATE} has {size} bytes, its manifest says {want['bytes']}")
     if f"{crc:08x}" != want["crc32"]:
         raise ValueError(f"{STATE}'s CRC-32 is {crc:08x}, its manifest says {want['crc32']}")
-    return _load(source)
+    return _load(source, strategy)
 
 
-def _load(source: Path | io.BytesIO) -> dict[str, Any]:
+def read_manifest(store: Store, name: str) -> dict[str, Any]:
+    """Checkpoint ``name``'s manifest; raise if it has none (not complete) or it is damaged."""
+    try:
+        manifest = json.loads(store.read_bytes(f"{name}/{MANIFEST}"))
+        int(manifest["objects"][STATE]["bytes"])  # every checkpoint has its state.pt
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no {MANIFEST}: not a complete checkpoint") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{MANIFEST} is damaged ({describe(e)})") from e
+    return manifest
+
+
+class OtherStrategy(Exception):
+    """A checkpoint written under the other strategy (its ``manifest``): refused, not skipped."""
+
+    def __init__(self, manifest: dict[str, Any]):
+        self.strategy = manifest.get("strategy", DDP)
+        self.world_size = manifest.get("world_size")
+        super().__init__(f"a strategy {self.strategy} checkpoint")
+
+    def problem(self, where: str, ours: str) -> str:
+        """The line that refuses it."""
+        n = self.world_size
+        shards = f" of {n} shard{'s' if n != 1 else ''}" if n else ""
+        return (
+            f"resume: {where} is a strategy {self.strategy} checkpoint{shards}; this run's "
+            f"strategy is {ours} (got strategy={ours}). Resume it with strategy="
+            f"{self.strategy}, or start fresh: resume=never or another checkpoint.dir"
+        )
+
+
+#: What a state.pt holds at least, by strategy (under fsdp the model is in the shards).
+_REQUIRED = {DDP: ("model", "step"), FSDP: ("step",)}
+
+
+def _load(source: Path | io.BytesIO, strategy: str = DDP) -> dict[str, Any]:
     # A file is mapped, not read: rank 0 holds no second copy of a large state.
     mmap = isinstance(source, Path)
     state = torch.load(source, map_location="cpu", weights_only=True, mmap=mmap)
-    if not isinstance(state, dict) or "model" not in state or "step" not in state:
-        raise ValueError("not a ddpjob checkpoint (no model/step)")
+    required = _REQUIRED[strategy]
+    if not isinstance(state, dict) or any(k not in state for k in required):
+        raise ValueError(f"not a ddpjob checkpoint (no {'/'.join(required)})")
     return state
-
-
-def _crc_file(path: Path, block: int = 16 << 20) -> tuple[int, int]:
-    size, crc = 0, 0
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            size += len(chunk)
-            crc = zlib.crc32(chunk, crc)
-    return size, crc
 
 
 def read_path(path: str) -> dict[str, Any]:
@@ -170,6 +202,26 @@ def grace_period_s() -> float | None:
     return KUBERNETES_DEFAULT_GRACE_PERIOD_S if "KUBERNETES_SERVICE_HOST" in os.environ else None
 
 
+def write_manifest(
+    store: Store,
+    name: str,
+    step: int,
+    strategy: str,
+    objects: dict[str, tuple[int, int]],
+    **extra: Any,
+) -> None:
+    """Write checkpoint ``name``'s manifest (last: it makes the step complete). ``objects`` are
+    the step's other objects, each ``(bytes, crc32)``."""
+    manifest = {
+        "format": FORMAT,
+        "step": step,
+        "strategy": strategy,
+        "objects": {k: {"bytes": n, "crc32": f"{crc:08x}"} for k, (n, crc) in objects.items()},
+        **extra,
+    }
+    store.write_bytes(f"{name}/{MANIFEST}", json.dumps(manifest, indent=1).encode())
+
+
 class CheckpointManager:
     """Save and find checkpoints in ``location`` (a local dir or ``s3://bucket/prefix``).
 
@@ -186,18 +238,9 @@ class CheckpointManager:
         device: torch.device | None = None,
         retries: Retries | None = None,
     ):
-        self.location = str(location)
-        self.keep, self.is_main = keep, is_main
-        self.device = device or torch.device("cpu")
-        self.store: Store | None = None
-        self._stager = None
-        self._inflight: Future | None = None
-        self._done: list[dict[str, Any]] = []
-        self._warned_slow = False
-        self.grace_period_s = grace_period_s()
+        self._begin(location, keep, is_main, device)
         problem = None
         if is_main:
-            self._stager = _Staging(self.device)
             try:
                 store = open_store(self.location, retries)
                 store.probe()
@@ -211,6 +254,20 @@ class CheckpointManager:
         problem = distributed_.broadcast_object(problem)
         if problem:
             raise ConfigError(problem)
+
+    def _begin(
+        self, location: str | os.PathLike, keep: int, is_main: bool, device: torch.device | None
+    ) -> None:
+        """The state of a manager with no save yet; rank 0's staging memory."""
+        self.location = str(location)
+        self.keep, self.is_main = keep, is_main
+        self.device = device or torch.device("cpu")
+        self.store: Store | None = None
+        self._stager = _Staging(self.device) if is_main else None
+        self._inflight: Future | None = None
+        self._done: list[dict[str, Any]] = []
+        self._warned_slow = False
+        self.grace_period_s = grace_period_s()
 
     @property
     def url(self) -> str | None:
@@ -267,12 +324,7 @@ class CheckpointManager:
         try:
             store.delete([f"{name}/{MANIFEST}"])  # a step written again is incomplete meanwhile
             size, crc = store.write(f"{name}/{STATE}", lambda f: torch.save(staged, f))
-            manifest = {
-                "format": FORMAT,
-                "step": step,
-                "objects": {STATE: {"bytes": size, "crc32": f"{crc:08x}"}},
-            }
-            store.write_bytes(f"{name}/{MANIFEST}", json.dumps(manifest, indent=1).encode())
+            write_manifest(store, name, step, DDP, {STATE: (size, crc)})
             write_s = time.perf_counter() - started
             self._prune()
         except Exception as e:
@@ -314,6 +366,8 @@ class CheckpointManager:
         except TimeoutError:
             return
         self._inflight = None
+        if result is None:  # a rank that wrote its shard: rank 0 reports the checkpoint
+            return
         self._done.append(result)
         limit = self.grace_period_s
         if "error" in result:
@@ -341,6 +395,8 @@ class CheckpointManager:
         if resume != "auto":
             try:
                 return resume, read_path(resume), []
+            except OtherStrategy as e:
+                raise ConfigError([e.problem(resume, DDP)]) from None
             except Exception as e:  # the user named it: say so, do not fall back
                 raise ConfigError([f"resume: cannot load {_first_line(e)} (got {resume})"]) from e
         assert self.store is not None
@@ -349,15 +405,20 @@ class CheckpointManager:
             where = self.store.url_of(found.name)
             try:
                 return where, read(self.store, found.name), skipped
+            except OtherStrategy as e:  # not damaged: written by a run of the other strategy
+                raise ConfigError([e.problem(where, DDP)]) from None
             except Exception as e:  # torn, damaged, unreadable: all mean "skip it"
                 note = f"{where}: unreadable ({_first_line(e)})"
                 log.warning("checkpoint %s; trying an older one", note)
                 skipped.append(note)
         return None, None, skipped
 
-    def load(self, resume: str) -> tuple[dict[str, Any] | None, str | None, list[str]]:
+    def load(
+        self, resume: str, into: Callable[[], dict[str, Any]] | None = None
+    ) -> tuple[dict[str, Any] | None, str | None, list[str]]:
         """On every rank: the state rank 0 chose (rank 0 reads it; the others receive it by
-        broadcast, so only rank 0 needs to reach the location), its path, and skipped notes."""
+        broadcast, so only rank 0 needs to reach the location), its path, and skipped notes.
+        (``into``: what a sharded checkpoint loads into; a whole one brings its own tensors.)"""
         where, state, skipped, problem = None, None, [], None
         if self.is_main:
             try:

@@ -24,7 +24,7 @@ import re
 import socket
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -55,6 +55,10 @@ class Store(Protocol):
 
     def url_of(self, name: str) -> str:
         """Where object ``name`` is, for messages and events."""
+
+    def writer(self, name: str) -> contextlib.AbstractContextManager[Written]:
+        """A file object to write ``name`` into: stored whole when the block ends, not at all
+        when it raises. It counts and checksums what passes (``size``, ``crc``)."""
 
     def write(self, name: str, produce: Callable[[BinaryIO], None]) -> tuple[int, int]:
         """Store what ``produce`` writes into the file object it is given, whole or not at all;
@@ -111,7 +115,7 @@ def describe(e: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-class _Tee(io.RawIOBase):
+class Written(io.RawIOBase):
     """A write-only file that passes every byte on to ``sink`` and counts and checksums them."""
 
     def __init__(self, sink: BinaryIO):
@@ -119,6 +123,9 @@ class _Tee(io.RawIOBase):
 
     def writable(self) -> bool:
         return True
+
+    def tell(self) -> int:
+        return self.size
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
@@ -128,8 +135,25 @@ class _Tee(io.RawIOBase):
         return len(view)
 
 
+def crc_file(path: Path, block: int = 16 << 20) -> tuple[int, int]:
+    """A file's size and CRC-32, read in blocks."""
+    size, crc = 0, 0
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            size += len(chunk)
+            crc = zlib.crc32(chunk, crc)
+    return size, crc
+
+
 def _probe_name() -> str:
     return f".ddpjob-probe-{socket.gethostname()}-{os.getpid()}"
+
+
+def _write(store: Store, name: str, produce: Callable[[BinaryIO], None]) -> tuple[int, int]:
+    """``Store.write`` over ``Store.writer``: the object's size and CRC-32."""
+    with store.writer(name) as f:
+        produce(f)
+    return f.size, f.crc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,14 +176,15 @@ class LocalStore:
     def local_path(self, name: str) -> Path:
         return self.root / name
 
-    def write(self, name: str, produce: Callable[[BinaryIO], None]) -> tuple[int, int]:
+    @contextlib.contextmanager
+    def writer(self, name: str) -> Iterator[Written]:
         path = self.root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
             with open(tmp, "wb") as f:
-                tee = _Tee(f)
-                produce(tee)
+                tee = Written(f)
+                yield tee
                 f.flush()
                 os.fsync(f.fileno())
         except BaseException:
@@ -167,7 +192,9 @@ class LocalStore:
             raise
         os.replace(tmp, path)
         _fsync_dir(path.parent)  # make the rename itself durable
-        return tee.size, tee.crc
+
+    def write(self, name: str, produce: Callable[[BinaryIO], None]) -> tuple[int, int]:
+        return _write(self, name, produce)
 
     def write_bytes(self, name: str, data: bytes) -> None:
         self.write(name, lambda f: f.write(data))
@@ -319,9 +346,10 @@ class S3Store:
             max_concurrency=CONCURRENCY,
         )
 
-    def write(self, name: str, produce: Callable[[BinaryIO], None]) -> tuple[int, int]:
-        """``produce`` writes into a pipe; the transfer manager reads it part by part (one PUT
-        if it is short, a multipart upload if not) in a thread of its own."""
+    @contextlib.contextmanager
+    def writer(self, name: str) -> Iterator[Written]:
+        """What the block writes goes into a pipe; the transfer manager reads it part by part
+        (one PUT if it is short, a multipart upload if not) in a thread of its own."""
         read_fd, write_fd = os.pipe()
         source = _PipeSource(os.fdopen(read_fd, "rb", buffering=PART_BYTES))
         uploaded: list[BaseException] = []
@@ -339,10 +367,9 @@ class S3Store:
         uploader = threading.Thread(target=upload, name="ddpjob-s3-upload", daemon=True)
         uploader.start()
         sink = os.fdopen(write_fd, "wb")
-        tee = _Tee(sink)
         produced: BaseException | None = None
         try:
-            produce(tee)
+            yield Written(sink)
         except BaseException as e:
             produced = e
             source.failed = True  # before the close: the upload must fail, not end short
@@ -355,7 +382,9 @@ class S3Store:
             raise StorageError(self.url_of(name), describe(uploaded[0])) from uploaded[0]
         if produced is not None:
             raise produced
-        return tee.size, tee.crc
+
+    def write(self, name: str, produce: Callable[[BinaryIO], None]) -> tuple[int, int]:
+        return _write(self, name, produce)
 
     def write_bytes(self, name: str, data: bytes) -> None:
         try:

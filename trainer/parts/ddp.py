@@ -1,6 +1,7 @@
-"""The strategy that shares the work between the ranks: DDP, a full copy of the model on each rank
-and its gradients all-reduced. :func:`wrap` is where the model is wrapped; another strategy (FSDP)
-sits beside it with the same shape: the forward model in, :class:`Wrapped` out.
+"""Strategy ddp: DistributedDataParallel, a full copy of the model on each rank and its
+gradients all-reduced; checkpoints hold the whole state, written by rank 0. :func:`wrap` is where
+the model is wrapped; strategy fsdp (``trainer.parts.fsdp``) sits beside it with the same shape
+(``trainer.parts.strategy``).
 
 DDP only where there is someone to all-reduce with. At world size 1 (a one-replica job still has
 a process group) the wrapper would add its hooks and a one-rank all-reduce per bucket, and under
@@ -10,20 +11,29 @@ compile Dynamo's DDPOptimizer would split the graph at every bucket boundary
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
+from typing import Any
 
+import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, other_model
 from trainer.distributed import DistEnv, StepFlags
+from trainer.parts.optimizer import Ema
 
 
 @dataclass(frozen=True)
 class Wrapped:
-    """The model as the step runs it, and what the strategy adds to the loop."""
+    """The model as the step runs it, and what the strategy adds to the loop
+    (``trainer.parts.strategy.Strategy``)."""
 
+    #: The model as checkpoints hold it: no ``module.``/``_orig_mod.`` prefixes.
+    raw_model: nn.Module
+    #: ``raw_model``, compiled or not: what evaluation runs.
+    fwd_model: nn.Module
     #: What the step calls forward and backward: the DDP module, or the forward model itself.
     model: nn.Module
     #: The step's ``[loss, stop]``, reduced with the gradients (None without DDP).
@@ -31,19 +41,71 @@ class Wrapped:
     #: BatchNorm statistics are rank 0's, broadcast before each evaluation, not before every
     #: forward (see :func:`batchnorm_statistics_only`).
     sync_norms_at_eval: bool
+    #: With gradient_as_bucket_view the gradients *are* DDP's all-reduce buckets: zeroing them
+    #: in place lets backward accumulate straight into the buckets. Setting them to None would
+    #: make every backward allocate fresh gradients and copy them into the buckets.
+    grads_to_none: bool
+    is_main: bool
 
     @property
     def ddp(self) -> bool:
         return self.step_flags is not None
 
+    def micro_batch(self, last: bool) -> contextlib.AbstractContextManager:
+        """Gradients accumulate locally; DDP all-reduces once per step, in the last backward."""
+        return self.model.no_sync() if self.ddp and not last else contextlib.nullcontext()
 
-def wrap(raw_model: nn.Module, fwd_model: nn.Module, cfg: TrainConfig, env: DistEnv) -> Wrapped:
-    """``fwd_model`` (``raw_model``, compiled or not) in DDP when the job has more than one
-    rank, with the step's flags riding in its gradient all-reduce (one round per step)."""
-    if not (env.distributed and env.world_size > 1):
-        return Wrapped(fwd_model, None, sync_norms_at_eval=False)
-    sync_norms_at_eval = cfg.ddp.broadcast_buffers and batchnorm_statistics_only(raw_model)
+    def before_last_backward(self, flags: torch.Tensor) -> None:
+        """Into the last bucket: they travel with the gradients."""
+        if self.step_flags is not None:
+            self.step_flags.values.copy_(flags)
+
+    def after_backward(self, flags: torch.Tensor) -> torch.Tensor:
+        """With DDP, the flags were reduced over the ranks by the time backward returned."""
+        return self.step_flags.values if self.step_flags is not None else flags
+
+    def make_ema(self, task: Any, decay: float) -> Ema:
+        return Ema(self.raw_model, decay)
+
+    def state(self, optimizer: torch.optim.Optimizer, ema: Ema | None) -> dict[str, Any]:
+        """The whole model, optimizer and EMA state, on rank 0 (copied off the device by the
+        checkpoint manager); nothing elsewhere."""
+        if not self.is_main:
+            return {}
+        return {
+            "model": self.raw_model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "ema": ema.state_dict() if ema is not None else None,
+        }
+
+    def load_state(
+        self,
+        optimizer: torch.optim.Optimizer,
+        ema: Ema | None,
+        state: dict[str, Any],
+        path: str | None,
+    ) -> None:
+        try:
+            self.raw_model.load_state_dict(state["model"])
+        except RuntimeError as e:  # missing/unexpected keys or other shapes: not this model
+            lines = str(e).strip().splitlines()
+            detail = (lines[1] if len(lines) > 1 else lines[0]).strip()
+            raise other_model(path, detail) from None
+        optimizer.load_state_dict(state["optimizer"])
+        if ema is not None and state.get("ema"):
+            ema.load_state_dict(state["ema"])
+
+
+def wrap(raw_model: nn.Module, cfg: TrainConfig, env: DistEnv) -> Wrapped:
+    """``raw_model`` on this rank's device (compiled whole with compile), in DDP when the job
+    has more than one rank, with the step's flags riding in its gradient all-reduce (one round
+    per step)."""
     dev = env.device
+    raw_model = raw_model.to(dev)
+    fwd_model = torch.compile(raw_model, mode=cfg.compile_mode) if cfg.compile else raw_model
+    if not (env.distributed and env.world_size > 1):
+        return Wrapped(raw_model, fwd_model, fwd_model, None, False, True, env.is_main)
+    sync_norms_at_eval = cfg.ddp.broadcast_buffers and batchnorm_statistics_only(raw_model)
     model = DDP(
         fwd_model,
         device_ids=[dev.index] if dev.type == "cuda" else None,
@@ -55,7 +117,10 @@ def wrap(raw_model: nn.Module, fwd_model: nn.Module, cfg: TrainConfig, env: Dist
     )
     step_flags = StepFlags(dev)
     model.register_comm_hook(None, step_flags.hook)
-    return Wrapped(model, step_flags, sync_norms_at_eval)
+    grads_to_none = not cfg.ddp.gradient_as_bucket_view
+    return Wrapped(
+        raw_model, fwd_model, model, step_flags, sync_norms_at_eval, grads_to_none, env.is_main
+    )
 
 
 def batchnorm_statistics_only(model: nn.Module) -> bool:

@@ -46,10 +46,17 @@ def clip_in_step(
     update, one pass over the gradients fewer. Fused AdamW only (``build_optimizer``'s); the
     caller deletes ``optimizer.grad_scale`` after the step.
     """
-    norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    norm = global_norm(nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
     # float32: the fused kernels read grad_scale as a float.
     optimizer.grad_scale = torch.clamp((norm.float() + 1e-6) / max_norm, min=1.0)
     return norm
+
+
+def global_norm(norm: torch.Tensor) -> torch.Tensor:
+    """The whole value of a norm: over sharded gradients (strategy fsdp) the norm is a DTensor
+    of each rank's part, whose whole value is one all-reduce of a scalar; a plain norm as it is."""
+    full = getattr(norm, "full_tensor", None)
+    return full() if full is not None else norm
 
 
 def lr_factor(step: int, max_steps: int, warmup_steps: int, min_lr_ratio: float) -> float:
@@ -88,14 +95,19 @@ class Ema:
     "n_averaged": count}``, so checkpoints written before this class load as they did.
     """
 
-    def __init__(self, model: nn.Module, decay: float):
-        self.module = copy.deepcopy(model).requires_grad_(False)
+    def __init__(self, model: nn.Module, decay: float, module: nn.Module | None = None):
+        """``module``: the average's own copy of the model's structure, sharded as the model is
+        (strategy fsdp, whose modules cannot be deep-copied); by default a copy of ``model``. Its
+        weights do not matter: the first update copies the model's."""
+        self.module = (module if module is not None else copy.deepcopy(model)).requires_grad_(False)
         self.decay = decay
         self.updates = 0
         # Pairs in the same order (the copy has the model's structure; tied weights appear once
         # in both). Loading a checkpoint copies into these tensors, so the lists stay valid.
-        self._average = list(self.module.parameters())
-        self._weights = list(model.parameters())
+        # Sharded parameters are averaged shard by shard: each rank its own part.
+        with torch.no_grad():
+            self._average = _local(self.module.parameters())
+            self._weights = _local(model.parameters())
         self._buffers = list(self.module.buffers())
         self._sources = list(model.buffers())
 
@@ -116,3 +128,8 @@ class Ema:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.module.load_state_dict(state["model"])
         self.updates = int(state["n_averaged"])
+
+
+def _local(tensors: Any) -> list[torch.Tensor]:
+    """Each tensor, or this rank's shard of it (a DTensor's local tensor, sharing its storage)."""
+    return [t.to_local() if hasattr(t, "to_local") else t for t in tensors]

@@ -1,7 +1,9 @@
 """One optimizer step: ``grad_accum`` micro-batches forward and backward, then the update.
 
-All micro-batches but the last run under ``no_sync``, so DDP all-reduces the gradients once per
-step, and the step's ``[loss, stop]`` ride in its last bucket (``distributed.StepFlags``), so
+All micro-batches but the last run without reducing the gradients (the strategy's
+``micro_batch``: DDP's ``no_sync``, FSDP's gradient sync off), so they are reduced once per step,
+and every rank learns the step's ``[loss, stop]`` summed over the ranks (under DDP they ride in
+its last bucket, ``distributed.StepFlags``; under FSDP one small all-reduce after backward), so
 every rank takes the same branch (NaN skip, preemption). Then unscale -> clip -> step -> zero
 (with ``fused_clip``, the clip is folded into the step).
 The update is queued before the host looks at the step's loss: a step whose loss is not finite
@@ -19,10 +21,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.distributed import COLLECTIVES, StepFlags
+from trainer.distributed import COLLECTIVES
 from trainer.parts.loader import MicroBatches
-from trainer.parts.optimizer import clip_in_step
+from trainer.parts.optimizer import clip_in_step, global_norm
 from trainer.parts.stop import StopRequest
+from trainer.parts.strategy import Strategy
 from trainer.parts.window import LogWindow
 
 
@@ -56,36 +59,30 @@ class TrainStep:
 
     def __init__(
         self,
-        model: nn.Module,
+        strategy: Strategy,
         params: list[nn.Parameter],
         task: Any,
         optimizer: torch.optim.Optimizer,
         scaler: torch.amp.GradScaler,
         autocast: Callable[[], contextlib.AbstractContextManager],
         stop: StopRequest,
-        step_flags: StepFlags | None,
         *,
         grad_accum: int,
         grad_clip: float,
         fused_clip: bool = False,
         world_size: int,
         device: torch.device,
-        gradient_as_bucket_view: bool,
     ):
-        self.model, self.params, self.task = model, params, task
+        self.strategy, self.model, self.params, self.task = strategy, strategy.model, params, task
         self.optimizer, self.scaler, self.autocast = optimizer, scaler, autocast
-        self.stop, self.step_flags = stop, step_flags
-        self.ddp = step_flags is not None
+        self.stop = stop
         self.grad_accum, self.grad_clip = grad_accum, grad_clip
         # Clipping inside fused AdamW's step; fp16 clips apart: its GradScaler owns grad_scale.
         self.fused_clip = fused_clip
         self.loss_divisor = world_size * grad_accum  # the flags hold the sum over both
         self.host_flags = HostFlags(device)
         self.stop_flag = torch.zeros((), device=device)
-        # With gradient_as_bucket_view the gradients *are* DDP's all-reduce buckets: zeroing them
-        # in place lets backward accumulate straight into the buckets. Setting them to None
-        # would make every backward allocate fresh gradients and copy them into the buckets.
-        self.grads_to_none = not (self.ddp and gradient_as_bucket_view)
+        self.grads_to_none = strategy.grads_to_none
 
     def run(
         self, batches: MicroBatches, window: LogWindow, want_norm: bool
@@ -106,8 +103,8 @@ class TrainStep:
             batch = next(batches)  # drawn during the previous backward
             window.data_s += time.perf_counter() - t_data
             last = micro == self.grad_accum - 1
-            # Gradients accumulate locally; DDP all-reduces once per step, in the last backward.
-            with self.model.no_sync() if self.ddp and not last else contextlib.nullcontext():
+            # Gradients accumulate locally; they are reduced once per step, in the last backward.
+            with self.strategy.micro_batch(last):
                 with self.autocast():
                     loss, _ = self.task.loss(self.model, batch)
                 detached = loss.detach().float()
@@ -122,15 +119,13 @@ class TrainStep:
             t_data = time.perf_counter()
             batches.prefetch()
             window.data_s += time.perf_counter() - t_data
-        # With DDP, the flags were reduced over the ranks by the time backward returned.
-        return self.step_flags.values if self.step_flags is not None else flags
+        return self.strategy.after_backward(flags)
 
     def _flags(self, loss_sum: torch.Tensor) -> torch.Tensor:
         """[this rank's loss, whether it was told to stop], into the last bucket under DDP."""
         self.stop_flag.fill_(float(self.stop.requested))
         flags = torch.stack([loss_sum, self.stop_flag])
-        if self.step_flags is not None:
-            self.step_flags.values.copy_(flags)
+        self.strategy.before_last_backward(flags)
         return flags
 
     def _update(self, flags: torch.Tensor, want_norm: bool) -> torch.Tensor | None:
@@ -145,9 +140,10 @@ class TrainStep:
         if folded:  # the clip factor goes into the step (grad_scale), not a pass of its own
             norm = clip_in_step(self.optimizer, self.params, self.grad_clip)
         elif self.grad_clip > 0:
-            norm = nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+            norm = global_norm(nn.utils.clip_grad_norm_(self.params, self.grad_clip))
         elif want_norm:
-            norm = nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+            grads = [p.grad for p in self.params if p.grad is not None]
+            norm = global_norm(nn.utils.get_total_norm(grads))
         own_skip = not self.scaler.is_enabled()
         if own_skip:
             self.optimizer.found_inf = torch.isfinite(flags[0]).logical_not().float()

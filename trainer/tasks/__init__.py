@@ -5,7 +5,10 @@ and a function from (model, batch) to a scalar loss plus metrics. The loop owns 
 distributed (sampling, DDP, precision, checkpoints), so a task is plain single-device PyTorch.
 
 Users plug in their own with ``task=package.module:factory``; ``factory(**task_args)`` must
-return an object with the methods below (see ``examples/custom_task/``).
+return an object with the methods below (see ``examples/custom_task/``). A task may also say what
+its model's repeated blocks are, ``blocks(model) -> list[nn.Module]`` (the units strategy fsdp
+shards one by one and activation_checkpointing recomputes; ``trainer.parts.blocks`` says what
+they are without it).
 """
 
 from __future__ import annotations

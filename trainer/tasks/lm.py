@@ -171,6 +171,11 @@ class LMTask:
     def build_model(self) -> nn.Module:
         return TinyGPT(**self.model_args)
 
+    def blocks(self, model: TinyGPT) -> list[nn.Module]:
+        """The transformer blocks: what strategy fsdp shards one by one, and what
+        activation_checkpointing recomputes."""
+        return list(model.blocks)
+
     def build_datasets(self) -> tuple[CharChunks, CharChunks]:
         split = int(len(self.ids) * (1 - self.eval_fraction))
         return CharChunks(self.ids[:split], self.block_size), CharChunks(
