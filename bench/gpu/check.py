@@ -109,10 +109,14 @@ SCENARIOS = (
 # The edges beyond nanoGPT: run -> (the trainer run it adds one setting to, that setting).
 # Each is measured against that run and against nanoGPT at the same size, in the same call.
 # In --speed's order, about the cheapest first (RUN_S): the budget leaves the last ones not_run.
+# strategy=fsdp on one GPU shards nothing (one rank, one shard): its runs measure what FSDP2's
+# hooks, its bf16 parameters and per-block compilation cost or gain beside ddp's path.
 EDGES: dict[str, tuple[str, dict[str, Any]]] = {
+    "compile_fsdp": ("compile", {"strategy": "fsdp"}),
     "compile_clip": ("compile", {"fused_clip": True}),
     "compile_cudnn": ("compile", {"attention": "cudnn"}),
     "compile_graphs": ("compile", {"compile_mode": "reduce-overhead"}),
+    "fill_fsdp": ("fill", {"strategy": "fsdp"}),
     "fill_clip": ("fill", {"fused_clip": True}),
     "compile_autotune": ("compile", {"compile_mode": "max-autotune-no-cudagraphs"}),
     "fill_cudnn": ("fill", {"attention": "cudnn"}),

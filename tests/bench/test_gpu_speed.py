@@ -88,7 +88,11 @@ def test_the_first_call_runs_on_cpu(tmp_path: Path) -> None:
 
     edges = {e.run: e for e in report.edges}
     assert list(edges) == list(gc.EDGES)
-    assert edges["compile_clip"].gain is not None and edges["compile_clip"].ratio is not None
+    for name in ("compile_clip", "compile_fsdp", "fill_fsdp"):
+        assert edges[name].gain is not None and edges[name].ratio is not None, name
+    # strategy=fsdp beside ddp on the same shape: tokens/s and MFU of both, in the same report.
+    for name in ("compile_fsdp", "fill_fsdp"):
+        assert report.runs[name].tokens_per_s is not None
     # The attention switch took: cuDNN's kernel does not exist on CPU, so the run fails there.
     for name in ("compile_cudnn", "fill_cudnn"):
         assert edges[name].gain is None and "the run did not complete" in edges[name].not_measured
