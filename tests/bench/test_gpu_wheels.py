@@ -1,10 +1,10 @@
 """requirements/gpu-wheels.txt: the wheels a lent GPU machine lacks, a view of uv.lock.
 
 The GPU machines' image (the device tool's KINDS.md, package list read 2026-11-17) holds torch,
-PyYAML, nvidia-ml-py, tqdm, numpy, packaging and typing-extensions, and not pydantic nor boto3. The
-trainer's dependencies must each be on that image or in the wheel list, and the wheels' own
-requirements too, or the GPU run stops at an import. The list is exported from the lock (the
-`gpu-wheels` group), so the GPU runs the versions the tests run.
+PyYAML, nvidia-ml-py, tqdm, numpy, packaging and typing-extensions, and not pydantic, boto3 nor
+prometheus-client. The trainer's dependencies must each be on that image or in the wheel list,
+and the wheels' own requirements too, or the GPU run stops at an import. The list is exported
+from the lock (the `gpu-wheels` group), so the GPU runs the versions the tests run.
 """
 
 from __future__ import annotations
