@@ -39,8 +39,13 @@ def objects(kubectl_bin) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
-def by_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    (obj,) = [o for o in objects if o["kind"] == kind]
+#: The CLI's identity and the trainer's pods' (k8s/rbac.yaml), each a ServiceAccount, a Role and
+#: a RoleBinding of that name.
+CONTROLLER, TRAINER = "ddpjob-controller", "ddpjob-trainer"
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    (obj,) = [o for o in objects if o["kind"] == kind and name in (None, o["metadata"]["name"])]
     return obj
 
 
@@ -53,9 +58,9 @@ def test_kustomization_lists_every_manifest():
 def test_everything_lands_in_the_restricted_namespace(objects):
     kinds = sorted(o["kind"] for o in objects)
     assert kinds == sorted(
-        ["Namespace", "ServiceAccount", "Role", "RoleBinding", "PersistentVolumeClaim",
-         "PyTorchJob"]
-    )  # fmt: skip
+        ["Namespace", "PersistentVolumeClaim", "PyTorchJob"]
+        + ["ServiceAccount", "Role", "RoleBinding"] * 2
+    )
     ns = by_kind(objects, "Namespace")
     assert ns["metadata"]["name"] == NAMESPACE
     labels = ns["metadata"]["labels"]
@@ -81,7 +86,7 @@ def _granted(role: dict[str, Any]) -> set[tuple[str, str, str]]:
 def test_role_grants_exactly_what_the_controller_calls(objects):
     """doctor.PERMISSIONS lists every API call the CLI makes; the Role is that list, plus `get
     pods` for `kubectl logs <pod>` with the same identity. Nothing else."""
-    granted = _granted(by_kind(objects, "Role"))
+    granted = _granted(by_kind(objects, "Role", CONTROLLER))
     needed = {
         (verb, f"{res}/{sub}" if sub else res, group) for verb, res, group, sub, _ in PERMISSIONS
     }
@@ -95,18 +100,37 @@ def test_role_grants_exactly_what_the_controller_calls(objects):
     assert not {v for v, r, _ in granted if r == "pods"} - {"get", "list", "watch"}
 
 
-def test_rolebinding_binds_the_role_to_the_service_account(objects):
-    sa = by_kind(objects, "ServiceAccount")
-    binding = by_kind(objects, "RoleBinding")
+@pytest.mark.parametrize("name", [CONTROLLER, TRAINER])
+def test_rolebinding_binds_the_role_to_the_service_account(objects, name):
+    binding = by_kind(objects, "RoleBinding", name)
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "Role",
-        "name": by_kind(objects, "Role")["metadata"]["name"],
+        "name": name,
     }
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
-    ]
-    assert sa.get("automountServiceAccountToken") is False
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}]
+
+
+def test_only_the_trainers_account_mounts_a_token(objects):
+    """The CLI's account is for people and CI outside the cluster; the trainer's pods read and
+    patch their own job with theirs (trainer/health/nodes.py)."""
+    assert (
+        by_kind(objects, "ServiceAccount", CONTROLLER).get("automountServiceAccountToken") is False
+    )
+    assert (
+        by_kind(objects, "ServiceAccount", TRAINER).get("automountServiceAccountToken") is not False
+    )
+
+
+def test_the_trainers_role_reads_and_patches_its_job_and_nothing_else(objects):
+    """trainer/health/nodes.py's JobApi: GET and a merge PATCH of the job, one resource per API."""
+    from trainer.health.nodes import RESOURCES
+
+    groups = {api: path.split("/")[2] for api, path in RESOURCES.items()}
+    plurals = {api: path.rsplit("/", 2)[-2] for api, path in RESOURCES.items()}
+    assert _granted(by_kind(objects, "Role", TRAINER)) == {
+        (verb, plurals[api], groups[api]) for api in RESOURCES for verb in ("get", "patch")
+    }
 
 
 def test_pvc_is_shared_by_all_nodes(objects):
