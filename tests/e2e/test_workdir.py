@@ -22,6 +22,7 @@ import pytest
 from controller import kubeflow
 from tests.e2e.helpers import ddpjob, events, get_json, write_spec
 from tests.projects import git_repository
+from trainer.contract import split_rank
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -126,11 +127,10 @@ def _pod_logs(cluster, name: str, namespace: str, api: str) -> list[str]:
 
 
 def _probes(log: str) -> list[dict]:
-    return [
-        json.loads(line)["workdir_probe"]
-        for line in log.splitlines()
-        if line.startswith('{"workdir_probe"')
-    ]
+    """The probe lines of one pod's log, read past the rank's name that torchrun's processes'
+    lines carry (a TrainJob's)."""
+    lines = [split_rank(line)[1] for line in log.splitlines()]
+    return [json.loads(x)["workdir_probe"] for x in lines if x.startswith('{"workdir_probe"')]
 
 
 def _job(cluster, name: str, namespace: str, api: str) -> dict:
