@@ -16,6 +16,13 @@ from ..procs import LocalkubeError
 from .context import Context
 from .pki import PKI
 
+#: The Services' addresses, and the ``kubernetes`` Service's (the range's first): what every pod
+#: knows the API server by (KUBERNETES_SERVICE_HOST, port 443), and a name on its certificate;
+#: node/host.py maps it to the API server, as kube-proxy would.
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+KUBERNETES_SERVICE_IP = "10.0.0.1"
+KUBERNETES_SERVICE_PORT = 443
+
 #: Fake GPU nodes managed by kwok: capacity only, for scheduling, fit and queue tests (8 GPUs
 #: each). Tainted (:data:`KWOK_TAINT`), so nothing lands there without tolerating it, and a pod
 #: bound there is never started (no kwok pod stage matches): every pod that runs, runs in
@@ -105,7 +112,7 @@ def issue_credentials(state_dir: Path, server: str) -> PKI:
             "kubernetes.default.svc",
             "kubernetes.default.svc.cluster.local",
         ),
-        ips=("127.0.0.1", "10.0.0.1"),
+        ips=("127.0.0.1", KUBERNETES_SERVICE_IP),
     )
     pki.issue("kwok", "kwok-kubelet", server=True, dns=("localhost",), ips=("127.0.0.1",))
     pki.issue(

@@ -97,7 +97,7 @@ def _apiserver(ctx: Context) -> list[str]:
         # taint (bootstrap.KWOK_TAINT), as on managed GPU clusters.
         "NodeRestriction,PodSecurity,ExtendedResourceToleration",
         "--service-cluster-ip-range",
-        "10.0.0.0/24",
+        bootstrap.SERVICE_CLUSTER_IP_RANGE,
         # The first issuer names new tokens: its own address, so that a host process can do
         # OIDC discovery of it (Trainer's status server verifies pods' tokens that way); the
         # in-cluster name is still accepted.

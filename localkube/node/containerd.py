@@ -23,14 +23,15 @@ if TYPE_CHECKING:
 
 
 def prepare_host(ctx: Context) -> None:
-    """Record the machine as it is, then the bridge, /run/netns as a mount point of its own, the
-    CNI network and containerd's config."""
+    """Record the machine as it is, then the bridge (and the API server's Service address on
+    it), /run/netns as a mount point of its own, the CNI network and containerd's config."""
     with host.machine_lock():
         host.check_owner(ctx.repo)
         host.record(ctx.repo)
         for path in (host.CONTAINERD_ROOT, host.CONTAINERD_STATE, host.CNI_CONF_DIR):
             path.mkdir(parents=True, exist_ok=True)
         host.create_bridge()
+        host.forward_kubernetes_service(ctx.ports["apiserver"])
         host.share_netns_dir()
     (host.CNI_CONF_DIR / f"10-{host.CNI_NETWORK}.conflist").write_text(
         json.dumps(cni_conflist(), indent=2) + "\n"

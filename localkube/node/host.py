@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..controlplane import bootstrap
 from ..procs import LocalkubeError, proc_start_time
 
 #: ``DDPJOB_NODE=off`` starts the cluster without its real node (non-root machines, or a second
@@ -82,6 +83,9 @@ SYSCTLS = (
     "kernel.keys.root_maxbytes",
     "net.ipv4.ip_forward",
 )
+#: The one rule of ours in the nat table: pods reach the API server at the ``kubernetes``
+#: Service's address, as kube-proxy would let them (:func:`forward_kubernetes_service`).
+SERVICE_COMMENT = "ddpjob: the kubernetes Service"
 #: The kubelet's iptables chains (pkg/kubelet/kubelet_network_linux.go).
 KUBELET_CHAINS = ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT")
 #: How the CNI plugins mark the iptables rules of our network (as iptables-save prints it).
@@ -380,6 +384,24 @@ def create_bridge() -> None:
     run("ip", "link", "set", BRIDGE, "up")
 
 
+def forward_kubernetes_service(apiserver_port: int) -> None:
+    """Let pods reach the API server where the kubelet tells them it is (the ``kubernetes``
+    Service's address and port, ``KUBERNETES_SERVICE_HOST``/``PORT``), as kube-proxy would for
+    that Service: one DNAT rule for what comes in on the bridge, to the API server on this
+    machine's loopback, where it listens. ``route_localnet`` on the bridge lets the kernel route
+    a pod's packet to a loopback address; the bridge (and with it the setting) goes at ``down``,
+    the rule too (:func:`_remove_iptables`). Nothing else of the host is reachable so."""
+    run("sysctl", "-q", "-w", f"net.ipv4.conf.{BRIDGE}.route_localnet=1")
+    rule = [
+        "-i", BRIDGE, "-d", f"{bootstrap.KUBERNETES_SERVICE_IP}/32", "-p", "tcp",
+        "--dport", str(bootstrap.KUBERNETES_SERVICE_PORT),
+        "-m", "comment", "--comment", SERVICE_COMMENT,
+        "-j", "DNAT", "--to-destination", f"127.0.0.1:{apiserver_port}",
+    ]  # fmt: skip
+    if run("iptables", "-t", "nat", "-C", "PREROUTING", *rule, check=False).returncode != 0:
+        run("iptables", "-t", "nat", "-A", "PREROUTING", *rule)
+
+
 # ------------------------------------------------------------------------------ reset
 
 
@@ -629,7 +651,7 @@ def _remove_iptables(before: dict, say: Say) -> None:
             for rule in rules:
                 args = shlex.split(rule)
                 target = args[args.index("-j") + 1] if "-j" in args else ""
-                if target in ours or CNI_COMMENT in rule:
+                if target in ours or CNI_COMMENT in rule or SERVICE_COMMENT in rule:
                     run(cmd, "-t", table, "-D", *args[1:], check=False)
             for chain in ours:
                 run(cmd, "-t", table, "-F", chain, check=False)

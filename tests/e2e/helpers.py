@@ -208,6 +208,34 @@ def debug_reads(stderr: str) -> dict[tuple[str, str], int]:
 KUEUE_V1BETA2 = "kueue.x-k8s.io/v1beta2"
 
 
+#: The pods' identity that lets the trainer record a bad node on its job (k8s/rbac.yaml).
+TRAINER_ACCOUNT = "ddpjob-trainer"
+
+
+def trainer_account(cluster, namespace: str) -> str:
+    """k8s/rbac.yaml's ServiceAccount, Role and RoleBinding for the pods, as shipped, in
+    ``namespace``; the account's name (a spec's ``service_account``)."""
+    shipped = yaml.safe_load_all((REPO / "k8s" / "rbac.yaml").read_text())
+    objects = [o for o in shipped if o["metadata"]["name"] == TRAINER_ACCOUNT]
+    for o in objects:
+        o["metadata"]["namespace"] = namespace
+        for subject in o.get("subjects", []):
+            subject["namespace"] = namespace
+    assert {o["kind"] for o in objects} == {"ServiceAccount", "Role", "RoleBinding"}, objects
+    apply_objects(cluster, *objects)
+    return TRAINER_ACCOUNT
+
+
+def project(tmp_path: Path, *modules: Path) -> str:
+    """A user's project folder beside the specs :func:`write_spec` writes, holding ``modules``:
+    the spec's ``workdir`` (relative to the spec's folder)."""
+    folder = tmp_path / "project"
+    folder.mkdir(exist_ok=True)
+    for module in modules:
+        (folder / module.name).write_text(module.read_text())
+    return folder.name
+
+
 def apply_objects(cluster, *objects: dict) -> None:
     """``kubectl apply`` of ``objects``, as one List."""
     cluster.kubectl(

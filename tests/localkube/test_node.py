@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.request
 import uuid
@@ -382,6 +383,39 @@ def test_secret_reference_reaches_the_container_env(real_node, ns):
     p = wait_phase(real_node, ns, "env", ("Succeeded", "Failed"))
     assert p["status"]["phase"] == "Succeeded"
     assert logs(real_node, ns, "env").strip() == f"token={token}"
+
+
+def test_a_pod_reaches_the_api_server_where_the_kubelet_says_it_is(real_node, ns):
+    """In-cluster configuration, as on any cluster: ``KUBERNETES_SERVICE_HOST``/``PORT`` (the
+    ``kubernetes`` Service's address, mapped by the node's one DNAT rule, as kube-proxy would),
+    the certificate checked against the mounted CA, the pod's own token: the API server knows
+    the pod's service account (a 403 for what it may not do, not a 401)."""
+    script = textwrap.dedent("""
+        import json, os, ssl, urllib.error, urllib.request
+        sa = "/var/run/secrets/kubernetes.io/serviceaccount/"
+        host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
+        url = f"https://{host}:{port}/api/v1/namespaces/{open(sa + 'namespace').read()}/pods"
+        token = open(sa + "token").read()
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+        context = ssl.create_default_context(cafile=sa + "ca.crt")
+        try:
+            urllib.request.urlopen(request, context=context)
+        except urllib.error.HTTPError as e:
+            print(e.code, json.loads(e.read())["message"])
+    """)
+    spec = pod_spec("api", ns, "", command=["python", "-c", script])
+    spec["spec"]["containers"][0]["image"] = real_node.trainer_image()
+    spec["spec"]["automountServiceAccountToken"] = True
+    create(real_node, spec)
+    p = wait_phase(real_node, ns, "api", ("Succeeded", "Failed"), timeout=120)
+    out = logs(real_node, ns, "api").strip()
+    assert p["status"]["phase"] == "Succeeded", out
+    assert out == (
+        f'403 pods is forbidden: User "system:serviceaccount:{ns}:default" cannot list resource '
+        f'"pods" in API group "" in the namespace "{ns}"'
+    )
+    env = {e["name"] for e in p["spec"]["containers"][0].get("env") or []}
+    assert "KUBERNETES_SERVICE_HOST" not in env  # the kubelet's, not the pod's own
 
 
 # ------------------------------------------------------------------------------------ trainer
