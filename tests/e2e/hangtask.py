@@ -2,11 +2,12 @@
 job that heals itself (tests/e2e/test_stuck.py, test_heal.py) ship it with the job as its
 workdir (``task: hangtask:build``).
 
-The ``vision`` task with a training set of its own making that one rank's reads can slow down
-(``slow_s`` per sample on ``slow_rank``: a straggler) and stall (on ``hang_rank``, its
-``hang_at``-th read waits in :func:`_stuck_here` for ``hang_s``): a data set that hangs, as one
-on a stuck network file system does. With ``hang_once`` (a file on a volume the pods share) it
-hangs in the job's first run only: it makes the file first, and a run that finds it reads on.
+The ``vision`` task whose loss one rank computes more slowly (``slow_s`` a step on
+``slow_rank``: a straggler, as a slower GPU is), with a training set of its own making whose
+reads stall on one rank (on ``hang_rank``, its ``hang_at``-th read waits in :func:`_stuck_here`
+for ``hang_s``): a data set that hangs, as one on a stuck network file system does. With
+``hang_once`` (a file on a volume the pods share) it hangs in the job's first run only: it makes
+the file first, and a run that finds it reads on.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ def _stuck_here(seconds: float) -> None:
 
 
 class Stalling(Dataset):
-    """``inner``'s samples, read slowly or stalling as asked, on this rank."""
+    """``inner``'s samples, stalling as asked, on this rank."""
 
-    def __init__(self, inner: Dataset, *, slow_s: float, hang_at: int, hang_s: float, once: str):
-        self.inner, self.slow_s, self.hang_at, self.hang_s = inner, slow_s, hang_at, hang_s
+    def __init__(self, inner: Dataset, *, hang_at: int, hang_s: float, once: str):
+        self.inner, self.hang_at, self.hang_s = inner, hang_at, hang_s
         self.once = Path(once) if once else None
         self.reads = 0
 
@@ -42,8 +43,6 @@ class Stalling(Dataset):
 
     def __getitem__(self, i: int) -> Any:
         self.reads += 1
-        if self.slow_s:
-            time.sleep(self.slow_s)
         if self.hang_s and self.reads == self.hang_at and self._first_time():
             _stuck_here(self.hang_s)
         return self.inner[i]
@@ -77,7 +76,6 @@ def build(
         train, evaluation = datasets()
         stalling = Stalling(
             train,
-            slow_s=slow_s if rank == slow_rank else 0.0,
             hang_at=hang_at,
             hang_s=hang_s if rank == hang_rank else 0.0,
             once=hang_once,
@@ -85,4 +83,13 @@ def build(
         return stalling, evaluation
 
     task.build_datasets = build_datasets
+    if rank == slow_rank and slow_s:
+        loss = task.loss
+
+        def slow_loss(model, batch):
+            if model.training:
+                time.sleep(slow_s)
+            return loss(model, batch)
+
+        task.loss = slow_loss
     return task

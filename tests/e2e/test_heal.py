@@ -137,7 +137,6 @@ def test_a_node_that_failed_the_job_twice_is_avoided_by_its_next_pod(
         ), status.stdout
         st = json.loads(ddpjob(cluster, "status", name, "-n", namespace, "-o", "json").stdout)
         assert st["nodes"]["avoided"] == [kubelet.NODE_NAME]
-        assert [r["cause"] for r in st["restarts"]] == [CAUSE, CAUSE]
     finally:
         if wait is not None:
             wait.stop()

@@ -1,6 +1,7 @@
 """A job that hangs or crawls on the local cluster's real node, and heals itself: rank 1's own data
 set (a task of a user project that the image does not hold, shipped as the job's workdir,
-tests/e2e/hangtask.py) reads slowly every step and hangs once, in the job's first run. For a
+tests/e2e/hangtask.py) hangs once, in the job's first run, and in the PyTorchJob rank 1 also
+computes slowly every step. For a
 PyTorchJob (with `wait` and `status`) and a TrainJob (with `logs -f`): the hang is named with its
 frame within 60 s of it, once; the job restarts itself (`watchdog.restart_after_s`) within that
 setting plus a minute of the verdict, resumes at its last checkpoint and ends at exactly
@@ -44,8 +45,12 @@ MAX_STEPS, EVERY_STEPS, BATCH = 40, 10, 16
 TASK_IN_POD = "/workdir/hangtask.py"
 _SOURCE, _FIRST = inspect.getsourcelines(hangtask._stuck_here)
 HANG_LINE = _FIRST + next(i for i, text in enumerate(_SOURCE) if "time.sleep" in text)
-#: What the verdict says of a rank 1 that hangs before the gradient all-reduce.
-VERDICT = "stuck: rank 1 is not in the gradient all-reduce that rank 0 waits in"
+#: What the verdict says of a rank 1 whose data set hangs as it draws the next step's batch,
+#: after its part of the gradient all-reduce was launched: it is behind, and rank 0 waits.
+VERDICT = (
+    "stuck: rank 1 is behind, in the gradient all-reduce, while rank 0 waits in the gradient "
+    "all-reduce"
+)
 WHERE = f"rank 1 is at {TASK_IN_POD}:{HANG_LINE}, in _stuck_here"
 CAUSE = f"stuck: rank 1 in hangtask.py:_stuck_here on node {kubelet.NODE_NAME}"
 
@@ -109,12 +114,14 @@ def _healed(cluster, name: str, namespace: str, rank0_log: str, verdict_at: floa
     dones = events(rank0_log, "done")
     assert [d["reason"] for d in dones] == ["restart", "completed"], dones
     assert dones[0]["cause"] == CAUSE and dones[1]["step"] == MAX_STEPS
-    saved_before = [e["step"] for e in events(rank0_log, "checkpoint") if e["step"] < MAX_STEPS]
-    (resume,) = [e for e in events(rank0_log, "resume") if e.get("path")]
-    assert resume["step"] == max(saved_before) and resume["step"] % EVERY_STEPS == 0
-    train = [e["step"] for e in events(rank0_log, "train")]
-    resumed = train[train.index(resume["step"] + 2) :]  # the second run's (log_every 2)
-    assert resumed == list(range(resume["step"] + 2, MAX_STEPS + 1, 2)), train
+    # The log of each run: up to the restart's done event, and after it.
+    cut = rank0_log.index('"reason": "restart"')
+    before, after = rank0_log[:cut], rank0_log[cut:]
+    (resume,) = [e for e in events(after, "resume") if e.get("path")]
+    assert resume["step"] == max(e["step"] for e in events(before, "checkpoint"))
+    assert resume["step"] % EVERY_STEPS == 0 and resume["step"] < dones[0]["step"]
+    resumed = [e["step"] for e in events(after, "train")]
+    assert resumed == list(range(resume["step"] + 2, MAX_STEPS + 1, 2)), resumed
     first, second = events(rank0_log, "goodput")[-1]["runs"]
     assert (first["end"], first["cause"]) == ("restart", CAUSE)
     assert (second["end"], second["start_step"]) == ("completed", resume["step"])
@@ -134,9 +141,9 @@ def test_a_pytorchjobs_hung_rank_is_named_and_the_job_restarts_itself_from_its_c
     real_node, namespace, tmp_path
 ):
     name = "hangs"
-    # Rank 1 reads 0.3 s a step more (a straggler from the third log window, step 6), then
-    # hangs at its 24th step's reads.
-    args = {"slow_rank": 1, "slow_s": 0.3 / BATCH, "hang_at": 23 * BATCH + 1}
+    # Rank 1 computes 0.3 s a step more (a straggler from the third log window, step 6), and
+    # its data set hangs at its 24th batch.
+    args = {"slow_rank": 1, "slow_s": 0.3, "hang_at": 23 * BATCH + 1}
     spec = _spec(real_node, tmp_path, name, namespace, args)
     r = ddpjob(real_node, "submit", str(spec))
     assert r.returncode == 0, r.stdout + r.stderr
