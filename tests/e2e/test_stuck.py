@@ -182,7 +182,7 @@ def test_a_trainjobs_hung_rank_is_named_and_the_job_restarts_itself_from_its_che
     real_node, namespace, tmp_path
 ):
     name = "tj-hangs"
-    spec = _spec(real_node, tmp_path, name, namespace, {"hang_at": 9 * BATCH + 1}, api="trainjob")
+    spec = _spec(real_node, tmp_path, name, namespace, {"hang_at": 13 * BATCH + 1}, api="trainjob")
     r = ddpjob(real_node, "submit", str(spec))
     assert r.returncode == 0, r.stdout + r.stderr
     wait = Background(real_node, tmp_path, "wait", "wait", name, "-n", namespace)
