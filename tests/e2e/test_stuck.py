@@ -32,6 +32,7 @@ from tests.e2e.helpers import (
     trainer_account,
     write_spec,
 )
+from trainer.contract import split_rank
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -90,8 +91,9 @@ def _hang_started(cluster, namespace: str, pod: str, timeout_s: float = 30) -> f
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for line in cluster.pod_log_lines(namespace, pod):
-            if line.startswith(hangtask.HANGS):
-                return float(line.removeprefix(hangtask.HANGS))
+            _, text = split_rank(line)  # a TrainJob's lines carry their rank's name
+            if text.startswith(hangtask.HANGS):
+                return float(text.removeprefix(hangtask.HANGS))
         time.sleep(0.2)
     raise AssertionError(f"{pod} did not say that it hangs")
 
