@@ -57,9 +57,9 @@ demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 # make test, in phases (docs/testing.md gives each one's cold and warm time on 2 cores):
 # 1. the node's Debian packages (a no-op when installed);
 # 2. at once, in the background: the one-time builds, the Go tools and the images (on a warm
-#    machine they build nothing; logged to $(BUILD_LOG)), and the tests that need neither, on 2
-#    workers (logged to $(OFFLINE_LOG), printed when they end), one at a time to each worker
-#    and in the order of tests/conftest.py's _phase_order. Those run at nice 10: they fill
+#    machine they build nothing; logged to $(BUILD_LOG)), and the tests that need neither, on
+#    $(OFFLINE_WORKERS) workers (logged to $(OFFLINE_LOG), printed when they end), one at a time
+#    to each worker and in the order of tests/conftest.py's _phase_order. Those run at nice 10: they fill
 #    the CPUs that the builds and the cluster tests leave, and never hold up either (a pod's
 #    grace period or a test's timeout is the cluster tests', not theirs);
 # 3. ruff, once the builds are done;
@@ -75,6 +75,9 @@ demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 # Without root or apt the node's packages cannot be installed: the suite still runs, and the tests
 # that need the real node fail with one line that says why.
 TEST_WORKERS ?= 3
+# The offline tests' workers: more than the CPUs, because many of those tests wait (a timeout, a
+# throttled or stopped rank, a server's start) and a third worker fills what the other two leave.
+OFFLINE_WORKERS ?= 3
 # Each phase ends with its slowest tests, so a CI log says where the time went.
 DURATIONS ?= --durations=25 --durations-min=10
 BUILD_LOG := build/make-test-builds.log
@@ -96,7 +99,7 @@ test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, 
 		"tests run in the background ($(OFFLINE_LOG)) beside the cluster tests"; \
 	$(MAKE) --no-print-directory -j2 tools test-images > $(BUILD_LOG) 2>&1 \
 		|| { tail -n 40 $(BUILD_LOG); rc=1; }; t2=$$SECONDS; \
-	( nice -n 10 $(PYTEST) $(DURATIONS) -n 2 --phase-order --maxschedchunk 1 \
+	( nice -n 10 $(PYTEST) $(DURATIONS) -n $(OFFLINE_WORKERS) --phase-order --maxschedchunk 1 \
 		-m "not cluster and not built"; code=$$?; \
 		echo "offline tests done at $$(( $$(date +%s) - start ))s"; exit $$code ) \
 		> $(OFFLINE_LOG) 2>&1 & offline=$$!; \
