@@ -1,7 +1,7 @@
 """The pre-flight before step 1 (``trainer.health.preflight``): its rule on numbers, and real
 2-rank gloo runs: every rank's times in a ``preflight`` event; a rank throttled from outside (its
-process stopped nine tenths of the time through the pre-flight, as a GPU that throttles) named
-with its pod, and with ``preflight.fail`` the job restarting instead of training at its pace."""
+process stopped nine tenths of the time, as a GPU that throttles) named with its pod, and with
+``preflight.fail`` the job restarting instead of training at its pace."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.conftest import Result, common_args, follow_pods, kubeflow_env
-from trainer.contract import EXIT_RESTART, PREFLIGHT, START
+from trainer.contract import EXIT_RESTART, PREFLIGHT
 from trainer.health.preflight import describe, findings
 
 
@@ -43,12 +43,11 @@ def test_of_two_ranks_the_slow_one_is_named_and_one_rank_names_none() -> None:
 
 
 class Throttle:
-    """Stops a process ``off_s`` of every ``on_s + off_s`` (SIGSTOP/SIGCONT), until stopped
-    itself: what the process can do per second drops to ``on_s / (on_s + off_s)`` or less,
-    whatever else the machine runs. :meth:`harder` changes the duty at once."""
+    """Stops a process nine tenths of the time (SIGSTOP/SIGCONT), until stopped itself: what the
+    process can do per second drops to a tenth or less, whatever else the machine runs."""
 
-    def __init__(self, pid: int, on_s: float, off_s: float):
-        self.pid, self.duty = pid, (on_s, off_s)
+    def __init__(self, pid: int, on_s: float = 0.005, off_s: float = 0.045):
+        self.pid, self.on_s, self.off_s = pid, on_s, off_s
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -56,36 +55,23 @@ class Throttle:
         self.thread.start()
         return self
 
-    def harder(self, on_s: float, off_s: float) -> None:
-        os.kill(self.pid, signal.SIGSTOP)  # now, not at the thread's next turn
-        self.duty = (on_s, off_s)
-
     def stop(self) -> None:
         self.done.set()
         self.thread.join()
 
     def _run(self) -> None:
         while not self.done.is_set():
-            on_s, off_s = self.duty
             try:
                 os.kill(self.pid, signal.SIGSTOP)
-                self.done.wait(off_s)
+                self.done.wait(self.off_s)
             finally:
                 os.kill(self.pid, signal.SIGCONT)
-            self.done.wait(on_s)
-
-
-#: The throttled rank's duty while it starts (a third of the time: its start, mostly torch's
-#: import, takes three times as long, not ten), and from rank 0's ``start`` event on, just
-#: before the pre-flight's first barrier, through the pre-flight (a tenth of the time). Were
-#: the switch late, the rank's matmul would still take three times the other's.
-STARTING, TIMED = (0.010, 0.020), (0.005, 0.045)
+            self.done.wait(self.on_s)
 
 
 def _two_pods(tmp_path: Path, throttle_rank: int | None, **overrides) -> list[Result]:
     """A 2-pod job (one rank each) with the pre-flight on; ``throttle_rank``'s process is
-    throttled from its start (:data:`STARTING`, then :data:`TIMED`) until rank 0 prints its
-    ``preflight`` event."""
+    throttled from its start until rank 0 prints its ``preflight`` event."""
     master = kubeflow_env(nproc_per_node=1, world_size=2, rank=0)
     envs = [master, {**master, "RANK": "1", "PET_NODE_RANK": "1"}]
     args = common_args(tmp_path, max_steps=2, **{"preflight.enabled": "true", **overrides})
@@ -93,12 +79,9 @@ def _two_pods(tmp_path: Path, throttle_rank: int | None, **overrides) -> list[Re
 
     def throttle(procs: list) -> None:
         if throttle_rank is not None:
-            throttles.append(Throttle(procs[throttle_rank].pid, *STARTING).start())
+            throttles.append(Throttle(procs[throttle_rank].pid).start())
 
     def on_event(event: dict, _: list) -> None:
-        if event["event"] == START:
-            for t in throttles:
-                t.harder(*TIMED)
         if event["event"] == PREFLIGHT:
             for t in throttles:
                 t.stop()
