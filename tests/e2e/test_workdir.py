@@ -104,11 +104,15 @@ SHIPPED += ["mypkg/shapes.py", "mypkg/tasks.py"]
 
 
 def _spec(cluster, tmp_path: Path, name: str, namespace: str, project: Path, api: str) -> Path:
+    # A PyTorchJob keeps every pod: it succeeds when its master does, and under the default
+    # clean_pod_policy (Running) a worker still exiting then is deleted with the log read below.
+    keep = {"clean_pod_policy": "None"} if api == "pytorchjob" else {}
     return write_spec(
         cluster, tmp_path, name, namespace, api=api, max_steps=6, every_steps=0,
         workdir=str(project),
         trainer={"task": "mypkg.tasks:build", "task_args": {}, "batch_size": 16,
                  "resume": "never"},  # each submit trains its 6 steps, edited or not
+        **keep,
     )  # fmt: skip
 
 
@@ -313,6 +317,7 @@ def test_an_object_store_uploads_once_and_every_pod_fetches_it(cluster, namespac
         workdir_store=store, **{k: v for k, v in fields.items() if k != "trainer"},
         trainer={**fields["trainer"], "task": "mypkg.tasks:build", "task_args": {},
                  "batch_size": 16, "resume": "never"},
+        clean_pod_policy="None",  # every pod's log is read below (see _spec)
     )  # fmt: skip
 
     wrong = _cli(_client_env(cluster, secret_key="wrong"), "submit", str(spec))
@@ -327,7 +332,9 @@ def test_an_object_store_uploads_once_and_every_pod_fetches_it(cluster, namespac
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         (line,) = [x for x in r.stdout.splitlines() if x.startswith("workdir: ")]
         assert f"-> {store}/" in line and line.endswith(f".tar.gz ({verdict})"), line
-        for log in _pod_logs(cluster, name, namespace, "pytorchjob"):
+        logs = _pod_logs(cluster, name, namespace, "pytorchjob")
+        assert len(logs) == 2, logs
+        for log in logs:
             (probe,) = _probes(log)
             assert probe["marker"] == "v1" and probe["files"] == SHIPPED, probe
     assert _config_map(cluster, name, namespace) is None
