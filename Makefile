@@ -77,7 +77,9 @@ demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 # Every phase runs even when one before failed, so one run shows every failure.
 # Without root or apt the node's packages cannot be installed: the suite still runs, and the tests
 # that need the real node fail with one line that says why.
-TEST_WORKERS ?= 3
+# The cluster tests' workers: most of a cluster test is pods starting and jobs waiting, and their
+# pods ask 250m of the node's 2 CPUs each, so four tests of two pods fill the node.
+TEST_WORKERS ?= 4
 # The offline tests' workers: more than the CPUs, because many of those tests wait (a timeout, a
 # throttled or stopped rank, a server's start) and a third worker fills what the other two leave.
 OFFLINE_WORKERS ?= 3
