@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import traceback
 
@@ -76,7 +77,12 @@ def main(argv: list[str] | None = None) -> int:
             # This process only re-launches: it never imports torch (seconds of CPU, and memory
             # it would hold while the workers train).
             check_before_relaunch(cfg)
-            return relaunch_under_torchrun(argv, worker_env=_serve_workers_metrics(cfg))
+            worker_env = _serve_workers_metrics(cfg)
+            try:
+                return relaunch_under_torchrun(argv, worker_env=worker_env)
+            finally:  # the workers' metrics folder: a restarted container's /tmp keeps it
+                if METRICS_DIR_ENV in worker_env:
+                    shutil.rmtree(worker_env[METRICS_DIR_ENV], ignore_errors=True)
         from trainer.train import run
 
         code = record_exit(run(cfg))

@@ -30,9 +30,15 @@ pytestmark = pytest.mark.slow
 
 def test_a_pods_launcher_serves_both_workers_metrics_while_they_train(tmp_path: Path):
     """The pod's path (PET_NPROC_PER_NODE=2: the trainer re-launches itself under torchrun):
-    one port, both ranks, read while the run is in its steps (paced by the task)."""
+    one port, both ranks, read while the run is in its steps (paced by the task); the workers'
+    folder in the launcher's $TMPDIR is gone when it ends."""
     port = free_port()
-    env = kubeflow_env(nproc_per_node=2, world_size=2) | {JOB_NAME_ENV: "scraped"}
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = kubeflow_env(nproc_per_node=2, world_size=2) | {
+        JOB_NAME_ENV: "scraped",
+        "TMPDIR": str(tmp),
+    }
     args = common_args(
         tmp_path,
         max_steps=40,
@@ -74,6 +80,7 @@ def test_a_pods_launcher_serves_both_workers_metrics_while_they_train(tmp_path: 
     assert proc.returncode == 0, err[-3000:]
     done = [e for e in map(parse_event, lines + out.splitlines()) if e and e["event"] == "done"]
     assert done[0]["step"] == 40 and "tracking_dropped" not in done[0]
+    assert not list(tmp.glob("ddpjob-metrics-*")), list(tmp.iterdir())
 
 
 def run_tracked(tmp: Path, uri: str, max_steps: int, **env: str) -> Result:
