@@ -570,9 +570,13 @@ def run(cfg: TrainConfig) -> int:
             flush=True,
         )
     reporter = Reporter(env.is_main, cfg.max_steps, cfg.progress, cfg.tensorboard_dir)
-    bad_nodes = track_nodes(cfg.watchdog.avoid_node_after, env, reporter)
+    bad_nodes: BadNodes | None = None
     previous = signal.getsignal(signal.SIGTERM)
     try:
+        # The job's first collective (rank 0 learns where every rank runs): a peer lost here, as
+        # when a restarted pod joins a group whose other end is leaving, is a lost peer (138,
+        # retried), as anywhere in training, not a failure of the job (1).
+        bad_nodes = track_nodes(cfg.watchdog.avoid_node_after, env, reporter)
         reason = _fit(cfg, env, task, reporter, bad_nodes)
         # Leave together: a rank that destroys its group while a peer is still talking to it
         # can make the peer abort (exit 134) after a run that had finished well.
@@ -586,7 +590,8 @@ def run(cfg: TrainConfig) -> int:
         if isinstance(e, Restart):  # the done event and the ledger said it already
             leave(env.rank, e.cause, "restarting the job")
         lost = dist_.is_peer_lost(e)
-        if lost:  # rank 0 names the rank that was lost (with its node), before its done event
+        if lost and bad_nodes is not None:
+            # Rank 0 names the rank that was lost (with its node), before its done event.
             bad_nodes.peer_lost(f"{type(e).__name__}: {str(e)[:120]}")
         reason = PEER_LOST if lost else ERROR
         tracking = _dropped(reporter.end_tracking(reason, UNFINISHED_CLOSE_S))

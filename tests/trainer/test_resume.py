@@ -311,6 +311,33 @@ def test_a_lost_peer_exits_138_retryable_not_1(tmp_path: Path) -> None:
     assert parse_events(out)[-1]["reason"] == "peer_lost"
 
 
+#: A peer that joins the job's process group as rank 1 and is gone at once, before the job's
+#: first collective.
+_JOINS_AND_DIES = (
+    "import os, torch.distributed as dist; dist.init_process_group('gloo'); os._exit(0)"
+)
+
+
+@pytest.mark.slow
+def test_a_peer_lost_in_the_jobs_first_collective_exits_138(tmp_path: Path) -> None:
+    """Rank 0 learns where every rank runs in the job's first collective, before the trainer
+    is built: a peer gone there (a restarted pod that joined a group whose other end was
+    leaving) is a lost peer, retried, not a failure of the job."""
+    args = common_args(tmp_path, max_steps=10)
+    master = kubeflow_env(nproc_per_node=1, world_size=2, rank=0)
+    worker = {**master, "RANK": "1", "PET_NODE_RANK": "1"}
+    rank0 = start(args, master)
+    peer = subprocess.run(
+        [sys.executable, "-c", _JOINS_AND_DIES], cwd=REPO, env=worker, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert peer.returncode == 0, peer.stderr[-2000:]
+    out, err = rank0.communicate(timeout=120)
+    assert rank0.returncode == 138, err[-3000:]
+    assert "lost a peer" in err and "Traceback" not in err
+    assert parse_events(out)[-1]["reason"] == "peer_lost"
+
+
 @pytest.mark.slow
 def test_a_lost_peer_under_the_torchrun_relaunch_still_exits_138(tmp_path: Path) -> None:
     """torchrun reports any worker failure as 1; the relaunching pod must still report 138."""
