@@ -35,8 +35,19 @@ def serves(address: str) -> bool:
 
 
 def tag(address: str, ref: str, name: str, namespace: str = "k8s.io") -> None:
-    """Give the containerd's copy of ``ref`` a second name (one image, no copy)."""
-    _Ctr(address, namespace).run("images", "tag", "--force", ref, name)
+    """Give the containerd's copy of ``ref`` a second name (one image, no copy).
+
+    Each xdist worker of make test's cluster phase names the trainer image so, at once:
+    ``ctr images tag --force`` deletes the name and creates it again, and a caller whose create
+    comes after another's fails with "already exists". The name then is what was asked, or is
+    tagged again."""
+    ctr = _Ctr(address, namespace)
+    if ctr.ok("images", "tag", "--force", ref, name):
+        return
+    targets = ctr.images()
+    if ref in targets and targets.get(name) == targets[ref]:
+        return  # another caller named it so between our delete and create
+    ctr.run("images", "tag", "--force", ref, name)
 
 
 @dataclass(frozen=True)

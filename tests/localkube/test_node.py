@@ -647,3 +647,38 @@ def _ps_node_processes() -> list[str]:
         str(host.COREDNS_CONFIG),
     )
     return [line for line in out.splitlines() if any(m in line for m in marks)]
+
+
+def test_the_trainer_image_named_by_many_callers_at_once_is_named_once(real_node):
+    """make test's cluster workers each name the node's trainer image as the examples do, at
+    once; ``ctr images tag --force`` deletes and creates the name, so a caller whose create came
+    second failed with "already exists" and every test of its worker errored."""
+    import threading
+
+    from localkube.node import image_import
+
+    ref = real_node.trainer_image()
+    name = f"localhost/ddpjob-tag-race:{uuid.uuid4().hex[:8]}"
+    address = str(host.CONTAINERD_SOCKET)
+    errors: list[BaseException] = []
+
+    def name_it() -> None:
+        try:
+            image_import.tag(address, ref, name)
+        except Exception as e:  # every failure is the test's finding
+            errors.append(e)
+
+    threads = [threading.Thread(target=name_it) for _ in range(8)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not errors, errors
+        held = image_import._Ctr(address, "k8s.io").images()
+        assert held[name] == held[ref]
+    finally:
+        subprocess.run(
+            ["ctr", "--address", address, "--namespace", "k8s.io", "images", "rm", name],
+            capture_output=True,
+        )
