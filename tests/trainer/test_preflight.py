@@ -114,7 +114,7 @@ def test_the_preflight_times_every_rank_and_names_a_throttled_one_with_its_pod(t
 @pytest.mark.slow
 def test_with_fail_a_throttled_rank_restarts_the_job_instead_of_training(tmp_path) -> None:
     r0, r1 = _two_pods(tmp_path, throttle_rank=1, **{"preflight.fail": "true"})
-    assert [r0.rc, r1.rc] == [EXIT_RESTART, EXIT_RESTART], r0.stderr[-2000:]
+    assert [r0.rc, r1.rc] == [EXIT_RESTART, EXIT_RESTART], (r0.of(PREFLIGHT), r0.stderr[-2000:])
     assert r0.of("train") == []
     (done,) = r0.of("done")
     assert done["reason"] == "restart"
