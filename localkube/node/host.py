@@ -717,8 +717,12 @@ def _remove_files(before: dict, say: Say) -> None:
                 say(f"node: could not remove {path} ({e.strerror})")
         if not existed.get(folder, True) and not os.listdir(folder):
             os.rmdir(folder)
-    if os.path.isdir("/var/lib/cni") and not existed.get("/var/lib/cni", True):
-        _remove_empty_tree(Path("/var/lib/cni"))
+    if os.path.isdir("/var/lib/cni"):
+        # Our network's leases and results go whoever made the folder (podman's networks
+        # share it); the folder itself only if it was not there before and is empty now.
+        _remove_ours(Path("/var/lib/cni"))
+        if not existed.get("/var/lib/cni", True):
+            _remove_empty_tree(Path("/var/lib/cni"))
     # The kubelet's device manager keeps its socket in /var/lib/kubelet/device-plugins whatever
     # --root-dir says; shims keep theirs in /run/containerd/s whatever containerd's state says.
     if not existed.get("/var/lib/kubelet", True):
@@ -743,6 +747,16 @@ def _remove_files(before: dict, say: Say) -> None:
 def _remove_tree_without_mounts(top: Path) -> None:
     if top.is_dir() and not [m for m in mountpoints() if m.startswith(f"{top}/")]:
         shutil.rmtree(top, ignore_errors=True)
+
+
+def _remove_ours(top: Path) -> None:
+    """Our CNI network's results files and lease folder under ``top``, nothing else."""
+    for path in sorted(top.rglob(f"{CNI_NETWORK}*"), key=lambda p: -len(p.parts)):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 def _remove_empty_tree(top: Path) -> None:
