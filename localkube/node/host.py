@@ -760,11 +760,10 @@ def _remove_ours(top: Path) -> None:
 
 
 def _remove_empty_tree(top: Path) -> None:
-    """Remove ``top`` and the results files of our CNI network; stop at anything else."""
+    """Remove ``top`` and the empty folders under it; stop at anything else (what was ours in
+    it :func:`_remove_ours` removed first)."""
     for path in sorted(top.rglob("*"), key=lambda p: -len(p.parts)):
-        if path.is_file() and path.name.startswith(f"{CNI_NETWORK}-"):
-            path.unlink()
-        elif path.is_dir():
+        if path.is_dir() and not path.is_symlink():
             with contextlib.suppress(OSError):
                 path.rmdir()
     with contextlib.suppress(OSError):
