@@ -114,7 +114,12 @@ def test_a_node_that_failed_the_job_twice_is_avoided_by_its_next_pod(
         assert len(faults()) == 1, "the second restart came before the healthy node did"
 
         def placed() -> dict | None:
-            p = get_json(cluster, "pod", pod, "-n", namespace)
+            # Between the restart's deletion of the pod and the operator's next one, none is.
+            got = cluster.kubectl("get", "pod", pod, "-n", namespace, "-o", "json", check=False)
+            if got.returncode != 0:
+                assert "NotFound" in got.stderr, got.stderr
+                return None
+            p = json.loads(got.stdout)
             return p if p["spec"].get("nodeName") == node_name else None
 
         moved = _wait_for("the next pod on the healthy node", placed, RESTART_AFTER_S + 120)
