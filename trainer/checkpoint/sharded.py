@@ -41,7 +41,6 @@ import torch
 import torch.distributed as dist
 
 from trainer import distributed as distributed_
-from trainer.checkpoint import shards
 from trainer.checkpoint.manager import (
     FSDP,
     MANIFEST,
@@ -190,6 +189,8 @@ class ShardedCheckpointManager(CheckpointManager):
         state.pt and the manifest, once every rank's shard is stored, then pruning."""
         import torch.distributed.checkpoint as dcp
 
+        from trainer.checkpoint import shards
+
         assert self.store is not None
         store, name = self.store, step_name(step)
         started = time.perf_counter()
@@ -312,6 +313,8 @@ class ShardedCheckpointManager(CheckpointManager):
         damaged checkpoint (every rank learns the same). A state of another shape is a
         ConfigError."""
         import torch.distributed.checkpoint as dcp
+
+        from trainer.checkpoint import shards
 
         reader = shards.reader(store, name, manifest["objects"])
         try:
