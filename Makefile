@@ -78,10 +78,8 @@ demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 # Without root or apt the node's packages cannot be installed: the suite still runs, and the tests
 # that need the real node fail with one line that says why.
 # The cluster tests' workers: most of a cluster test is pods starting and jobs waiting, and their
-# pods ask 200m of the node's 2 CPUs each (its CPU limit is no ceiling: localkube's kubelet), so
-# five tests of two pods fill the node and a sixth mostly has one pod or none (kwok nodes, API
-# only); past the offline tests' end, the machine is otherwise idle.
-TEST_WORKERS ?= 6
+# pods ask 250m of the node's 2 CPUs each, so four tests of two pods fill the node.
+TEST_WORKERS ?= 4
 # The offline tests' workers: more than the CPUs, because many of those tests wait (a timeout, a
 # throttled or stopped rank, a server's start) and a third worker fills what the other two leave.
 OFFLINE_WORKERS ?= 3

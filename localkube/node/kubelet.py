@@ -93,8 +93,8 @@ def kubelet_config(ctx: Context) -> dict:
         "containerLogMaxSize": "256Mi",
         # A pod's CPU limit is not a ceiling here (no CFS quota): its request still decides what
         # fits the node, and cpu.shares still divides a busy machine by requests. The e2e pods
-        # ask a fifth of a CPU so that ten fit the 2-core node; throttled to a quarter core
-        # each, a test's pods took 12 s to import torch while the machine sat 90% idle.
+        # ask a quarter CPU so that eight fit the 2-core node; throttled to a quarter core each,
+        # a test's pods took 12 s to import torch while the machine sat 90% idle.
         "cpuCFSQuota": False,
         # In-place restarts back off 10 s at most (upstream: 300 s), as tests and users wait.
         "featureGates": {"KubeletCrashLoopBackOffMax": True},

@@ -54,15 +54,15 @@ def write_spec(
 ) -> Path:
     """The quickstart spec, small, as the e2e jobs run on the real node (where every pod runs):
     the image under the name the examples use (the cluster holds this checkout's trainer image
-    under it), a fifth of a CPU per pod (ten fit the node's two CPUs, so make test's cluster
-    workers rarely leave a job half-scheduled), few steps, checkpoints on the claim :data:`CLAIM` at
+    under it), a quarter CPU per pod (eight fit the node's two CPUs, so three tests at once do
+    not leave a job half-scheduled), few steps, checkpoints on the claim :data:`CLAIM` at
     ``/ckpt/<name>`` with resume=auto, so a retried pod continues. ``fields`` override the
     spec's keys (``trainer`` is merged)."""
     cluster.trainer_image()  # built, imported and named as the examples name it
     ensure_claim(cluster, namespace)
     spec = yaml.safe_load(QUICKSTART.read_text())
     spec["name"], spec["namespace"] = name, namespace
-    spec["resources"] = {"cpu": "200m", "memory": "1536Mi"}
+    spec["resources"] = {"cpu": "250m", "memory": "1536Mi"}
     spec["volumes"] = [{"name": "ckpt", "claim": CLAIM, "mount_path": MOUNT}]
     trainer = spec["trainer"]
     trainer.update(
