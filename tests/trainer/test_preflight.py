@@ -5,6 +5,7 @@ process stopped nine tenths of the time, as a GPU that throttles) named with its
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -74,10 +75,8 @@ def _healthy(pid: int) -> None:
     runs at nice 10 beside the cluster's pods. Set before the process starts its threads (they
     inherit it). Otherwise, on a loaded machine, the scheduler can hold the healthy rank's few
     milliseconds of matmul up longer than the throttle holds the other's, and neither is slow."""
-    try:
+    with contextlib.suppress(PermissionError):  # not root: it keeps the suite's priority
         os.setpriority(os.PRIO_PROCESS, pid, -10)
-    except PermissionError:
-        pass  # not root: the healthy rank keeps the suite's priority
 
 
 def _two_pods(tmp_path: Path, throttle_rank: int | None, **overrides) -> list[Result]:
