@@ -63,6 +63,18 @@ def _start_job(cluster, namespace, tmp_path, name, s3: bool = False, every_steps
     return follow0, follow1
 
 
+def _wait_succeeds(cluster, namespace: str, name: str, timeout_s: int, *follows) -> None:
+    """``wait`` for the job to succeed; if it does not, the failure carries where the pods stand
+    and the tail of each followed log."""
+    w = ddpjob(cluster, "wait", name, "-n", namespace, "--timeout", str(timeout_s),
+               timeout=timeout_s + 20)  # fmt: skip
+    assert w.returncode == 0, "\n".join([
+        w.stdout + w.stderr, where_things_stand(cluster, namespace),
+        *(f"{path.name}: {path.read_text()[-3000:]}"
+          for f in follows for path in (f.out_path, f.err_path)),
+    ])  # fmt: skip
+
+
 def _final_step(out: str) -> int:
     done = events(out, "done")
     assert done, "no done event"
@@ -105,12 +117,7 @@ def test_kill_9_of_a_worker_is_retried_and_resumes_from_its_checkpoint(
         # Two restarts follow (the worker's, then the master's when it finds its peer lost),
         # each a container start and a torch import: 30 s on an idle machine, over 120 s beside
         # make test's other tests.
-        w = ddpjob(cluster, "wait", name, "-n", namespace, "--timeout", "300", timeout=320)
-        assert w.returncode == 0, "\n".join([
-            w.stdout + w.stderr, where_things_stand(cluster, namespace),
-            *(f"{path.name}: {path.read_text()[-3000:]}"
-              for f in (follow0, follow1) for path in (f.out_path, f.err_path)),
-        ])  # fmt: skip
+        _wait_succeeds(cluster, namespace, name, 300, follow0, follow1)
         code0, out0, err0 = follow0.result(60)
         code1, out1, err1 = follow1.result(60)
     finally:
@@ -187,15 +194,7 @@ def test_a_deleted_worker_stops_the_job_at_a_step_saved_to_s3_and_it_resumes_the
         )
         deleted_at = time.time()
         cluster.kubectl("delete", "pod", f"{name}-worker-0", "-n", namespace, "--wait=false")
-        # Two restarts follow (the worker's, then the master's when it finds its peer lost),
-        # each a container start and a torch import: 30 s on an idle machine, over 120 s beside
-        # make test's other tests.
-        w = ddpjob(cluster, "wait", name, "-n", namespace, "--timeout", "300", timeout=320)
-        assert w.returncode == 0, "\n".join([
-            w.stdout + w.stderr, where_things_stand(cluster, namespace),
-            *(f"{path.name}: {path.read_text()[-3000:]}"
-              for f in (follow0, follow1) for path in (f.out_path, f.err_path)),
-        ])  # fmt: skip
+        _wait_succeeds(cluster, namespace, name, 150, follow0, follow1)
         code0, out0, err0 = follow0.result(60)
         code1, _, err1 = follow1.result(60)
     finally:
