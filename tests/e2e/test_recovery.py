@@ -115,8 +115,8 @@ def test_kill_9_of_a_worker_is_retried_and_resumes_from_its_checkpoint(
         os.kill(pid, signal.SIGKILL)
 
         # Two restarts follow (the worker's, then the master's when it finds its peer lost),
-        # each a container start and a torch import: 30 s on an idle machine, over 120 s beside
-        # make test's other tests.
+        # each a container start and a torch import, several times slower beside make test's
+        # other tests than alone.
         _wait_succeeds(cluster, namespace, name, 300, follow0, follow1)
         code0, out0, err0 = follow0.result(60)
         code1, out1, err1 = follow1.result(60)
