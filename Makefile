@@ -65,7 +65,9 @@ demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 #    to each worker and in the order of tests/conftest.py's _phase_order. Those run at nice 10: they fill
 #    the CPUs that the builds and the cluster tests leave, and never hold up either (a pod's
 #    grace period or a test's timeout is the cluster tests', not theirs);
-# 3. ruff, once the builds are done;
+# 3. the cluster started once for phases 4 and 5 (both reuse it: a cluster their fixture started
+#    would stop when the first of them ends and start again for the second), and stopped at the
+#    end; a cluster that ran before make test is reused and left running. Then ruff;
 # 4. beside the offline tests, alone, one at a time: the few that restart the API server or stop
 #    the node (marker `disruptive`), and the examples as written, whose pods ask the node's every
 #    CPU (`whole_node`: beside the other cluster tests they held the node while the others' pods
@@ -73,7 +75,9 @@ demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 #    offline tests fill that, and nothing of the offline tests uses the node;
 # 5. beside the offline tests still running: the tests on the local cluster and on what was
 #    built, on $(TEST_WORKERS) workers (each test has its own namespace; most of their time is
-#    pods starting and waiting, which leaves the CPUs mostly idle when they run alone).
+#    pods starting and waiting, which leaves the CPUs mostly idle when they run alone), one test
+#    at a time to each worker, the longest first (--phase-order), and the tests that share a
+#    costly module fixture on one worker (--dist loadgroup; tests/conftest.py's SHARED_FIXTURES).
 # Every phase runs even when one before failed, so one run shows every failure.
 # Without root or apt the node's packages cannot be installed: the suite still runs, and the tests
 # that need the real node fail with one line that says why.
@@ -103,7 +107,12 @@ test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, 
 	echo "make test: the Go tools and the images build first ($(BUILD_LOG)), then the offline" \
 		"tests run in the background ($(OFFLINE_LOG)) beside the cluster tests"; \
 	$(MAKE) --no-print-directory -j2 tools test-images > $(BUILD_LOG) 2>&1 \
-		|| { tail -n 40 $(BUILD_LOG); rc=1; }; t2=$$SECONDS; \
+		|| { tail -n 40 $(BUILD_LOG); rc=1; }; \
+	ours=; trap '[ -z "$$ours" ] || $(PY) -m localkube down >> $(BUILD_LOG) 2>&1' EXIT; \
+	trap 'exit 130' INT TERM; \
+	if ! $(PY) -m localkube status > /dev/null 2>&1; then ours=1; \
+		$(PY) -m localkube up >> $(BUILD_LOG) 2>&1 || echo "make test: the cluster did not" \
+			"start ($(BUILD_LOG)); the tests that need it say why" >&2; fi; t2=$$SECONDS; \
 	( nice -n 10 $(PYTEST) $(DURATIONS) -n $(OFFLINE_WORKERS) --phase-order --maxschedchunk 1 \
 		-m "not cluster and not built"; code=$$?; \
 		echo "offline tests done at $$(( $$(date +%s) - start ))s"; exit $$code ) \
@@ -111,11 +120,11 @@ test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, 
 	grep -E "^\[(cluster|images)\] (built|wheelhouse|preloaded|not preloaded)" $(BUILD_LOG) || true; \
 	$(PY) -m ruff check . || rc=1; \
 	$(PYTEST) $(DURATIONS) -m "disruptive or whole_node" || rc=1; t3=$$SECONDS; \
-	$(PYTEST) $(DURATIONS) -n $(TEST_WORKERS) \
+	$(PYTEST) $(DURATIONS) -n $(TEST_WORKERS) --phase-order --dist loadgroup \
 		-m "(cluster or built) and not (disruptive or whole_node)" || rc=1; t4=$$SECONDS; \
 	wait $$offline || rc=1; t1=$$SECONDS; \
 	echo "make test: the offline tests ($(OFFLINE_LOG)):"; cat $(OFFLINE_LOG); \
-	echo "make test: builds done at $$((t2-t0))s, tests run alone $$((t3-t2))s, cluster and" \
+	echo "make test: builds and the cluster up at $$((t2-t0))s, tests run alone $$((t3-t2))s, cluster and" \
 		"image tests $$((t4-t3))s, $$(tail -n 1 $(OFFLINE_LOG)) (waited for until" \
 		"$$((t1-t0))s); total $$((t1-t0))s"; \
 	exit $$rc
