@@ -75,9 +75,9 @@ demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 #    offline tests fill that, and nothing of the offline tests uses the node;
 # 5. beside the offline tests still running: the tests on the local cluster and on what was
 #    built, on $(TEST_WORKERS) workers (each test has its own namespace; most of their time is
-#    pods starting and waiting, which leaves the CPUs mostly idle when they run alone), one test
-#    at a time to each worker, the longest first (--phase-order), and the tests that share a
-#    costly module fixture on one worker (--dist loadgroup; tests/conftest.py's SHARED_FIXTURES).
+#    pods starting and waiting, which leaves the CPUs mostly idle when they run alone), in file
+#    order, a few at a time to each worker: long and short tests side by side (the long ones all
+#    at once take half again as long each, and more CPU).
 # Every phase runs even when one before failed, so one run shows every failure.
 # Without root or apt the node's packages cannot be installed: the suite still runs, and the tests
 # that need the real node fail with one line that says why.
@@ -120,12 +120,12 @@ test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, 
 	grep -E "^\[(cluster|images)\] (built|wheelhouse|preloaded|not preloaded)" $(BUILD_LOG) || true; \
 	$(PY) -m ruff check . || rc=1; \
 	$(PYTEST) $(DURATIONS) -m "disruptive or whole_node" || rc=1; t3=$$SECONDS; \
-	$(PYTEST) $(DURATIONS) -n $(TEST_WORKERS) --phase-order --dist loadgroup \
+	$(PYTEST) $(DURATIONS) -n $(TEST_WORKERS) \
 		-m "(cluster or built) and not (disruptive or whole_node)" || rc=1; t4=$$SECONDS; \
 	wait $$offline || rc=1; t1=$$SECONDS; \
 	echo "make test: the offline tests ($(OFFLINE_LOG)):"; cat $(OFFLINE_LOG); \
-	echo "make test: builds and the cluster up at $$((t2-t0))s, tests run alone $$((t3-t2))s, cluster and" \
-		"image tests $$((t4-t3))s, $$(tail -n 1 $(OFFLINE_LOG)) (waited for until" \
+	echo "make test: builds and the cluster up at $$((t2-t0))s, tests run alone" \
+		"$$((t3-t2))s, cluster and image tests $$((t4-t3))s, $$(tail -n 1 $(OFFLINE_LOG)) (waited for until" \
 		"$$((t1-t0))s); total $$((t1-t0))s"; \
 	exit $$rc
 

@@ -84,46 +84,31 @@ def pytest_addoption(parser):
     parser.addoption(
         "--phase-order",
         action="store_true",
-        help="run the tests marked long first, then the others in the order of make test's "
-        "phases (see _phase_order)",
+        help="run the tests marked long first, then the unmarked ones, then the other slow ones "
+        "(make test's offline phase; see _phase_order)",
     )
 
 
-#: Module-scoped fixtures that cost a minute or more (an image built, the manifests applied and
-#: a token made): with ``--dist loadgroup`` the tests that use one share an xdist group, so one
-#: worker sets it up once rather than each worker its own.
-SHARED_FIXTURES = frozenset({"built_image", "sa_kubeconfig"})
-
-
 def _phase_order(item) -> int:
-    """Both of make test's phases on several workers hand each worker one test at a time, and
-    the longest tests go first, so that none of them ends its phase alone.
-
-    The offline phase runs beside the cluster tests: after its long tests, the short ones, mostly
-    waiting on a timeout or a thread, while the cluster tests keep the CPUs busy; the
-    multi-process tests last, to fill the CPUs the cluster tests leave when they end. In the
-    cluster phase, after the long tests, the other end-to-end ones (``slow``), then the short
-    ones (API calls, no pod), which end the phase together."""
+    """make test's offline phase runs beside the cluster tests, one test at a time to each of
+    its workers (--maxschedchunk 1). The longest tests go first, so that none of them ends the
+    phase alone; the short tests, mostly waiting on a timeout or a thread, next, while the
+    cluster tests keep the CPUs busy; the multi-process tests last, to fill the CPUs the
+    cluster tests leave when they end."""
     if item.get_closest_marker("long"):
         return 0
-    slow = item.get_closest_marker("slow") is not None
-    if item.get_closest_marker("cluster") or item.get_closest_marker("built"):
-        return 1 if slow else 2
-    return 2 if slow else 1
+    return 2 if item.get_closest_marker("slow") else 1
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark each test ``cluster`` and ``built`` by the fixtures it uses, directly or not, and
-    group the users of a shared fixture; with ``--phase-order``, order them by
-    :func:`_phase_order`."""
+    """Mark each test ``cluster`` and ``built`` by the fixtures it uses, directly or not; with
+    ``--phase-order``, order them by :func:`_phase_order`."""
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if used & CLUSTER_FIXTURES:
             item.add_marker(pytest.mark.cluster)
         if used & BUILT_FIXTURES:
             item.add_marker(pytest.mark.built)
-        for name in sorted(used & SHARED_FIXTURES):
-            item.add_marker(pytest.mark.xdist_group(name))
     if config.getoption("--phase-order"):
         items.sort(key=_phase_order)
 

@@ -253,7 +253,6 @@ def test_logs_since_against_the_kubelet(cluster, namespace, tmp_path):
 # plot of a TrainJob, and --api on a name of one kind
 
 
-@pytest.mark.long
 def test_plot_of_a_trainjob_reads_rank_0(cluster, namespace, tmp_path):
     """A 2-node TrainJob: only rank 0 prints ``train`` events, so the series plotted is node 0's
     pod's. Then ``--api`` on the name, which is only a TrainJob: ``trainjob`` reaches it,

@@ -68,7 +68,6 @@ def _wait_for(what: str, check, timeout_s: float):
     raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
 
 
-@pytest.mark.long
 def test_a_node_that_failed_the_job_twice_is_avoided_by_its_next_pod(
     real_node, namespace, tmp_path
 ):

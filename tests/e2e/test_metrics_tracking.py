@@ -56,7 +56,6 @@ def tracked(cluster, namespace: str, name: str, fields: dict) -> dict:
     return {**fields, "env": env}
 
 
-@pytest.mark.long
 def test_a_job_is_scraped_by_prometheus_and_one_mlflow_run_through_a_deleted_worker(
     real_node, namespace, tmp_path
 ):

@@ -118,7 +118,6 @@ def _status(cluster, name: str, namespace: str, *flags: str) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.long
 @pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
 def test_a_job_submitted_to_user_queue_is_queued_admitted_and_succeeds(
     cluster, namespace, tmp_path, api
@@ -147,7 +146,6 @@ def test_a_job_submitted_to_user_queue_is_queued_admitted_and_succeeds(
     assert row[2:4] == ["Succeeded", "user-queue"], listed.stdout
 
 
-@pytest.mark.long
 def test_a_queued_job_says_what_it_waits_for_and_wait_waits_through_the_queue(
     cluster, own_queue, tmp_path
 ):
@@ -271,7 +269,6 @@ def _rank0_selector(api: str, name: str) -> str:
     return f"{kubeflow.LABEL_JOB_NAME}={name},{kubeflow.LABEL_REPLICA_TYPE}=master"
 
 
-@pytest.mark.long
 @pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
 def test_a_low_priority_job_preempted_by_a_high_one_checkpoints_resumes_and_loses_no_step(
     cluster, own_queue, tmp_path, api

@@ -125,7 +125,6 @@ def init_container_ran(p: dict) -> bool:
     return init["name"] == "init-pytorch" and term.get("exitCode") == 0
 
 
-@pytest.mark.long
 def test_helm_install_of_the_built_image_in_a_restricted_namespace(real_node, rns, tmp_path):
     # Paced (0.05 s a step): still running while the exec below resolves names and imports torch.
     spec = write_spec(
@@ -182,7 +181,6 @@ def test_helm_install_of_the_built_image_in_a_restricted_namespace(real_node, rn
 QUICK_STEPS = 400
 
 
-@pytest.mark.long
 def test_quickstart_submit_wait_follow_then_kubectl_logs_exec_describe(real_node, rns, tmp_path):
     image = real_node.trainer_image()
     sets = {
@@ -259,7 +257,6 @@ def test_a_memory_limit_too_small_is_explained_as_oomkilled(real_node, rns, tmp_
     assert "OOMKilled" in text and "went over its memory limit" in text, text
 
 
-@pytest.mark.long
 def test_shm_size_is_dev_shm_and_nproc_per_node_2_runs_torchrun_in_the_container(
     real_node, rns, tmp_path
 ):

@@ -90,7 +90,6 @@ def _checkpoints_written_by_uid_1000(cluster, namespace: str, name: str) -> None
     assert {(p.stat().st_uid, p.stat().st_gid) for p in files} == {(1000, 1000)}
 
 
-@pytest.mark.long
 def test_kill_9_of_a_worker_is_retried_and_resumes_from_its_checkpoint(
     real_node, namespace, tmp_path
 ):
@@ -179,7 +178,6 @@ def _seconds_to_events(cluster, namespace: str, pod: str, since: float) -> dict[
     return seen
 
 
-@pytest.mark.long
 def test_a_deleted_worker_stops_the_job_at_a_step_saved_to_s3_and_it_resumes_there(
     real_node, namespace, tmp_path
 ):

@@ -139,7 +139,6 @@ def _healed(cluster, name: str, namespace: str, rank0_log: str, verdict_at: floa
     assert st["nodes"]["avoided"] == []  # one fault: the default avoids a node at two
 
 
-@pytest.mark.long
 def test_a_pytorchjobs_hung_rank_is_named_and_the_job_restarts_itself_from_its_checkpoint(
     real_node, namespace, tmp_path
 ):
@@ -181,7 +180,6 @@ def test_a_pytorchjobs_hung_rank_is_named_and_the_job_restarts_itself_from_its_c
     _healed(real_node, name, namespace, rank0, seen_at, "pytorchjob")
 
 
-@pytest.mark.long
 def test_a_trainjobs_hung_rank_is_named_and_the_job_restarts_itself_from_its_checkpoint(
     real_node, namespace, tmp_path
 ):

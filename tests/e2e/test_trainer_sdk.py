@@ -25,7 +25,6 @@ def _rank0_pod(cluster, name: str, namespace: str) -> str:
     return pod["metadata"]["name"]
 
 
-@pytest.mark.long
 def test_trainer_client_reads_a_trainjob_ddpjob_submitted(real_node, namespace, tmp_path, caplog):
     from kubeflow.common.types import KubernetesBackendConfig
     from kubeflow.trainer import TrainerClient

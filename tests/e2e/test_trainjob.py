@@ -276,7 +276,6 @@ def test_quickstart_as_a_trainjob_succeeds(cluster, namespace, tmp_path, real_no
     assert listed[1].split()[:6] == ["tj-quick", "TrainJob", "Succeeded", "-", "2", "100%"]
 
 
-@pytest.mark.long
 def test_a_suspended_trainjob_resumed_succeeds(cluster, namespace, tmp_path, real_node):
     spec = _trainjob_spec(cluster, tmp_path, "tj-later", namespace, max_steps=20, suspend=True)
     r = ddpjob(cluster, "submit", str(spec))
@@ -297,7 +296,6 @@ def test_a_suspended_trainjob_resumed_succeeds(cluster, namespace, tmp_path, rea
     assert (suspended["status"], suspended["reason"]) == ("False", "Resumed")
 
 
-@pytest.mark.long
 def test_a_failing_trainjob_is_explained(cluster, namespace, tmp_path, real_node):
     """Rank 0 raises at its 6th step. The runtime's Job restarts the containers in place
     (OnFailure: exit 1 too), up to backoffLimit 6 restarts, then fails and deletes the pods; the
@@ -341,7 +339,6 @@ FAULTS = {
 }
 
 
-@pytest.mark.long
 @pytest.mark.parametrize("how", list(FAULTS))
 def test_a_trainjob_recovers(cluster, namespace, tmp_path, real_node, how):
     """A rank dies mid-run; its container is restarted in place (kill -9) or its pod replaced

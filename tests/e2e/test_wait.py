@@ -26,7 +26,6 @@ from tests.e2e.helpers import (
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
-@pytest.mark.long
 def test_wait_makes_the_same_few_requests_however_long_the_job_runs(real_node, namespace, tmp_path):
     cluster = real_node
     # `wait` is about the job's life, not its training: a container that sleeps S seconds.

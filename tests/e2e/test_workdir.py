@@ -175,7 +175,6 @@ def _submit_and_check(cluster, spec: Path, name: str, namespace: str, api: str, 
     return digest
 
 
-@pytest.mark.long
 @pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
 def test_a_project_folder_runs_with_the_stock_image_and_an_edit_reaches_the_next_submit(
     cluster, namespace, tmp_path, api

@@ -385,7 +385,6 @@ def built_image() -> Iterator[str]:
         podman("rmi", f"{image}:{tag}", check=False)
 
 
-@pytest.mark.long  # with the other tests of built_image (one xdist group): about 3 minutes
 def test_make_image_builds_here_on_the_stand_in_base(built_image):
     info = inspect(built_image)
     assert info is not None
