@@ -211,11 +211,15 @@ def published_ref() -> str:
     return f"{PUBLISHED_REPOSITORY}:{version}"
 
 
+#: What every checkout's trainer image is named by, before its checkout's part (trainer_ref).
+TRAINER_REF_PREFIX = "localhost/ddpjob-trainer:dev-"
+
+
 def trainer_ref() -> str:
     """The reference :func:`trainer_image` builds, without building anything: what the local
     cluster's objects name (the torch-distributed runtime) before or without the image."""
     checkout = hashlib.sha256(str(ROOT).encode()).hexdigest()[:8]
-    return f"localhost/ddpjob-trainer:dev-{checkout}"
+    return f"{TRAINER_REF_PREFIX}{checkout}"
 
 
 def trainer_image(log=sys.stderr) -> str:

@@ -114,6 +114,19 @@ class _Ctr:
         return set(self.run("content", "ls", "--quiet").split())
 
 
+def remove_other_images(
+    address: str, prefix: str, keep: Sequence[str], namespace: str = "k8s.io"
+) -> list[str]:
+    """Remove from the containerd at ``address`` the images named ``prefix...`` other than
+    ``keep``, and wait for its garbage collection, which deletes the layers and snapshots that no
+    image left holds; the names removed."""
+    ctr = _Ctr(address, namespace)
+    gone = sorted(n for n in ctr.images() if n.startswith(prefix) and n not in keep)
+    if gone:
+        ctr.run("images", "rm", "--sync", *gone)
+    return gone
+
+
 def import_into_containerd(
     ref: str, address: str, namespace: str = "k8s.io", *, log=sys.stderr
 ) -> ImportResult:

@@ -21,7 +21,14 @@ from tools.podman import ImageError
 from ..builds import images as built
 from ..procs import LocalkubeError
 from . import host
-from .image_import import ImportResult, import_into_containerd, scratch_containerd, serves, tag
+from .image_import import (
+    ImportResult,
+    import_into_containerd,
+    remove_other_images,
+    scratch_containerd,
+    serves,
+    tag,
+)
 
 
 @contextlib.contextmanager
@@ -97,6 +104,12 @@ def preload_images(repo: Path, log=sys.stderr) -> str:
     (and ``up`` imports as before) when the node is off or cannot run here, or any node
     containerd already runs. The machine lock is held throughout, so a cluster starting
     meanwhile waits for it rather than opening the same root.
+
+    The other checkouts' trainer images (each checkout has its own tag) are removed then, with
+    the layers and snapshots only they held: the node never collects an image (it could not
+    pull it again), and a CI clone in a new folder each run would leave one behind each time.
+    Nothing of the node runs meanwhile; a checkout whose image went imports it again at its
+    next ``up`` (its own layer only).
     """
     if not host.ENABLED:
         return "the node is off (DDPJOB_NODE=off): nothing to preload"
@@ -112,21 +125,28 @@ def preload_images(repo: Path, log=sys.stderr) -> str:
         start = time.monotonic()
         with _said_as_cluster_errors():
             refs = [*images().values(), built.trainer_image(log)]
-            results = import_offline(refs, host.CONTAINERD_ROOT, PRELOAD_DIR, log=log)
+            results, removed = import_offline(
+                refs, host.CONTAINERD_ROOT, PRELOAD_DIR, log=log, replace=built.TRAINER_REF_PREFIX
+            )
     sent = sum(r.bytes_sent for r in results) / 2**20
     took = time.monotonic() - start
+    others = f"; removed {len(removed)} other checkouts' trainer images" if removed else ""
     return (
         f"preloaded {', '.join(refs)} ({sent:.0f} MiB sent) into the node's containerd "
-        f"in {took:.0f}s"
+        f"in {took:.0f}s{others}"
     )
 
 
 def import_offline(
-    refs: list[str], root: Path, workdir: Path, log=sys.stderr
-) -> list[ImportResult]:
+    refs: list[str], root: Path, workdir: Path, log=sys.stderr, replace: str | None = None
+) -> tuple[list[ImportResult], list[str]]:
     """Import podman's ``refs`` into the containerd root ``root`` through a containerd of its
     own (``image_import.scratch_containerd`` on that root: config, state, socket and log in
-    ``workdir``; no CRI plugin), stopped after; what each import did. A containerd started on
-    ``root`` later (the node's, at ``up``) holds them, unpacked."""
+    ``workdir``; no CRI plugin), stopped after. With ``replace``, the images named ``replace...``
+    other than ``refs`` are removed, layers and snapshots too. What each import did, and the
+    names removed. A containerd started on ``root`` later (the node's, at ``up``) holds the
+    images, unpacked."""
     with scratch_containerd(workdir, root=root) as address:
-        return [import_into_containerd(ref, address, log=log) for ref in refs]
+        results = [import_into_containerd(ref, address, log=log) for ref in refs]
+        removed = remove_other_images(address, replace, refs) if replace else []
+    return results, removed

@@ -14,6 +14,7 @@ import pytest
 
 from localkube.builds import images as built
 from localkube.node import images
+from localkube.node.image_import import _Ctr, scratch_containerd
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,14 +35,15 @@ def short_dir() -> Iterator[Path]:
 
 def test_images_imported_offline_are_held_by_the_next_containerd_on_that_root(pause_ref, short_dir):
     root = short_dir / "root"
-    (first,) = images.import_offline([pause_ref], root, short_dir / "a")
+    (first,), removed = images.import_offline([pause_ref], root, short_dir / "a")
+    assert removed == []
     assert first.layers_sent > 0 and not first.skipped, first
     assert not (short_dir / "a" / "state").exists()  # the containerd stopped and left its state
     assert root.is_dir()  # the root stays: it is the point
     # A second containerd on the same root, as the node's is at `up`: the image is there under
     # its name and ID, its snapshot unpacked (import_into_containerd checks both), so nothing
     # is sent.
-    (second,) = images.import_offline([pause_ref], root, short_dir / "b")
+    (second,), _ = images.import_offline([pause_ref], root, short_dir / "b")
     assert second.skipped, second
     assert second.image_id == first.image_id
 
@@ -51,3 +53,32 @@ def test_preload_leaves_a_running_nodes_containerd_alone(cluster):
     says why."""
     said = images.preload_images(REPO)
     assert said == "not preloaded: the node's containerd runs; `up` imported its images", said
+
+
+def _held(root: Path, workdir: Path) -> tuple[set[str], set[str], int]:
+    """What a containerd on ``root`` holds: image names, content blobs, snapshots."""
+    with scratch_containerd(workdir, root=root) as address:
+        ctr = _Ctr(address, "k8s.io")
+        snapshots = len(ctr.run("snapshots", "ls").splitlines()[1:])
+        return set(ctr.images()), ctr.blobs(), snapshots
+
+
+def test_an_offline_import_removes_the_other_images_it_replaces(pause_ref, short_dir):
+    """What preload does to the other checkouts' trainer images, here with the init image as the
+    other one: gone by name, and its content and snapshots with it; the kept image untouched."""
+    init_ref = built.init_image()
+    root = short_dir / "root"
+    _, removed = images.import_offline([pause_ref, init_ref], root, short_dir / "a")
+    assert removed == []
+    names, blobs, snapshots = _held(root, short_dir / "b")
+    assert {pause_ref, init_ref} <= names and snapshots >= 2
+
+    (kept,), removed = images.import_offline(
+        [pause_ref], root, short_dir / "c", replace="localhost/"
+    )
+    assert removed == [init_ref] and kept.skipped
+    names_after, blobs_after, snapshots_after = _held(root, short_dir / "d")
+    assert pause_ref in names_after and init_ref not in names_after
+    assert blobs_after < blobs and snapshots_after < snapshots
+    (again,), _ = images.import_offline([pause_ref], root, short_dir / "e")
+    assert again.skipped  # the kept image is whole: nothing to send
