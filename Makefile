@@ -59,12 +59,13 @@ demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 
 # make test, in phases (docs/testing.md gives each one's cold and warm time on 2 cores):
 # 1. the node's Debian packages (a no-op when installed);
-# 2. at once, in the background: the one-time builds, the Go tools and the images (on a warm
-#    machine they build nothing; logged to $(BUILD_LOG)), and the tests that need neither, on
-#    $(OFFLINE_WORKERS) workers (logged to $(OFFLINE_LOG), printed when they end), one at a time
-#    to each worker and in the order of tests/conftest.py's _phase_order. Those run at nice 10: they fill
-#    the CPUs that the builds and the cluster tests leave, and never hold up either (a pod's
-#    grace period or a test's timeout is the cluster tests', not theirs);
+# 2. the one-time builds, the Go tools and the images (on a warm machine they build nothing;
+#    logged to $(BUILD_LOG)); cold, they keep both CPUs busy. Then, in the background, the tests
+#    that need neither, on $(OFFLINE_WORKERS) workers (logged to $(OFFLINE_LOG), printed when
+#    they end), one at a time to each worker and in the order of tests/conftest.py's
+#    _phase_order. Those run at nice 10: they fill the CPUs that the cluster tests leave, and
+#    never hold them up (a pod's grace period or a test's timeout is the cluster tests', not
+#    theirs);
 # 3. the cluster started once for phases 4 and 5 (both reuse it: a cluster their fixture started
 #    would stop when the first of them ends and start again for the second), and stopped at the
 #    end; a cluster that ran before make test is reused and left running. Then ruff;
