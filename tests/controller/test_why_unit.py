@@ -410,3 +410,41 @@ def test_a_pod_the_operator_has_seen_before_our_watch_is_said_once_as_the_pod_sa
         False,
     )
     assert worker.missing and worker.reason == "NotCreated" and not worker.problem
+
+
+def test_the_operators_event_about_a_waiting_container_is_the_pods_reason_said_once():
+    """Once the pod has container statuses, the operator's event is ``Error pod X container C
+    waiting message: M`` with the waiting reason (training-operator v1.9, core/job.go). Before
+    our pod watch brings the pod, that is the pod's reason as the pod says it: said once, not as
+    a replica without a pod and again as the pod's."""
+    told = event(
+        "j",
+        "CreateContainerConfigError",
+        'Error pod j-master-0 container pytorch waiting message: secret "s" not found',
+        kind="PyTorchJob",
+    )
+    notes = WaitNotes(PYTORCHJOB_KIND, "j")
+    notes.see_job(job())
+    notes.see_event("ADDED", told)
+    (w,) = notes.current()
+    assert not w.missing and w.problem and w.subject == "j-master-0"
+    line = 'pod j-master-0 is not running: CreateContainerConfigError: secret "s" not found'
+    assert notes.due(0.0)[0] == [line]
+    waiting = {"reason": "CreateContainerConfigError", "message": 'secret "s" not found'}
+    notes.see_pod("ADDED", pod(waiting=waiting))
+    assert notes.due(1.0) == ([], None)
+    # A pull that fails, or a container that ended: the pod says more than the event; until it
+    # does, the pod is on its way, and no replica lacks a pod.
+    for reason, message in (
+        ("ErrImagePull", "Error pod j-master-0 container pytorch waiting message: not found"),
+        ("Error", "Error pod j-master-0 container pytorch exitCode: 1 terminated message: "),
+    ):
+        (w,) = job_waiting(
+            PYTORCHJOB_KIND, job(), [], [event("j", reason, message, kind="PyTorchJob")]
+        )
+        assert (w.subject, w.reason, w.problem, w.missing) == (
+            "j-master-0",
+            "ContainerCreating",
+            False,
+            False,
+        )

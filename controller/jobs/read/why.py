@@ -19,10 +19,12 @@ What a pod that does not run shows, and where (Kubernetes 1.33):
 - a pod the job's controller could not create: none at all, and a Warning event of the job (or
   a TrainJob's JobSet or Job) says why (``FailedCreate``, ``TrainJobResourcesCreationFailed``);
 - a pod the training operator has made and sees waiting, before our own watch of the pods has
-  brought it: a Warning event of the PyTorchJob, ``Error pod <pod> condition message: <the
-  pod's latest false condition's message>``, with that condition's reason (the operator's
-  ``recordAbnormalPods``). It is said as the pod's own reason would be, so the pod arriving a
-  moment later is no change;
+  brought it: a Warning event of the PyTorchJob (the operator's ``RecordAbnormalPods``), with
+  the reason of what it saw: ``Error pod <pod> condition message: <the pod's latest false
+  condition's message>``, or, once the pod has container statuses, ``Error pod <pod> container
+  <name> waiting message: <the waiting state's message>`` (``... exitCode: <n> terminated
+  message: ...`` for one that ended). It is said as the pod's own reason would be, so the pod
+  arriving a moment later is no change;
 - the job itself is suspended: its ``Suspended`` condition (a queue such as Kueue admits it by
   resuming it); with Kueue's queue label, it is ``Queued`` (``controller.jobs.read.queue`` says
   where it stands in that queue and what it waits for), and Kueue's Warning events on its
@@ -81,6 +83,12 @@ _RPC_PREFIX = re.compile(r"^rpc error: code = \w+ desc = ")
 #: The training operator's event about a pod of the job whose latest condition is false
 #: (``Error pod %s condition message: %s``, reason: the condition's).
 _POD_CONDITION = re.compile(r"Error pod (\S+) condition message: (.*)$", re.DOTALL)
+#: Its event about a container of such a pod: waiting (``waiting message: %s``, reason: the
+#: waiting state's) or ended (``exitCode: %d terminated message: %s``).
+_POD_CONTAINER = re.compile(
+    r"Error pod (\S+) container \S+ (?:waiting message: (.*)|exitCode: -?\d+ terminated .*)$",
+    re.DOTALL,
+)
 #: The reasons of a false ``PodScheduled`` condition, which pod_waiting reads from the pod.
 _SCHEDULING_REASONS = frozenset({"Unschedulable", "SchedulingGated"})
 
@@ -311,18 +319,20 @@ def job_waiting(
     )
     # What the operator says of pods it has made (its watch can be ahead of ours): the last
     # word on each. These events say a pod exists; they are not why one was not created.
-    made: dict[str, tuple[str, str]] = {}
+    made: dict[str, Waiting] = {}
     creating = []
     for e in failures:
-        said = _POD_CONDITION.search(e.get("message") or "")
-        if said is None:
-            creating.append(e)
+        message, reason = e.get("message") or "", e.get("reason") or ""
+        if said := _POD_CONDITION.search(message):
+            made[said.group(1)] = _made_pod(said.group(1), reason, _one_line(said.group(2)))
+        elif said := _POD_CONTAINER.search(message):
+            made[said.group(1)] = _made_container(said.group(1), reason, said.group(2))
         else:
-            made[said.group(1)] = (e.get("reason") or "", _one_line(said.group(2)))
+            creating.append(e)
     for replica in missing:
         stem = kind.pod_name_of(name, replica)
         if stem in made:
-            out.append(_made_pod(stem, *made[stem]))
+            out.append(made[stem])
             continue
         about = [e for e in creating if stem in (e.get("message") or "")] or creating
         if about:
@@ -343,6 +353,19 @@ def job_waiting(
                 )
             )
     return out
+
+
+def _made_container(pod: str, reason: str, waiting: str | None) -> Waiting:
+    """A pod the operator has made, known only from its event about a container: one that waits
+    for a reason that will not clear (a missing Secret: ``CreateContainerConfigError``) as
+    :func:`pod_waiting` says it from the pod itself, same subject and key; anything else (an
+    image that cannot be pulled or a crash loop, which the pod says with more than the event
+    has; a container that ended) is the pod on its way, a step, until the pod says more."""
+    generic = reason in PROBLEM_REASONS and "image" not in reason.lower()
+    if waiting is not None and generic and reason != "CrashLoopBackOff":
+        message = _one_line(waiting)
+        return Waiting(pod, reason, message, True, (reason, message), pod=pod)
+    return _made_pod(pod, "ContainersNotReady", "")
 
 
 def _made_pod(pod: str, reason: str, message: str) -> Waiting:
