@@ -374,6 +374,18 @@ def test_a_timeout_says_first_what_keeps_the_job_from_running():
     assert err.exit_code == 1
 
 
+def _told_before_the_pod(told: dict[str, Any], said: str) -> WaitNotes:
+    """WaitNotes of a job whose operator's event ``told`` came before its pod: the pod j-master-0
+    is a problem, said at once as ``said``, not a replica without a pod."""
+    notes = WaitNotes(PYTORCHJOB_KIND, "j")
+    notes.see_job(job())
+    notes.see_event("ADDED", told)
+    (w,) = notes.current()
+    assert not w.missing and w.problem and w.subject == "j-master-0"
+    assert notes.due(0.0)[0] == [f"pod j-master-0 is not running: {said}"]
+    return notes
+
+
 def test_a_pod_the_operator_has_seen_before_our_watch_is_said_once_as_the_pod_says_it():
     """The PyTorchJob's ``Error pod X condition message`` event can come before the follower's
     pod watch brings the pod. The operator's event names the pod: it is that pod's reason, said
@@ -385,12 +397,7 @@ def test_a_pod_the_operator_has_seen_before_our_watch_is_said_once_as_the_pod_sa
         f"Error pod j-master-0 condition message: {message}",
         kind="PyTorchJob",
     )
-    notes = WaitNotes(PYTORCHJOB_KIND, "j")
-    notes.see_job(job())
-    notes.see_event("ADDED", told)
-    (w,) = notes.current()
-    assert not w.missing and w.problem and w.subject == "j-master-0"
-    assert notes.due(0.0)[0] == [f"pod j-master-0 is not running: Unschedulable: {message}"]
+    notes = _told_before_the_pod(told, f"Unschedulable: {message}")
     cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
     notes.see_pod("ADDED", pod(node=None, conditions=[{**cond, "message": message}]))
     assert notes.due(1.0) == ([], None)
@@ -423,20 +430,15 @@ def test_the_operators_event_about_a_waiting_container_is_the_pods_reason_said_o
         'Error pod j-master-0 container pytorch waiting message: secret "s" not found',
         kind="PyTorchJob",
     )
-    notes = WaitNotes(PYTORCHJOB_KIND, "j")
-    notes.see_job(job())
-    notes.see_event("ADDED", told)
-    (w,) = notes.current()
-    assert not w.missing and w.problem and w.subject == "j-master-0"
-    line = 'pod j-master-0 is not running: CreateContainerConfigError: secret "s" not found'
-    assert notes.due(0.0)[0] == [line]
+    notes = _told_before_the_pod(told, 'CreateContainerConfigError: secret "s" not found')
     waiting = {"reason": "CreateContainerConfigError", "message": 'secret "s" not found'}
     notes.see_pod("ADDED", pod(waiting=waiting))
     assert notes.due(1.0) == ([], None)
-    # A pull that fails, or a container that ended: the pod says more than the event; until it
-    # does, the pod is on its way, and no replica lacks a pod.
+    # A pull that fails (the registry unreachable too), or a container that ended: the pod says
+    # more than the event; until it does, the pod is on its way, and no replica lacks a pod.
     for reason, message in (
         ("ErrImagePull", "Error pod j-master-0 container pytorch waiting message: not found"),
+        ("RegistryUnavailable", "Error pod j-master-0 container pytorch waiting message: x"),
         ("Error", "Error pod j-master-0 container pytorch exitCode: 1 terminated message: "),
     ):
         (w,) = job_waiting(

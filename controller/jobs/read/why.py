@@ -157,6 +157,20 @@ def _image_answer(message: str) -> str:
     return _RPC_PREFIX.sub("", text)
 
 
+def _is_image_reason(reason: str) -> bool:
+    """A waiting reason about the container's image: said with the image and the registry's
+    answer."""
+    return reason in IMAGE_REASONS or (reason in PROBLEM_REASONS and "image" in reason.lower())
+
+
+def _said_as_the_kubelet_says(reason: str) -> bool:
+    """A problem waiting reason that :func:`_container_reason` says with the kubelet's own
+    message (not an image's, not a crash loop's restart count)."""
+    return (
+        reason in PROBLEM_REASONS and not _is_image_reason(reason) and reason != "CrashLoopBackOff"
+    )
+
+
 def _container_reason(pod: dict[str, Any], cs: dict[str, Any], *, init: bool) -> Waiting | None:
     """Why one container (an init container with ``init``) is not running, or None."""
     name = pod["metadata"]["name"]
@@ -164,7 +178,7 @@ def _container_reason(pod: dict[str, Any], cs: dict[str, Any], *, init: bool) ->
     state = cs.get("state") or {}
     waiting = state.get("waiting") or {}
     reason = waiting.get("reason") or ""
-    if reason in IMAGE_REASONS or (reason in PROBLEM_REASONS and "image" in reason.lower()):
+    if _is_image_reason(reason):
         image = cs.get("image") or "?"
         answer = _image_answer(waiting.get("message", "")) or "no answer recorded"
         return Waiting(
@@ -361,8 +375,7 @@ def _made_container(pod: str, reason: str, waiting: str | None) -> Waiting:
     :func:`pod_waiting` says it from the pod itself, same subject and key; anything else (an
     image that cannot be pulled or a crash loop, which the pod says with more than the event
     has; a container that ended) is the pod on its way, a step, until the pod says more."""
-    generic = reason in PROBLEM_REASONS and "image" not in reason.lower()
-    if waiting is not None and generic and reason != "CrashLoopBackOff":
+    if waiting is not None and _said_as_the_kubelet_says(reason):
         message = _one_line(waiting)
         return Waiting(pod, reason, message, True, (reason, message), pod=pod)
     return _made_pod(pod, "ContainersNotReady", "")
