@@ -336,6 +336,56 @@ def test_an_earlier_run_that_raised_is_named_over_later_runs_of_pods_restarted_i
     assert (f.replica, f.exit_code, f.run) == ("master-0", 1, (first["metadata"]["uid"], 0))
 
 
+def test_a_raise_before_the_give_ups_sigterm_is_named_with_the_log_of_that_run():
+    """A TrainJob's Job gives up (backoffLimit) while it has just restarted rank 0's container
+    in place: that run ends 143 by the give-up's SIGTERM, and the pod shows the exit 1 before it
+    only as its last state. The exit 1 is named, with the log of the run that raised (the
+    container's previous), kept by the watch when it first saw the pod so."""
+    from controller.jobs.watches import PodHistory
+
+    def t(s: int) -> str:
+        return f"2026-01-01T00:01:{s:02d}Z"
+
+    rank0 = pod(
+        "master",
+        0,
+        phase="Failed",
+        restarts=1,
+        terminated={"exitCode": 143, "reason": "Error", "finishedAt": t(9)},
+        last={"exitCode": 1, "reason": "Error", "finishedAt": t(3)},
+    )
+    rank1 = pod(
+        "worker",
+        0,
+        phase="Failed",
+        restarts=1,
+        terminated={"exitCode": 138, "reason": "Error", "finishedAt": t(8)},
+        last={"exitCode": 138, "reason": "Error", "finishedAt": t(4)},
+    )
+    f = explain_failure(FAILED_JOB, [rank1, rank0])
+    assert (f.replica, f.exit_code, f.previous) == ("master-0", 1, True)
+    assert f.run == (rank0["metadata"]["uid"], 0)
+    assert "exit code 1 (Error, the program raised or exited 1)" in f.render("default/job")
+
+    history = PodHistory()
+    run = history.record(rank0)
+    assert run is not None and (run.key, run.previous) == ((rank0["metadata"]["uid"], 0), True)
+    assert history.earlier_errors() == [rank0]
+    assert history.record(rank0) is None  # seen: nothing new
+
+    # A retried SIGTERM before a raise is no cause: the raise, the current run, is named.
+    preempted_then_raised = pod(
+        "master",
+        0,
+        phase="Failed",
+        restarts=1,
+        terminated={"exitCode": 1, "reason": "Error", "finishedAt": t(9)},
+        last={"exitCode": 143, "reason": "Error", "finishedAt": t(3)},
+    )
+    f = explain_failure(FAILED_JOB, [preempted_then_raised])
+    assert (f.exit_code, f.previous, f.run) == (1, False, ("uid-master-0", 1))
+
+
 def test_a_failed_init_container_is_the_failure_and_its_log_is_the_one_to_read():
     """A workdir whose archive does not match: the init container exits 2 and the trainer
     never starts (PodInitializing); the failure names the init container, so the caller

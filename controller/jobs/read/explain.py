@@ -15,7 +15,7 @@ from typing import Any
 
 from controller.jobs.read.apis import KINDS, PYTORCHJOB_KIND, TRAINJOB_KIND, JobKind
 from controller.kubeflow import LABEL_JOBSET_NAME
-from trainer.contract import EXIT_KILLED, EXIT_MEANINGS, EXIT_PEER_LOST
+from trainer.contract import EXIT_KILLED, EXIT_MEANINGS, EXIT_PEER_LOST, RETRYABLE_EXIT_CODES
 
 #: The container runtime's reason for a container the kernel's OOM killer hit (the memory
 #: cgroup went over the container's limit). It comes with any exit code: the kernel kills one
@@ -192,6 +192,27 @@ def termination_run(pod: dict[str, Any]) -> tuple[tuple[str, int], bool]:
     return (uid, int(cs.get("restartCount", 0)) - previous), previous
 
 
+def earlier_failure(pod: dict[str, Any]) -> dict[str, Any]:
+    """The previous run's termination, where the container's current run has ended too and the
+    previous one ended with a code no operator retries (a rank that raised); {} otherwise.
+
+    A Job that gives up (a TrainJob's, at its backoffLimit) stops the containers it had
+    restarted in place: their current run then ends 143, and the pod shows that SIGTERM with
+    the failure before it only in ``lastState``."""
+    cs = container_status(pod)
+    if not (cs.get("state") or {}).get("terminated"):
+        return {}
+    term = (cs.get("lastState") or {}).get("terminated") or {}
+    code = term.get("exitCode", 0)
+    return term if code != 0 and code not in RETRYABLE_EXIT_CODES else {}
+
+
+def earlier_failure_run(pod: dict[str, Any]) -> tuple[str, int]:
+    """The ``(pod uid, run index)`` of :func:`earlier_failure`'s run: the one before the current."""
+    run, _ = termination_run(pod)
+    return run[0], run[1] - 1
+
+
 @dataclass
 class ReplicaRow:
     """One line of ``status``'s replica table."""
@@ -339,34 +360,34 @@ def explain_failure(job: dict[str, Any], pods: list[dict[str, Any]]) -> Failure:
     others usually die afterwards of a broken collective), or an evicted pod. A rank that only
     lost a peer (exit 138) comes after every other failure whatever its time: it says another
     rank died first, and pods restarted in place (a TrainJob's) keep only their last run, whose
-    times need not show the order of the first."""
-    candidates = []
+    times need not show the order of the first. A pod's run before its current one counts too
+    where it raised (:func:`earlier_failure`): a give-up's SIGTERM ended the current one."""
+    # (when, pod, termination, whether it is the run before the pod's current one)
+    candidates: list[tuple[str, dict[str, Any], dict[str, Any], bool]] = []
     for pod in pods:
         status = pod.get("status", {})
         term = last_termination(pod)
         init = failed_init(pod)
         if init is not None and not term:  # the trainer never started: why is the init's
             finished = init["state"]["terminated"].get("finishedAt") or ""
-            candidates.append((finished, pod, {**init["state"]["terminated"], "init": init}))
+            candidates.append((finished, pod, {**init["state"]["terminated"], "init": init}, False))
         elif status.get("reason") == "Evicted" or (status.get("phase") == "Failed" and not term):
-            candidates.append(
-                (
-                    status.get("startTime") or "",
-                    pod,
-                    {
-                        "reason": status.get("reason") or "Failed",
-                        "message": status.get("message", ""),
-                    },
-                )
-            )
+            evicted = {
+                "reason": status.get("reason") or "Failed",
+                "message": status.get("message", ""),
+            }
+            candidates.append((status.get("startTime") or "", pod, evicted, False))
         elif term and term.get("exitCode", 0) != 0:
-            candidates.append((term.get("finishedAt") or "", pod, term))
+            candidates.append((term.get("finishedAt") or "", pod, term, False))
+            earlier = earlier_failure(pod)
+            if earlier:
+                candidates.append((earlier.get("finishedAt") or "", pod, earlier, True))
     if not candidates:
         msg = condition_message(job, "Failed") or "no pod says why (they may have been deleted)"
         return Failure(None, None, None, "Failed", msg)
     # Ties (second-precision timestamps): a plain exit code before a signal (the others are
     # often killed after the first failure), then the lower rank.
-    _, pod, term = min(
+    _, pod, term, before_current = min(
         candidates,
         key=lambda c: (
             c[2].get("exitCode") == EXIT_PEER_LOST,
@@ -376,6 +397,8 @@ def explain_failure(job: dict[str, Any], pods: list[dict[str, Any]]) -> Failure:
         ),
     )
     run, in_previous = termination_run(pod)
+    if before_current:  # the container's previous log is that run's
+        run, in_previous = earlier_failure_run(pod), True
     init = term.get("init")
     return Failure(
         replica=replica_name(pod),

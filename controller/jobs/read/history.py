@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.jobs.read.explain import last_termination, log_excerpt, pod_kind, termination_run
+from controller.jobs.read.explain import (
+    earlier_failure,
+    earlier_failure_run,
+    last_termination,
+    log_excerpt,
+    pod_kind,
+    termination_run,
+)
 from trainer.contract import RETRYABLE_EXIT_CODES
 
 #: Log lines shown for a failed replica.
@@ -63,6 +70,12 @@ class RunHistory:
             return None
         self._failed_runs.add(key)
         self.failed.append(pod)
+        # Both runs ended between two sightings (the give-up's SIGTERM soon after a restart):
+        # the earlier one, which raised, is the run whose log to keep.
+        earlier = earlier_failure_run(pod) if earlier_failure(pod) else None
+        if earlier is not None and earlier not in self._failed_runs:
+            self._failed_runs.add(earlier)
+            return FailedRun(pod, earlier, True)
         return FailedRun(pod, key, previous)
 
     def keep_tail(self, run: FailedRun, text: str) -> None:
@@ -77,7 +90,7 @@ class RunHistory:
         return [
             p
             for p in self.failed
-            if last_termination(p).get("exitCode") not in RETRYABLE_EXIT_CODES
+            if last_termination(p).get("exitCode") not in RETRYABLE_EXIT_CODES or earlier_failure(p)
         ]
 
     def with_gone(self, live: list[dict[str, Any]]) -> list[dict[str, Any]]:
