@@ -72,7 +72,7 @@ class Throttle:
 
 def _healthy(pid: int) -> None:
     """The healthy rank ahead of the machine's other work: nice -10 (as root) where the suite
-    runs at nice 10 beside the cluster's pods. Set before the process starts its threads (they
+    runs niced beside the cluster's pods. Set before the process starts its threads (they
     inherit it). Otherwise, on a loaded machine, the scheduler can hold the healthy rank's few
     milliseconds of matmul up longer than the throttle holds the other's, and neither is slow."""
     with contextlib.suppress(PermissionError):  # not root: it keeps the suite's priority
