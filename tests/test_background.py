@@ -36,19 +36,35 @@ def _cpu_cgroup(proc_cgroup: str) -> str:
     return next(path for _, controllers, path in lines if controllers == "")
 
 
+def _root_cgroup_procs() -> Path:
+    """The cpu controller's root cgroup's ``cgroup.procs`` (v1's, else v2's)."""
+    v1 = background.CGROUP_ROOT / "cpu" / "cgroup.procs"
+    return v1 if v1.is_file() else background.CGROUP_ROOT / "cgroup.procs"
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a cgroup needs root, which make test has")
 @pytest.mark.parametrize("session", ["same", "setsid"])
 def test_the_command_and_a_session_of_its_own_run_in_the_background_cgroup(session):
-    command = ["cat", "/proc/self/cgroup"]
-    r = _through_background(*(["setsid", *command] if session == "setsid" else command))
+    """From a shell in the root cgroup (make test's offline tests, this one included, already
+    run in the background one), the command lands in the background cgroup."""
+    command = "setsid cat /proc/self/cgroup" if session == "setsid" else "cat /proc/self/cgroup"
+    script = (
+        f"echo $$ > {_root_cgroup_procs()} && cat /proc/self/cgroup && echo --- && "
+        f"exec {sys.executable} -m tools.background -- {command}"
+    )
+    r = subprocess.run(
+        ["sh", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+    )
     assert r.returncode == 0, r.stderr
-    assert _cpu_cgroup(r.stdout) == f"/{background.NAME}", r.stdout
+    before, after = r.stdout.split("---\n")
+    assert _cpu_cgroup(before) == "/", before
+    assert _cpu_cgroup(after) == f"/{background.NAME}", after
     v1 = background.CGROUP_ROOT / "cpu" / background.NAME / "cpu.shares"
     v2 = background.CGROUP_ROOT / background.NAME / "cpu.weight"
-    weight = v1 if v1.is_file() else v2
-    assert int(weight.read_text()) == (background.V1_SHARES if v1.is_file() else 1)
-    # This test's own process is where it was.
-    assert _cpu_cgroup(Path("/proc/self/cgroup").read_text()) != f"/{background.NAME}"
+    if v1.is_file():
+        assert int(v1.read_text()) == background.V1_SHARES
+    else:
+        assert int(v2.read_text()) == background.V2_WEIGHT
 
 
 def test_a_v1_cpu_controller_gets_the_group_its_weight_and_the_process(tmp_path):

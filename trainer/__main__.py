@@ -34,6 +34,7 @@ from trainer.launch import (
     check_before_relaunch,
     exit_preempted,
     needs_torchrun,
+    record_config_problems,
     record_exit,
     relaunch_under_torchrun,
 )
@@ -92,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         if args.debug:
             traceback.print_exc()
-        # Every process of a node finds the same mistake: one of them says it.
-        if os.environ.get(LOCAL_RANK, "0") == "0":
+        # Every process of a node finds the same mistake: the re-launching parent says it once,
+        # or, under a torchrun of someone else's, local rank 0.
+        if not record_config_problems(e.problems) and os.environ.get(LOCAL_RANK, "0") == "0":
             for line in e.problems:
                 print(line, file=sys.stderr)
         return record_exit(EXIT_CONFIG)

@@ -177,6 +177,41 @@ def record_exit(code: int) -> int:
     return code
 
 
+def config_problems_file(exit_file: str) -> Path:
+    """Where the workers of a re-launch write what is wrong with the configuration: beside the
+    exit codes, for the re-launching parent to say once."""
+    return Path(exit_file + ".config")
+
+
+def record_config_problems(problems: list[str]) -> bool:
+    """Hand a ConfigError's lines to a re-launching parent, if any; True when one will say them.
+
+    Every worker finds the same mistake, and torchrun stops the others once the first exits: had
+    only local rank 0 printed, a rank 0 stopped before it printed would leave the pod's exit 2
+    unexplained."""
+    path = os.environ.get(EXIT_FILE_ENV)
+    if not path:
+        return False
+    try:
+        with open(config_problems_file(path), "a") as f:
+            f.write("".join(f"{line}\n" for line in problems))
+    except OSError:
+        return False
+    return True
+
+
+def _say_config_problems(exit_file: Path) -> None:
+    """Print, once each and in the order first written, the lines the workers recorded."""
+    path = config_problems_file(str(exit_file))
+    try:
+        lines = path.read_text().splitlines()
+        path.unlink()
+    except OSError:
+        return
+    for line in dict.fromkeys(lines):
+        print(line, file=sys.stderr, flush=True)
+
+
 _IMPORTED_AT = time.time()
 
 
@@ -314,6 +349,7 @@ def _run_torchrun(
     signal.signal(signal.SIGINT, forward)
     for attempt in range(1, RENDEZVOUS_ATTEMPTS + 1):
         exit_file.unlink(missing_ok=True)
+        config_problems_file(str(exit_file)).unlink(missing_ok=True)
         env = {**os.environ, EXIT_FILE_ENV: str(exit_file), **launched}
         proc = subprocess.Popen(
             torchrun_argv(argv, log_dir), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -327,6 +363,7 @@ def _run_torchrun(
             exit_file.unlink()
         except (OSError, ValueError):
             codes = []
+        _say_config_problems(exit_file)
         if received or not rendezvous_was_stale(codes) or attempt == RENDEZVOUS_ATTEMPTS:
             break
         print(

@@ -88,6 +88,35 @@ def test_a_bad_factory_argument_in_a_relaunched_pod_is_exit_2_said_once() -> Non
     assert r.stderr.count(line) == 1, r.stderr[-3000:]
 
 
+SLOW_RANK_0_TASK = """
+import os, time
+
+if os.environ.get("LOCAL_RANK") == "0":
+    time.sleep(60)  # torchrun stops this worker long before: local rank 1 exits 2 first
+
+
+def build(size=1):
+    raise AssertionError("the bad argument fails before the factory runs")
+"""
+
+
+@pytest.mark.slow
+def test_a_bad_factory_argument_is_said_once_though_local_rank_0_is_stopped_before_it_can(
+    tmp_path,
+) -> None:
+    """The workers check the task's arguments as they import its module, each at its own pace;
+    torchrun stops the others once the first exits. Here local rank 0 is still importing when
+    local rank 1 exits 2: the line is said once anyway, by the re-launching parent."""
+    (tmp_path / "slow_rank_0_task.py").write_text(SLOW_RANK_0_TASK)
+    env = {**kubeflow_env(2, 2), "PYTHONPATH": str(tmp_path)}
+    cmd = trainer_cmd("task=slow_rank_0_task:build", "task_args.colour=3", "max_steps=1")
+    r = run(cmd, env=env, timeout=240)
+    assert r.rc == 2, r.stderr[-3000:]
+    line = "task_args: got an unexpected keyword argument 'colour'"
+    assert r.stderr.count(line) == 1, r.stderr[-3000:]
+    assert "exitcode  : -15" in r.stderr  # rank 0 was stopped, not done
+
+
 def test_precedence_cli_over_file_over_defaults(tmp_path) -> None:
     cfg = tmp_path / "run.yaml"
     cfg.write_text("max_steps: 50\nlr: 0.1\ncheckpoint: {keep: 7}\n")
