@@ -64,7 +64,7 @@ demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 #    that need neither, on $(OFFLINE_WORKERS) workers (logged to $(OFFLINE_LOG), printed when
 #    they end), one at a time to each worker and in the order of tests/conftest.py's
 #    _phase_order. Those run in the background of the CPUs (tools.background: a cpu cgroup of
-#    the lowest weight, which holds every process they start; nice $(OFFLINE_NICE) where there
+#    low weight, which holds every process they start; nice $(OFFLINE_NICE) where there
 #    is none): they fill the CPUs that the cluster tests leave, and never hold them up (a pod's
 #    grace period or a test's timeout is the cluster tests', not theirs);
 # 3. the cluster started once for phases 4 and 5 (both reuse it: a cluster their fixture started

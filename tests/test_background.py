@@ -76,7 +76,7 @@ def test_a_v1_cpu_controller_gets_the_group_its_weight_and_the_process(tmp_path)
     assert (group / "cgroup.procs").read_text() == f"{os.getpid()}\n"
 
 
-def test_a_v2_hierarchy_gets_the_cpu_controller_enabled_and_the_least_weight(tmp_path):
+def test_a_v2_hierarchy_gets_the_cpu_controller_enabled_and_a_low_weight(tmp_path):
     (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
     (tmp_path / "cgroup.subtree_control").write_text("memory pids\n")
     group = background.enter(tmp_path)
