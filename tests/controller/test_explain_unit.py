@@ -336,6 +336,22 @@ def test_an_earlier_run_that_raised_is_named_over_later_runs_of_pods_restarted_i
     assert (f.replica, f.exit_code, f.run) == ("master-0", 1, (first["metadata"]["uid"], 0))
 
 
+def _two_runs(rtype: str, current: tuple[int, int], before: tuple[int, int]) -> dict[str, Any]:
+    """Replica ``rtype``-0's pod whose container ended twice: (exit code, second it finished)
+    of its current run and of the one before."""
+
+    def ended(code: int, second: int) -> dict[str, Any]:
+        return {
+            "exitCode": code,
+            "reason": "Error",
+            "finishedAt": f"2026-01-01T00:01:{second:02d}Z",
+        }
+
+    return pod(
+        rtype, 0, phase="Failed", restarts=1, terminated=ended(*current), last=ended(*before)
+    )
+
+
 def test_a_raise_before_the_give_ups_sigterm_is_named_with_the_log_of_that_run():
     """A TrainJob's Job gives up (backoffLimit) while it has just restarted rank 0's container
     in place: that run ends 143 by the give-up's SIGTERM, and the pod shows the exit 1 before it
@@ -343,25 +359,8 @@ def test_a_raise_before_the_give_ups_sigterm_is_named_with_the_log_of_that_run()
     container's previous), kept by the watch when it first saw the pod so."""
     from controller.jobs.watches import PodHistory
 
-    def t(s: int) -> str:
-        return f"2026-01-01T00:01:{s:02d}Z"
-
-    rank0 = pod(
-        "master",
-        0,
-        phase="Failed",
-        restarts=1,
-        terminated={"exitCode": 143, "reason": "Error", "finishedAt": t(9)},
-        last={"exitCode": 1, "reason": "Error", "finishedAt": t(3)},
-    )
-    rank1 = pod(
-        "worker",
-        0,
-        phase="Failed",
-        restarts=1,
-        terminated={"exitCode": 138, "reason": "Error", "finishedAt": t(8)},
-        last={"exitCode": 138, "reason": "Error", "finishedAt": t(4)},
-    )
+    rank0 = _two_runs("master", current=(143, 9), before=(1, 3))
+    rank1 = _two_runs("worker", current=(138, 8), before=(138, 4))
     f = explain_failure(FAILED_JOB, [rank1, rank0])
     assert (f.replica, f.exit_code, f.previous) == ("master-0", 1, True)
     assert f.run == (rank0["metadata"]["uid"], 0)
@@ -374,14 +373,7 @@ def test_a_raise_before_the_give_ups_sigterm_is_named_with_the_log_of_that_run()
     assert history.record(rank0) is None  # seen: nothing new
 
     # A retried SIGTERM before a raise is no cause: the raise, the current run, is named.
-    preempted_then_raised = pod(
-        "master",
-        0,
-        phase="Failed",
-        restarts=1,
-        terminated={"exitCode": 1, "reason": "Error", "finishedAt": t(9)},
-        last={"exitCode": 143, "reason": "Error", "finishedAt": t(3)},
-    )
+    preempted_then_raised = _two_runs("master", current=(1, 9), before=(143, 3))
     f = explain_failure(FAILED_JOB, [preempted_then_raised])
     assert (f.exit_code, f.previous, f.run) == (1, False, ("uid-master-0", 1))
 
