@@ -63,10 +63,9 @@ demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 #    logged to $(BUILD_LOG)); cold, they keep both CPUs busy. Then, in the background, the tests
 #    that need neither, on $(OFFLINE_WORKERS) workers (logged to $(OFFLINE_LOG), printed when
 #    they end), one at a time to each worker and in the order of tests/conftest.py's
-#    _phase_order. Those run in the background of the CPUs (tools.background: a cpu cgroup of
-#    low weight, which holds every process they start; nice $(OFFLINE_NICE) where there
-#    is none): they fill the CPUs that the cluster tests leave, and never hold them up (a pod's
-#    grace period or a test's timeout is the cluster tests', not theirs);
+#    _phase_order. Those run at nice $(OFFLINE_NICE): they fill the CPUs that the cluster tests
+#    leave, and never hold them up (a pod's grace period or a test's timeout is the cluster
+#    tests', not theirs);
 # 3. the cluster started once for phases 4 and 5 (both reuse it: a cluster their fixture started
 #    would stop when the first of them ends and start again for the second), and stopped at the
 #    end; a cluster that ran before make test is reused and left running. Then ruff;
@@ -89,8 +88,8 @@ TEST_WORKERS ?= 4
 # The offline tests' workers: more than the CPUs, because many of those tests wait (a timeout, a
 # throttled or stopped rank, a server's start) and a third worker fills what the other two leave.
 OFFLINE_WORKERS ?= 3
-# Their niceness, which counts only within make test's session (autogroups), where the cgroup
-# of tools.background cannot be made.
+# Their niceness: the lowest, so that they take only what the cluster tests (the critical path,
+# about half the CPUs when they run alone) leave idle; at 10 they still slowed them down.
 OFFLINE_NICE ?= 19
 # Each phase ends with its slowest tests, so a CI log says where the time went.
 DURATIONS ?= --durations=25 --durations-min=10
@@ -118,7 +117,7 @@ test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, 
 	if ! $(PY) -m localkube status > /dev/null 2>&1; then ours=1; \
 		$(PY) -m localkube up >> $(BUILD_LOG) 2>&1 || echo "make test: the cluster did not" \
 			"start ($(BUILD_LOG)); the tests that need it say why" >&2; fi; t2=$$SECONDS; \
-	( $(PY) -m tools.background -- nice -n $(OFFLINE_NICE) $(PYTEST) $(DURATIONS) -n $(OFFLINE_WORKERS) --phase-order --maxschedchunk 1 \
+	( nice -n $(OFFLINE_NICE) $(PYTEST) $(DURATIONS) -n $(OFFLINE_WORKERS) --phase-order --maxschedchunk 1 \
 		-m "not cluster and not built"; code=$$?; \
 		echo "offline tests done at $$(( $$(date +%s) - start ))s"; exit $$code ) \
 		> $(OFFLINE_LOG) 2>&1 & offline=$$!; \
