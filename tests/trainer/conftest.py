@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -158,9 +160,14 @@ def run(
     return Result(p.returncode, p.stdout, p.stderr)
 
 
+#: What :func:`start` started during the current test (stopped after it, see below).
+_STARTED: list[subprocess.Popen] = []
+
+
 def start(args: list[str], env: dict[str, str]) -> subprocess.Popen:
-    """``python -m trainer args`` started with ``env``, its output piped as text."""
-    return subprocess.Popen(
+    """``python -m trainer args`` started with ``env``, its output piped as text; a test that
+    fails before it has waited for the process leaves nothing running (:func:`_stop_started`)."""
+    proc = subprocess.Popen(
         trainer_cmd(*args),
         cwd=REPO,
         env=env,
@@ -168,6 +175,45 @@ def start(args: list[str], env: dict[str, str]) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    _STARTED.append(proc)
+    return proc
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc), children first: torchrun's workers lead
+    sessions of their own, so only their parents name them."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _stop_started():
+    """After each test, what it started and left running: SIGTERM (the trainer checkpoints and
+    passes it on to torchrun's workers), then SIGKILL of the whole tree. A test that failed
+    mid-run left a 10,000-step trainer training beside the rest of the suite."""
+    yield
+    running = [p for p in _STARTED if p.poll() is None]
+    _STARTED.clear()
+    for proc in running:
+        tree = _descendants(proc.pid)
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
+        for pid in [proc.pid, *tree]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
 
 
 def run_pods(
