@@ -88,8 +88,9 @@ TEST_WORKERS ?= 4
 # The offline tests' workers: more than the CPUs, because many of those tests wait (a timeout, a
 # throttled or stopped rank, a server's start) and a third worker fills what the other two leave.
 OFFLINE_WORKERS ?= 3
-# Their niceness: the lowest, so that they take only what the cluster tests (the critical path,
-# about half the CPUs when they run alone) leave idle; at 10 they still slowed them down.
+# Their niceness, the lowest. With autogroups (most distributions' default) it counts only within
+# make test's session: the pods and the cluster's daemons, and what the tests start in sessions
+# of their own, still share the CPUs with them as equals (docs/testing.md, phase 3).
 OFFLINE_NICE ?= 19
 # Each phase ends with its slowest tests, so a CI log says where the time went.
 DURATIONS ?= --durations=25 --durations-min=10
