@@ -64,8 +64,8 @@ demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 #    that need neither, on $(OFFLINE_WORKERS) workers (logged to $(OFFLINE_LOG), printed when
 #    they end), one at a time to each worker and in the order of tests/conftest.py's
 #    _phase_order. Those run at nice $(OFFLINE_NICE): they fill the CPUs that the cluster tests
-#    leave, and never hold them up (a pod's grace period or a test's timeout is the cluster
-#    tests', not theirs);
+#    leave (the cluster tests' pods and daemons still share the CPUs with them: see
+#    OFFLINE_NICE);
 # 3. the cluster started once for phases 4 and 5 (both reuse it: a cluster their fixture started
 #    would stop when the first of them ends and start again for the second), and stopped at the
 #    end; a cluster that ran before make test is reused and left running. Then ruff;

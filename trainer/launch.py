@@ -186,9 +186,9 @@ def config_problems_file(exit_file: str) -> Path:
 def record_config_problems(problems: list[str]) -> bool:
     """Hand a ConfigError's lines to a re-launching parent, if any; True when one will say them.
 
-    Every worker finds the same mistake, and torchrun stops the others once the first exits: had
-    only local rank 0 printed, a rank 0 stopped before it printed would leave the pod's exit 2
-    unexplained."""
+    Every worker finds the same mistake, and torchrun stops the others once the first exits:
+    local rank 0 may be stopped before it can print, so the parent, which outlives them all,
+    says it."""
     path = os.environ.get(EXIT_FILE_ENV)
     if not path:
         return False

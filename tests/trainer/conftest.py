@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import psutil
 import pytest
 
 from trainer.contract import parse_event, without_launcher
@@ -179,40 +179,26 @@ def start(args: list[str], env: dict[str, str]) -> subprocess.Popen:
     return proc
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (Linux /proc), children first: torchrun's workers lead
-    sessions of their own, so only their parents name them."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
-
-
 @pytest.fixture(autouse=True)
 def _stop_started():
-    """After each test, what it started and left running: SIGTERM (the trainer checkpoints and
-    passes it on to torchrun's workers), then SIGKILL of the whole tree. A test that failed
-    mid-run left a 10,000-step trainer training beside the rest of the suite."""
+    """After each test, what it started and left running (a test that failed mid-run):
+    SIGTERM (the trainer checkpoints and passes it on to torchrun's workers), then SIGKILL of it
+    and every process below it, found before the SIGTERM (torchrun's workers lead sessions of
+    their own: only their parents name them)."""
     yield
     running = [p for p in _STARTED if p.poll() is None]
     _STARTED.clear()
     for proc in running:
-        tree = _descendants(proc.pid)
+        tree: list[psutil.Process] = []
+        with contextlib.suppress(psutil.NoSuchProcess):
+            tree = psutil.Process(proc.pid).children(recursive=True)
         proc.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=30)
-        for pid in [proc.pid, *tree]:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+        for child in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+        proc.kill()
         proc.wait()
 
 
