@@ -88,10 +88,13 @@ TEST_WORKERS ?= 4
 # The offline tests' workers: more than the CPUs, because many of those tests wait (a timeout, a
 # throttled or stopped rank, a server's start) and a third worker fills what the other two leave.
 OFFLINE_WORKERS ?= 3
-# Their niceness, the lowest. With autogroups (most distributions' default) it counts only within
-# make test's session: the pods and the cluster's daemons, and what the tests start in sessions
-# of their own, still share the CPUs with them as equals (docs/testing.md, phase 3).
-OFFLINE_NICE ?= 19
+# Their niceness. With autogroups (most distributions' default) it counts only within make test's
+# session: the pods and the cluster's daemons, and what the tests start in sessions of their own,
+# still share the CPUs with them as equals (docs/testing.md, phase 3). Within the session, beside
+# the cluster tests' own processes (the CLI each e2e test runs, kubectl), nice 10 leaves them a
+# tenth of a CPU; nice 19 leaves them 1.5 %, and their wall-clock timeouts (a collective's 60 s,
+# an agent's exit) trip under it.
+OFFLINE_NICE ?= 10
 # Each phase ends with its slowest tests, so a CI log says where the time went.
 DURATIONS ?= --durations=25 --durations-min=10
 BUILD_LOG := build/make-test-builds.log

@@ -96,6 +96,17 @@ class Pod:
         workers = [c for c in children if _runs_trainer(_cmdline(c))]
         return workers[0] if workers else None
 
+    def wait(self, timeout: float) -> int:
+        """The current run's exit code; a run still going after ``timeout`` fails the test with
+        what it printed."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            run = len(self.runs) - 1
+            pytest.fail(
+                f"{self.name}'s run {run} still going after {timeout} s:\n{self.err(run)[-5000:]}"
+            )
+
     def kill(self) -> None:
         procs = self.tree()
         for p in procs:
@@ -177,14 +188,14 @@ def test_a_node_restarted_while_the_master_agent_exits_joins_without_another_res
             # node's second run's stderr, asserted below, says it met it.
             _until("the worker on the old store", lambda: _connected(held_worker, port, gone=True))
         old_worker.resume()
-        assert master.proc.wait(timeout=120) == EXIT_PEER_LOST, master.err(0)[-3000:]
+        assert master.wait(120) == EXIT_PEER_LOST, master.err(0)[-3000:]
         master.start()  # the kubelet restarts the master's container in place
         _until("the master's new store", lambda: _listening(port))
         if held == "before the store":
             assert not _connected(held_worker, port)
             gate.touch()
-        assert node.proc.wait(timeout=600) == 0, node.err(1)[-5000:]
-        assert master.proc.wait(timeout=600) == 0, master.err(1)[-5000:]
+        assert node.wait(600) == 0, node.err(1)[-5000:]
+        assert master.wait(600) == 0, master.err(1)[-5000:]
     finally:
         for pod in (master, node):
             if pod.runs and pod.proc.poll() is None:
