@@ -44,24 +44,19 @@ def test_of_two_ranks_the_slow_one_is_named_and_one_rank_names_none() -> None:
     assert findings([_rank(0, 5.0, None)], 2.0)["slow"] == []
 
 
-# The throttler: stops PID nine tenths of the time until it gets SIGTERM, and leaves it running.
+# The throttler: stops PID nine tenths of the time until it is stopped itself (Throttle.stop
+# continues PID then), or PID ends.
 _THROTTLER = """
 import contextlib, os, signal, sys, time
 pid, on_s, off_s = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 with contextlib.suppress(PermissionError):
     os.setpriority(os.PRIO_PROCESS, 0, -10)
-try:
+with contextlib.suppress(ProcessLookupError):
     while True:
         os.kill(pid, signal.SIGSTOP)
         time.sleep(off_s)
         os.kill(pid, signal.SIGCONT)
         time.sleep(on_s)
-except ProcessLookupError:
-    pass
-finally:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGCONT)
 """
 
 
@@ -70,9 +65,8 @@ class Throttle:
     process can do per second drops to a tenth or less, whatever else the machine runs.
 
     The stopping and continuing is a process of its own, in a session of its own at nice -10
-    (as root): with autogroups a thread of the test's process shares the niced suite's session,
-    and on a loaded machine its wake-ups came so late that the throttled rank ran as fast as the
-    healthy one."""
+    (as root): with autogroups a thread of the test's process would share the niced suite's
+    session, where on a loaded machine it wakes too late to hold the rank back."""
 
     def __init__(self, pid: int, on_s: float = 0.005, off_s: float = 0.045):
         self.pid, self.on_s, self.off_s = pid, on_s, off_s
@@ -90,7 +84,7 @@ class Throttle:
             self.proc.terminate()
         self.proc.wait(timeout=60)
         self.proc = None
-        with contextlib.suppress(ProcessLookupError):  # whatever the throttler's end, running
+        with contextlib.suppress(ProcessLookupError):  # it may have been stopped last
             os.kill(self.pid, signal.SIGCONT)
 
 
