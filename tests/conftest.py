@@ -21,6 +21,11 @@ from pathlib import Path
 
 import pytest
 
+# One intra-op thread in every process the tests start and in the test processes themselves, as
+# the examples' specs ask of each rank: with torch's default (one thread per CPU) the ranks and
+# workers that share this machine's CPUs spin-wait for each other's threads.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # `localkube` and `tests.*` importable whatever the import mode
     sys.path.insert(0, _ROOT)
