@@ -23,6 +23,11 @@ from trainer.checkpoint.manager import STATE, step_name
 SAVE_AT, STEPS_DURING = 8, 6
 #: How long the held write waits for those steps before it gives up (below the group's timeout).
 HOLD_S = 30
+#: Each step's least time (the task sleeps in it): the held write lasts STEPS_DURING of them,
+#: many times what the save's copy of a small model costs even on a loaded machine, as the
+#: steps of a real model do; steps of a few milliseconds left the write as short as one
+#: scheduling delay of the save's call.
+STEP_S = 0.1
 
 
 def _held_worker(rank: int, port: int, out_dir: str, settings: dict[str, Any]) -> None:
@@ -99,6 +104,7 @@ def test_steps_go_on_while_a_checkpoint_is_written_and_the_save_stalls_a_fractio
 ) -> None:
     settings = {
         "task": TEST_TASK,
+        "task_args": {"sleep_s": STEP_S},
         "max_steps": 2 * SAVE_AT,
         "batch_size": 8,
         "eval_every": 0,
