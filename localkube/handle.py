@@ -42,19 +42,41 @@ def temporary_namespace(cluster, prefix: str, level: str = "baseline"):
     """A fresh namespace enforcing Pod Security ``level``, ready for pods (its default service
     account exists), deleted afterwards with whatever the test left in it."""
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    cluster.kubectl("label", "namespace", name, f"pod-security.kubernetes.io/enforce={level}")
+    api = cluster.core_api()
+    labels = {"pod-security.kubernetes.io/enforce": level}
+    api.create_namespace({"metadata": {"name": name, "labels": labels}})
     wait_until(
         "default service account",
-        lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
+        lambda: _answered(lambda: api.read_namespaced_service_account("default", name)),
         30,
+        0.1,
     )
     try:
         yield name
     finally:
-        cluster.kubectl("delete", "pytorchjobs", "--all", "-n", name, "--wait=false", check=False)
-        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+        from kubernetes import client
+
+        jobs = client.CustomObjectsApi(api.api_client)
+        _answered(
+            lambda: jobs.delete_collection_namespaced_custom_object(
+                "kubeflow.org", "v1", name, "pytorchjobs"
+            )
+        )
+        _answered(lambda: api.delete_namespace(name))
         cluster.delete_local_volumes(name)
+
+
+def _answered(request) -> bool:
+    """Whether the API server did what ``request()`` asked (False on any error answer, or none:
+    for probes and clean-ups, as ``kubectl ... check=False``)."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        request()
+    except (ApiException, HTTPError):
+        return False
+    return True
 
 
 def wait_until(what: str, probe, timeout: float = 60, interval: float = 0.5):
@@ -198,47 +220,66 @@ class Cluster:
         volume = volumes.persistent_volume(namespace, claim, size, kubelet.NODE_NAME)
         name = volume["metadata"]["name"]
 
-        def create_and_wait(doc: dict[str, Any], kind: str, obj: str, phase: str, *where: str):
-            self.kubectl("create", "-f", "-", input_text=json.dumps(doc))
-            try:
-                wait_until(
-                    f"{kind} {obj} {phase}",
-                    lambda: (
-                        self.kubectl(
-                            "get", kind, obj, *where, "-o", "jsonpath={.status.phase}"
-                        ).stdout
-                        in (phase, "Bound")
-                    ),
-                    30,
-                    0.2,
-                )
-            except AssertionError as e:  # what the PV controller said of both objects
-                said = (
-                    self.kubectl("describe", "pvc", claim, "-n", namespace, check=False).stdout
-                    + self.kubectl("describe", "pv", name, check=False).stdout
-                )
-                raise AssertionError(f"{e}\n{said[-3000:]}") from None
+        api = self.core_api()
+
+        def volume_phase() -> str | None:
+            return api.read_persistent_volume(name).status.phase
+
+        def claim_phase() -> str | None:
+            return api.read_namespaced_persistent_volume_claim(claim, namespace).status.phase
+
+        def described(e: AssertionError) -> AssertionError:  # what the PV controller said
+            said = (
+                self.kubectl("describe", "pvc", claim, "-n", namespace, check=False).stdout
+                + self.kubectl("describe", "pv", name, check=False).stdout
+            )
+            return AssertionError(f"{e}\n{said[-3000:]}")
 
         # The volume first, the claim once the PV controller holds the volume. Its claim worker
         # matches a claim only against the volumes its volume worker has synced, and a
         # pre-bound volume's sync does not requeue its claim (pv_controller.go, v1.33): a
         # claim synced first stays Pending until the resync of every claim, every 15 s.
         # "Available" is the phase that sync sets once the volume is in the controller's cache.
-        create_and_wait(volume, "pv", name, "Available")
+        self.kubectl("create", "-f", "-", input_text=json.dumps(volume))
+        try:
+            wait_until(f"pv {name} Available", lambda: volume_phase() in AVAILABLE, 30, 0.05)
+        except AssertionError as e:
+            raise described(e) from None
         claim_doc = volumes.persistent_volume_claim(namespace, claim, size)
-        create_and_wait(claim_doc, "pvc", claim, "Bound", "-n", namespace)
+        self.kubectl("create", "-f", "-", input_text=json.dumps(claim_doc))
+        # Even so, the claim worker's bind and the volume worker's sync of the volume it just
+        # bound both set the volume's phase to Bound; the loser's write conflicts, and when the
+        # loser is the claim worker the claim stays Pending, again until the resync ("Could not
+        # sync claim ... the object has been modified", at -v=3). Any change to the claim syncs
+        # it at once: every NUDGE_S it is still Pending, a new annotation.
+        nudged = time.monotonic()
+        deadline, nudges = nudged + 30, 0
+        while claim_phase() != "Bound":
+            now = time.monotonic()
+            if now > deadline:
+                raise described(
+                    AssertionError(f"timed out after 30s waiting for pvc {claim} Bound")
+                )
+            if now - nudged >= NUDGE_S:
+                nudged, nudges = now, nudges + 1
+                change = {"metadata": {"annotations": {SYNC_ANNOTATION: str(nudges)}}}
+                api.patch_namespaced_persistent_volume_claim(claim, namespace, change)
+            time.sleep(0.05)
         return path
 
     def delete_local_volumes(self, namespace: str) -> None:
         """Delete the PersistentVolumes of ``namespace``'s claims and their folders (the
         claims go with the namespace)."""
         selector = f"{volumes.LABEL_NAMESPACE}={namespace}"
-        listed = self.kubectl("get", "pv", "-l", selector, "-o", "json", check=False)
-        if listed.returncode != 0:
+        api = self.core_api()
+        listed: list = []
+        if not _answered(
+            lambda: listed.extend(api.list_persistent_volume(label_selector=selector).items)
+        ):
             return
-        self.kubectl("delete", "pv", "-l", selector, "--wait=false", check=False)
-        for pv in json.loads(listed.stdout)["items"]:
-            path = Path(pv["spec"]["local"]["path"])
+        _answered(lambda: api.delete_collection_persistent_volume(label_selector=selector))
+        for pv in listed:
+            path = Path(pv.spec.local.path)
             if path.parent == volumes.VOLUMES_DIR:
                 shutil.rmtree(path, ignore_errors=True)
 
@@ -248,6 +289,13 @@ class Cluster:
 
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
+
+#: The phases of a volume the PV controller has synced (the claim may already have bound it).
+AVAILABLE = ("Available", "Bound")
+#: The claim's annotation :meth:`Cluster.local_volume` changes to have the PV controller sync it.
+SYNC_ANNOTATION = "localkube.ddpjob.local/sync"
+#: How long a claim stays Pending before that annotation changes (its bind takes ~0.1 s).
+NUDGE_S = 0.5
 
 #: The training container of a PyTorchJob's pods, and of a TrainJob's.
 _TRAINING_CONTAINERS = (CONTAINER, TRAINJOB_CONTAINER)
