@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import os
 import shutil
@@ -66,17 +67,16 @@ def temporary_namespace(cluster, prefix: str, level: str = "baseline"):
         cluster.delete_local_volumes(name)
 
 
-def _answered(request) -> bool:
-    """Whether the API server did what ``request()`` asked (False on any error answer, or none:
-    for probes and clean-ups, as ``kubectl ... check=False``)."""
+def _answered(request):
+    """The API server's answer to ``request()``; None when it answered with an error or not at
+    all (for probes and clean-ups, as ``kubectl ... check=False``)."""
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
     try:
-        request()
+        return request()
     except (ApiException, HTTPError):
-        return False
-    return True
+        return None
 
 
 def wait_until(what: str, probe, timeout: float = 60, interval: float = 0.5):
@@ -242,7 +242,7 @@ class Cluster:
         # "Available" is the phase that sync sets once the volume is in the controller's cache.
         self.kubectl("create", "-f", "-", input_text=json.dumps(volume))
         try:
-            wait_until(f"pv {name} Available", lambda: volume_phase() in AVAILABLE, 30, 0.05)
+            wait_until(f"pv {name} Available", lambda: volume_phase() in AVAILABLE, 30, POLL_S)
         except AssertionError as e:
             raise described(e) from None
         claim_doc = volumes.persistent_volume_claim(namespace, claim, size)
@@ -251,20 +251,22 @@ class Cluster:
         # bound both set the volume's phase to Bound; the loser's write conflicts, and when the
         # loser is the claim worker the claim stays Pending, again until the resync ("Could not
         # sync claim ... the object has been modified", at -v=3). Any change to the claim syncs
-        # it at once: every NUDGE_S it is still Pending, a new annotation.
-        nudged = time.monotonic()
-        deadline, nudges = nudged + 30, 0
-        while claim_phase() != "Bound":
-            now = time.monotonic()
-            if now > deadline:
-                raise described(
-                    AssertionError(f"timed out after 30s waiting for pvc {claim} Bound")
-                )
-            if now - nudged >= NUDGE_S:
-                nudged, nudges = now, nudges + 1
-                change = {"metadata": {"annotations": {SYNC_ANNOTATION: str(nudges)}}}
+        # it at once: every NUDGE_POLLS polls it is still Pending, a new annotation.
+        polls = itertools.count(1)
+
+        def bound() -> bool:
+            if claim_phase() == "Bound":
+                return True
+            poll = next(polls)
+            if poll % NUDGE_POLLS == 0:
+                change = {"metadata": {"annotations": {SYNC_ANNOTATION: str(poll)}}}
                 api.patch_namespaced_persistent_volume_claim(claim, namespace, change)
-            time.sleep(0.05)
+            return False
+
+        try:
+            wait_until(f"pvc {claim} Bound", bound, 30, POLL_S)
+        except AssertionError as e:
+            raise described(e) from None
         return path
 
     def delete_local_volumes(self, namespace: str) -> None:
@@ -272,13 +274,11 @@ class Cluster:
         claims go with the namespace)."""
         selector = f"{volumes.LABEL_NAMESPACE}={namespace}"
         api = self.core_api()
-        listed: list = []
-        if not _answered(
-            lambda: listed.extend(api.list_persistent_volume(label_selector=selector).items)
-        ):
+        listed = _answered(lambda: api.list_persistent_volume(label_selector=selector))
+        if listed is None:
             return
         _answered(lambda: api.delete_collection_persistent_volume(label_selector=selector))
-        for pv in listed:
+        for pv in listed.items:
             path = Path(pv.spec.local.path)
             if path.parent == volumes.VOLUMES_DIR:
                 shutil.rmtree(path, ignore_errors=True)
@@ -294,8 +294,11 @@ class Cluster:
 AVAILABLE = ("Available", "Bound")
 #: The claim's annotation :meth:`Cluster.local_volume` changes to have the PV controller sync it.
 SYNC_ANNOTATION = "localkube.ddpjob.local/sync"
-#: How long a claim stays Pending before that annotation changes (its bind takes ~0.1 s).
-NUDGE_S = 0.5
+#: How often :meth:`Cluster.local_volume` reads the volume's and the claim's phase.
+POLL_S = 0.05
+#: Every how many polls a claim still Pending has that annotation changed (0.5 s; its bind
+#: takes ~0.1 s).
+NUDGE_POLLS = 10
 
 #: The training container of a PyTorchJob's pods, and of a TrainJob's.
 _TRAINING_CONTAINERS = (CONTAINER, TRAINJOB_CONTAINER)
