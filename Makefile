@@ -73,9 +73,12 @@ demo: venv  ## a real 2-process DDP run of the quickstart spec, on this machine
 #    the node (marker `disruptive`), and the examples as written, whose pods ask the node's every
 #    CPU (`whole_node`: beside the other cluster tests they held the node while the others' pods
 #    waited past their tests' timeouts). Mostly waiting, they leave the CPUs mostly idle; the
-#    offline tests fill that, and nothing of the offline tests uses the node;
-# 5. beside the offline tests still running: the tests on the local cluster and on what was
-#    built, on $(TEST_WORKERS) workers (each test has its own namespace; most of their time is
+#    offline tests fill that, and nothing of the offline tests uses the node. Beside them too,
+#    in the background (logged to $(IMAGES_LOG), printed at the end): the tests of what was
+#    built that use no cluster (`built and not cluster`: the images, podman's containers, the
+#    chart's templates), which touch neither the API server nor the node;
+# 5. beside the offline tests still running: the tests on the local cluster, on $(TEST_WORKERS)
+#    workers (each test has its own namespace; most of their time is
 #    pods starting and waiting, which leaves the CPUs mostly idle when they run alone), in file
 #    order, a few at a time to each worker: long and short tests side by side (the long ones all
 #    at once take half again as long each, and more CPU).
@@ -99,6 +102,7 @@ OFFLINE_NICE ?= 10
 DURATIONS ?= --durations=25 --durations-min=10
 BUILD_LOG := build/make-test-builds.log
 OFFLINE_LOG := build/make-test-offline.log
+IMAGES_LOG := build/make-test-images.log
 PYTEST := $(PY) -m pytest
 # What a cold run takes of the disk: about 19 GB, the venv, caches and images included; a warm
 # one takes less. Below it, make test says so first: short of disk, the failures say only "No
@@ -127,14 +131,18 @@ test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, 
 		> $(OFFLINE_LOG) 2>&1 & offline=$$!; \
 	grep -E "^\[(cluster|images)\] (built|wheelhouse|preloaded|not preloaded)" $(BUILD_LOG) || true; \
 	$(PY) -m ruff check . || rc=1; \
+	( $(PYTEST) $(DURATIONS) -m "built and not cluster"; code=$$?; \
+		echo "image tests done at $$(( $$(date +%s) - start ))s"; exit $$code ) \
+		> $(IMAGES_LOG) 2>&1 & beside=$$!; \
 	$(PYTEST) $(DURATIONS) -m "disruptive or whole_node" || rc=1; t3=$$SECONDS; \
 	$(PYTEST) $(DURATIONS) -n $(TEST_WORKERS) \
-		-m "(cluster or built) and not (disruptive or whole_node)" || rc=1; t4=$$SECONDS; \
-	wait $$offline || rc=1; t1=$$SECONDS; \
+		-m "cluster and not (disruptive or whole_node)" || rc=1; t4=$$SECONDS; \
+	wait $$beside || rc=1; wait $$offline || rc=1; t1=$$SECONDS; \
+	echo "make test: the image tests ($(IMAGES_LOG)):"; cat $(IMAGES_LOG); \
 	echo "make test: the offline tests ($(OFFLINE_LOG)):"; cat $(OFFLINE_LOG); \
 	echo "make test: builds and the cluster up at $$((t2-t0))s, tests run alone" \
-		"$$((t3-t2))s, cluster and image tests $$((t4-t3))s, $$(tail -n 1 $(OFFLINE_LOG)) (waited for until" \
-		"$$((t1-t0))s); total $$((t1-t0))s"; \
+		"$$((t3-t2))s (beside them, $$(tail -n 1 $(IMAGES_LOG))), cluster tests $$((t4-t3))s," \
+		"$$(tail -n 1 $(OFFLINE_LOG)) (waited for until $$((t1-t0))s); total $$((t1-t0))s"; \
 	exit $$rc
 
 test-images: venv  ## make images for make test, then preload them into the node's containerd

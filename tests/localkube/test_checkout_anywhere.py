@@ -25,7 +25,8 @@ from localkube.builds import gotools
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.built, pytest.mark.slow]
+# `cluster`: it runs one, of its own, so make test keeps it out of the phase beside `disruptive`.
+pytestmark = [pytest.mark.built, pytest.mark.cluster, pytest.mark.slow]
 
 
 def _copy_working_tree(dest: Path) -> None:
