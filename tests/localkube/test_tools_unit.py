@@ -8,7 +8,7 @@ import re
 
 from controller import kubeflow
 from localkube import versions
-from localkube.builds import gotools, operators
+from localkube.builds import gocmd, gotools, operators
 
 
 def test_pinned_versions_match_the_go_modules():
@@ -65,3 +65,10 @@ def test_every_operator_manifest_comes_from_a_pinned_module():
         "jobset-controller-manager",
         "kueue",
     }
+
+
+def test_go_runs_with_the_builds_gc_target_unless_the_caller_sets_one(monkeypatch):
+    monkeypatch.delenv("GOGC", raising=False)
+    assert gocmd._go_env()["GOGC"] == gocmd.GOGC == "400"
+    monkeypatch.setenv("GOGC", "off")
+    assert gocmd._go_env()["GOGC"] == "off"
