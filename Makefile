@@ -108,6 +108,11 @@ PYTEST := $(PY) -m pytest
 # one takes less. Below it, make test says so first: short of disk, the failures say only "No
 # space left on device", in image builds and in torch.compile's cache.
 TEST_DISK_GB ?= 20
+# Bytecode is written while the tests run, even where PYTHONDONTWRITEBYTECODE is set (as on CI
+# machines): they start hundreds of Python processes (each pytest worker collects every test
+# module; the trainer and CLI processes they run), and without .pyc files each compiles this
+# checkout's modules, and pytest rewrites the test modules' asserts, from source every time.
+test test-fast e2e: export PYTHONDONTWRITEBYTECODE :=
 test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, end-to-end
 	@free=$$(df --output=avail -BG . /var/lib | tail -n +2 | tr -dc '0-9\n' | sort -n | head -n 1); \
 	if [ -n "$$free" ] && [ "$$free" -lt $(TEST_DISK_GB) ]; then echo "make test: $${free} GB free" \

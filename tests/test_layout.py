@@ -12,6 +12,7 @@ imports nothing that holds a Cluster.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 from pathlib import Path
@@ -51,7 +52,10 @@ def _imports(path: Path) -> set[str]:
     return out
 
 
-def _graph() -> dict[str, set[str]]:
+@functools.cache
+def graph() -> dict[str, set[str]]:
+    """The import graph, read once per process and only where a test asks for it (not at
+    collection, which every pytest worker does)."""
     files = [p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")]
     files += list((REPO / "tests").rglob("*.py"))
     modules = {_module_name(p): p for p in files}
@@ -61,21 +65,18 @@ def _graph() -> dict[str, set[str]]:
     return graph
 
 
-GRAPH = _graph()
-
-
 def _importers(target: str) -> list[str]:
     return sorted(
         m
-        for m, deps in GRAPH.items()
+        for m, deps in graph().items()
         if any(d == target or d.startswith(target + ".") for d in deps)
     )
 
 
 def test_the_graph_was_read():
     """Guards the tests below against an empty graph (a wrong root would make them vacuous)."""
-    assert "controller.cli.main" in GRAPH and "controller.kube.client" in GRAPH
-    assert "controller.kube.client" in GRAPH["controller.jobs.status"]
+    assert "controller.cli.main" in graph() and "controller.kube.client" in graph()
+    assert "controller.kube.client" in graph()["controller.jobs.status"]
 
 
 def test_no_import_cycles():
@@ -91,7 +92,7 @@ def test_no_import_cycles():
     counter = [0]
 
     def edges(m: str) -> set[str]:
-        return {d for d in GRAPH[m] if not m.startswith(d + ".")}
+        return {d for d in graph()[m] if not m.startswith(d + ".")}
 
     def visit(v: str) -> None:
         index[v] = low[v] = counter[0]
@@ -115,7 +116,7 @@ def test_no_import_cycles():
             if len(component) > 1:
                 cycles.append(sorted(component))
 
-    for m in GRAPH:
+    for m in graph():
         if m not in index:
             visit(m)
     assert cycles == [], f"import cycles: {cycles}"
@@ -138,16 +139,16 @@ def test_only_the_api_layer_imports_kubernetes():
 
 @pytest.mark.parametrize("layer", ["controller.kube", "controller.jobs", "controller.cli"])
 def test_render_is_pure(layer):
-    renderers = [m for m in GRAPH if m.startswith("controller.render")]
+    renderers = [m for m in graph() if m.startswith("controller.render")]
     assert renderers
     for m in renderers:
-        assert not any(d == layer or d.startswith(layer + ".") for d in GRAPH[m]), (m, layer)
+        assert not any(d == layer or d.startswith(layer + ".") for d in graph()[m]), (m, layer)
 
 
 def test_the_api_layer_gives_no_advice():
     """Advice is the CLI's: the API layer imports nothing from cli/ or jobs/."""
-    for m in (m for m in GRAPH if m.startswith("controller.kube")):
-        assert not any(d.startswith(("controller.cli.", "controller.jobs.")) for d in GRAPH[m]), m
+    for m in (m for m in graph() if m.startswith("controller.kube")):
+        assert not any(d.startswith(("controller.cli.", "controller.jobs.")) for d in graph()[m]), m
 
 
 #: controller.jobs in two rooms: the pure readers below, the modules that hold a Cluster above.
@@ -159,7 +160,7 @@ IO_MODULES = ("socket", "subprocess", "threading", "time", "urllib3", "kubernete
 
 
 def _pure_jobs() -> list[str]:
-    return sorted(m for m in GRAPH if m == PURE_JOBS or m.startswith(PURE_JOBS + "."))
+    return sorted(m for m in graph() if m == PURE_JOBS or m.startswith(PURE_JOBS + "."))
 
 
 def test_the_jobs_rooms_were_read():
@@ -168,11 +169,11 @@ def test_the_jobs_rooms_were_read():
     assert {f"{PURE_JOBS}.{m}" for m in ("apis", "explain", "why", "queue", "view")} <= set(
         _pure_jobs()
     )
-    above = [m for m in GRAPH if m.startswith("controller.jobs.") and m not in _pure_jobs()]
+    above = [m for m in graph() if m.startswith("controller.jobs.") and m not in _pure_jobs()]
     assert {"controller.jobs.status", "controller.jobs.wait", "controller.jobs.follow"} <= set(
         above
     )
-    assert "controller.kube.client" in GRAPH["controller.jobs.watches"]
+    assert "controller.kube.client" in graph()["controller.jobs.watches"]
 
 
 def test_the_pure_readers_import_nothing_that_holds_a_cluster():
@@ -180,7 +181,8 @@ def test_the_pure_readers_import_nothing_that_holds_a_cluster():
     a Cluster) and nothing of ``controller.kube`` but the watch protocol's ``RESYNC``: never the
     client, even for a type."""
     for m in _pure_jobs():
-        above = [d for d in GRAPH[m] if d.startswith("controller.jobs.") and d not in _pure_jobs()]
+        deps = graph()[m]
+        above = [d for d in deps if d.startswith("controller.jobs.") and d not in _pure_jobs()]
         assert above == [], (m, above)
         path = REPO / (m.replace(".", "/") + ".py")
         if not path.exists():
@@ -214,7 +216,7 @@ def test_every_import_of_our_own_modules_names_one_that_exists():
                 (str(path.relative_to(REPO)), n)
                 for n in names
                 if n.split(".")[0] in PACKAGES
-                and n not in GRAPH
+                and n not in graph()
                 and not (REPO / n.replace(".", "/")).is_dir()  # a namespace package
             ]
     assert missing == [], missing
@@ -227,8 +229,8 @@ def test_the_controller_never_imports_torch_or_an_s3_client():
     # What the controller imports of the trainer (its config, its contract, the model-state
     # estimate, the workdir's archive format) reaches neither at import.
     torch_free = {"trainer", "trainer.config", "trainer.contract", "trainer.sizing"}
-    for m in (m for m in GRAPH if m.startswith("controller")):
-        reached = {d for d in GRAPH[m] if d.startswith("trainer")}
+    for m in (m for m in graph() if m.startswith("controller")):
+        reached = {d for d in graph()[m] if d.startswith("trainer")}
         assert reached <= torch_free | {"trainer.workdir"}, (m, reached)
     for m in torch_free - {"trainer"}:
         path = REPO / (m.replace(".", "/") + ".py")
@@ -251,7 +253,7 @@ def test_the_workdir_reaches_s3_only_on_demand():
     ours = {m for m in top if m.startswith("trainer")}
     assert ours == {"trainer.contract"}, ours
     assert top - ours <= set(sys.stdlib_module_names) | {"__future__"}, top - ours
-    assert "trainer.checkpoint.storage" in GRAPH["trainer.workdir"]  # lazily, for s3://
+    assert "trainer.checkpoint.storage" in graph()["trainer.workdir"]  # lazily, for s3://
 
 
 def test_nothing_outside_tests_imports_tests():
@@ -262,7 +264,7 @@ def test_nothing_outside_tests_imports_tests():
 def test_nothing_imports_the_generator():
     """controller.generate (make generate) is a development tool that writes files: no command
     and no other module may depend on it."""
-    assert "controller.generate" in GRAPH
+    assert "controller.generate" in graph()
     outside = [m for m in _importers("controller.generate") if not m.startswith("tests.")]
     assert outside == [], outside
 
@@ -274,7 +276,7 @@ def _closure(start: str) -> set[str]:
         m = todo.pop()
         if m not in seen:
             seen.add(m)
-            todo.extend(GRAPH.get(m, ()))
+            todo.extend(graph().get(m, ()))
     return seen
 
 
@@ -290,10 +292,10 @@ ROOM_FLOOR = ("localkube.versions", "localkube.procs", "tools", "controller")
 
 def test_localkube_is_in_rooms():
     for room in ROOMS:
-        assert any(m.startswith(room + ".") for m in GRAPH), f"no modules in {room}"
+        assert any(m.startswith(room + ".") for m in graph()), f"no modules in {room}"
     # The package's top floor: the front door, the versions, and what ties the rooms together.
     flat = sorted(
-        m for m in GRAPH if m.startswith("localkube.") and m.count(".") == 1 and m not in ROOMS
+        m for m in graph() if m.startswith("localkube.") and m.count(".") == 1 and m not in ROOMS
     )
     assert flat == [
         "localkube.__main__",
@@ -312,10 +314,10 @@ def test_each_room_imports_only_the_rooms_below_it(index):
     neither the node nor the add-ons, the node no add-on; no room imports what ties them
     together (sequence, cluster, handle)."""
     room, below = ROOMS[index], ROOMS[:index]
-    for m in (m for m in GRAPH if _in(m, room)):
+    for m in (m for m in graph() if _in(m, room)):
         wrong = [
             d
-            for d in GRAPH[m]
+            for d in graph()[m]
             if _in(d, "localkube") and d != "localkube" and not _in(d, room, *below, *ROOM_FLOOR)
         ]
         assert wrong == [], f"{m} imports {wrong}: {room} may use only {below} and the floor"
@@ -341,13 +343,15 @@ def test_the_product_image_and_lock_import_nothing_of_localkube():
         cluster = sorted(d for d in _closure(module) if _in(d, "localkube", "tests"))
         assert cluster == [], f"{module} imports {cluster}"
     # And the package as a whole: localkube builds on tools, never the reverse.
-    tools = [m for m in GRAPH if _in(m, "tools")]
-    assert tools and all(not _in(d, "localkube") for m in tools for d in GRAPH[m]), tools
+    tools = [m for m in graph() if _in(m, "tools")]
+    assert tools and all(not _in(d, "localkube") for m in tools for d in graph()[m]), tools
 
 
 def test_localkube_imports_nothing_from_tests():
     users = [
-        m for m in GRAPH if _in(m, "localkube", "tools") and any(_in(d, "tests") for d in GRAPH[m])
+        m
+        for m, deps in graph().items()
+        if _in(m, "localkube", "tools") and any(_in(d, "tests") for d in deps)
     ]
     assert users == [], users
 
@@ -376,8 +380,8 @@ TRAINER_TOP = ("trainer.train", "trainer.__main__", "trainer.workdir")
 
 def test_the_trainer_is_in_rooms():
     for room in TRAINER_ROOMS:
-        assert any(m.startswith(room + ".") for m in GRAPH), f"no modules in {room}"
-    flat = sorted(m for m in GRAPH if m.startswith("trainer.") and m.count(".") == 1)
+        assert any(m.startswith(room + ".") for m in graph()), f"no modules in {room}"
+    flat = sorted(m for m in graph() if m.startswith("trainer.") and m.count(".") == 1)
     assert flat == sorted([*TRAINER_FLOOR, *TRAINER_ROOMS, *TRAINER_TOP]), flat
 
 
@@ -387,9 +391,9 @@ def test_each_trainer_room_imports_only_the_floor_and_what_it_is_allowed(room):
     room (checkpointing reports through whatever it is handed), parts/ no health/ or
     checkpoint/, health/ no part but the phases it observes."""
     allowed = (room, *TRAINER_FLOOR, *TRAINER_ROOMS[room])
-    for m in (m for m in GRAPH if _in(m, room)):
+    for m in (m for m in graph() if _in(m, room)):
         wrong = [
-            d for d in GRAPH[m] if _in(d, "trainer") and d != "trainer" and not _in(d, *allowed)
+            d for d in graph()[m] if _in(d, "trainer") and d != "trainer" and not _in(d, *allowed)
         ]
         assert wrong == [], f"{m} imports {wrong}: {room} may use only {allowed}"
 
@@ -400,7 +404,7 @@ def test_the_trainers_floor_imports_no_room_and_launching_needs_no_torch():
     for m in TRAINER_FLOOR:
         wrong = [
             d
-            for d in GRAPH[m]
+            for d in graph()[m]
             if _in(d, "trainer") and d != "trainer" and not _in(d, *TRAINER_FLOOR)
         ]
         assert wrong == [], f"{m} imports {wrong}"
@@ -418,7 +422,7 @@ def test_the_trainers_floor_imports_no_room_and_launching_needs_no_torch():
                 path = REPO / here.replace(".", "/") / "__init__.py"
             top = _top_level_imports(path)
             assert not any(d.split(".")[0] == "torch" for d in top), (m, here)
-            todo += [d for d in top if d in GRAPH]
+            todo += [d for d in top if d in graph()]
 
 
 def _top_level_imports(path: Path) -> set[str]:
