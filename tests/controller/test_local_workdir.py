@@ -27,7 +27,10 @@ print(json.dumps({
     "cwd": os.getcwd(),
     "helper": mypkg.helper.VALUE,
     "data": Path("data/words.txt").read_text().strip(),
-    "files": sorted(str(p) for p in Path(".").rglob("*") if p.is_file()),
+    # Less the bytecode this run's own imports wrote (where PYTHONDONTWRITEBYTECODE is unset).
+    "files": sorted(
+        str(p) for p in Path(".").rglob("*") if p.is_file() and "__pycache__" not in p.parts
+    ),
     "pythonpath": os.environ.get("PYTHONPATH", ""),
     "digest": os.environ.get("DDPJOB_WORKDIR_DIGEST", ""),
     "rank": os.environ.get("RANK"),
