@@ -13,8 +13,9 @@ Runbook (docs/gpu.md has every step)::
     python bench/gpu/check.py --only fill --fill-size medium              # another MFU size
     python bench/gpu/check.py --schema                                    # the report's schema
 
-Each scenario is the real trainer, ``torchrun --nproc-per-node 1 -m trainer key=value ...``
-with ``backend=nccl``, read through its JSON-lines events, its checkpoint and NCCL's own log
+Each scenario is the real trainer, ``python -m trainer key=value ...`` in the environment
+torchrun gives its one worker (RANK=0 WORLD_SIZE=1 ...; torchrun for two processes), with
+``backend=nccl``, read through its JSON-lines events, its checkpoint and NCCL's own log
 (NCCL_DEBUG=INFO). Scenarios, all on the lm task at ``--size`` unless noted:
 
     fp32     precision=fp32 tf32=false              tf32     precision=fp32 tf32=true
@@ -381,11 +382,22 @@ class Plan:
         return self._with_user_overrides(o), 1
 
     def command(self, name: str, port: int) -> list[str]:
-        """The scenario's command line: torchrun and the trainer, or nanoGPT's loop."""
+        """The scenario's command line: the trainer, or nanoGPT's loop.
+
+        One trainer process runs with the environment torchrun gives its one worker (``env``
+        sets it and execs Python: no process more), as a one-process PyTorchJob pod runs it: a
+        process group of one and DDP, as under torchrun, without an agent beside it that only
+        starts and waits (two seconds of CPU and its own start-up, every run). Two or more
+        processes run under torchrun."""
         overrides, nproc = self.overrides(name)
         settings = [f"{k}={_yaml_scalar(v)}" for k, v in overrides.items()]
         if name in BARE:
             return [sys.executable, "-m", "bench.gpu.baseline", "--model", BARE[name], *settings]
+        if nproc == 1:
+            one = {"RANK": 0, "LOCAL_RANK": 0, "WORLD_SIZE": 1, "LOCAL_WORLD_SIZE": 1}
+            rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+            launcher = [f"{k}={v}" for k, v in (one | rendezvous).items()]
+            return ["env", *launcher, sys.executable, "-m", "trainer", *settings]
         return [
             sys.executable,
             "-m",
@@ -551,9 +563,9 @@ def _children(pid: int) -> list[int]:
 
 
 def _stop(proc: subprocess.Popen, grace_s: float = 30) -> None:
-    """Stop a torchrun we started: SIGTERM first (it stops its workers, which checkpoint and
-    exit 143), then SIGKILL what is left. torchrun starts each worker in a session of its own,
-    so the workers are found by parent pid before torchrun goes."""
+    """Stop a run we started: SIGTERM first (the trainer checkpoints and exits 143; torchrun
+    stops its workers, which do the same), then SIGKILL what is left. torchrun starts each worker
+    in a session of its own, so the workers are found by parent pid before torchrun goes."""
     workers = _children(proc.pid)
     proc.send_signal(signal.SIGTERM)
     try:

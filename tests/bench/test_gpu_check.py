@@ -184,8 +184,11 @@ def test_each_baseline_run_takes_its_trainer_twins_settings(tmp_path: Path) -> N
         cmd = plan.command(name, 29500)
         if name in gc.BARE:
             assert cmd[1:5] == ["-m", "bench.gpu.baseline", "--model", gc.BARE[name]]
-        else:
-            assert cmd[1:3] == ["-m", "torch.distributed.run"] and "trainer" in cmd
+        else:  # one process: the trainer in torchrun's environment for its one worker
+            launcher = ["RANK=0", "LOCAL_RANK=0", "WORLD_SIZE=1", "LOCAL_WORLD_SIZE=1"]
+            rendezvous = ["MASTER_ADDR=127.0.0.1", "MASTER_PORT=29500"]
+            assert cmd[:7] == ["env", *launcher, *rendezvous]
+            assert cmd[7:10] == [sys.executable, "-m", "trainer"]
         assert cmd[-len(mine) :] == [f"{k}={gc._yaml_scalar(v)}" for k, v in mine.items()]
     assert gc.BARE["baseline"] == gc.BARE["baseline_fill"] == "nanogpt"
     assert gc.BARE["ours_in_bare"] == "ddpjob"
@@ -193,6 +196,10 @@ def test_each_baseline_run_takes_its_trainer_twins_settings(tmp_path: Path) -> N
     assert plan.cache_dir("ours_in_bare") == plan.cache_dir("fill")
     assert plan.cache_dir("nano_in_trainer") == plan.cache_dir("baseline_fill")
     assert plan.cache_dir("compile") != plan.cache_dir("baseline")
+    # Two processes (syncbn's) run under torchrun.
+    syncbn = plan.command("syncbn", 29500)
+    assert syncbn[1:3] == ["-m", "torch.distributed.run"]
+    assert syncbn[syncbn.index("--nproc-per-node") + 1] == "2" and "trainer" in syncbn
     # The run whose cache is reused comes first, in either mode.
     for order in (list(gc.SCENARIOS) + list(gc.EDGES), list(gc.SPEED)):
         shared = [(b, a) for b, a in gc.SHARED_CACHE.items() if b in order]
@@ -286,10 +293,10 @@ def test_stop_ends_a_launcher_and_the_workers_in_their_own_sessions() -> None:
 @pytest.mark.long
 @pytest.mark.slow
 def test_cpu_dry_run_runs_the_real_trainer_and_reports(tmp_path: Path) -> None:
-    """The harness end to end on CPU: real trainer runs (torchrun, gloo), a forced fp16
-    overflow, a resume, nanoGPT's loop beside the fill with both halves of the split, and a
-    report that validates against the schema. compile=false: compiling on a shared 2-core
-    machine takes minutes, and the dry run tests the harness, not the speed."""
+    """The harness end to end on CPU: real trainer runs (a process group of one, gloo), a
+    forced fp16 overflow, a resume, nanoGPT's loop beside the fill with both halves of the
+    split, and a report that validates against the schema. compile=false: compiling on a
+    shared 2-core machine takes minutes, and the dry run tests the harness, not the speed."""
     log = tmp_path / "gpu_check.log"
     runs = "fp32,bf16,fp16,resume,fill,baseline_fill,ours_in_bare,nano_in_trainer"
     args = ["--cpu-dry-run", "--only", runs, "--steps", "8", "compile=false"]
@@ -314,6 +321,9 @@ def test_cpu_dry_run_runs_the_real_trainer_and_reports(tmp_path: Path) -> None:
     assert resume["resumed_step"] == 8 and resume["final_step"] == 12
     assert report.checks.flash_attention.evidence["ok"] is True  # the probe ran (on CPU)
 
+    one = "env RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 "
+    for name, run in report.runs.items():  # the trainer in a process group of one
+        assert run.command.startswith(one if name not in gc.BARE else sys.executable), run.command
     fpt = lm_flops_per_token(1, 32, 32, len(LMTask().vocab))  # the dry run's tiny size
     for name, run in report.runs.items():
         assert run.exit_code == 0 and run.steps == (12 if name == "resume" else 8)
