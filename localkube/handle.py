@@ -31,7 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controller.kubeflow import CONTAINER, LABEL_JOB_NAME, TRAINJOB_CONTAINER
+from controller.kubeflow import (
+    CONTAINER,
+    JOBSET,
+    LABEL_JOB_NAME,
+    PYTORCHJOB,
+    TRAINJOB,
+    TRAINJOB_CONTAINER,
+)
 
 from .builds import gotools
 from .cluster import ControlPlane
@@ -240,13 +247,13 @@ class Cluster:
         # pre-bound volume's sync does not requeue its claim (pv_controller.go, v1.33): a
         # claim synced first stays Pending until the resync of every claim, every 15 s.
         # "Available" is the phase that sync sets once the volume is in the controller's cache.
-        self.kubectl("create", "-f", "-", input_text=json.dumps(volume))
+        api.create_persistent_volume(volume)
         try:
             wait_until(f"pv {name} Available", lambda: volume_phase() in AVAILABLE, 30, POLL_S)
         except AssertionError as e:
             raise described(e) from None
         claim_doc = volumes.persistent_volume_claim(namespace, claim, size)
-        self.kubectl("create", "-f", "-", input_text=json.dumps(claim_doc))
+        api.create_namespaced_persistent_volume_claim(namespace, claim_doc)
         # Even so, the claim worker's bind and the volume worker's sync of the volume it just
         # bound both set the volume's phase to Bound; the loser's write conflicts, and when the
         # loser is the claim worker the claim stays Pending, again until the resync ("Could not
@@ -288,6 +295,93 @@ class Cluster:
         from kubernetes import config
 
         return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def get_json(self, *args: str, missing_ok: bool = False) -> Any:
+        """What ``kubectl get ARGS -o json`` prints; None for an object that does not exist
+        when ``missing_ok``. ``KIND [NAME] [-n NS] [-l SELECTOR] [--field-selector SELECTOR]``
+        of a kind in :data:`READ_PATHS` is read through the API client (tests poll with it,
+        and a kubectl process costs a tenth of a CPU-second); any other form, and any other
+        answer than the object or its absence, through kubectl, which raises as it does."""
+        from kubernetes.client.exceptions import ApiException
+
+        path, query = _read_request(args)
+        if path is not None:
+            try:
+                resp = self.api_client().call_api(
+                    path, "GET", query_params=query, header_params={"Accept": "application/json"},
+                    auth_settings=["BearerToken"], _preload_content=False,
+                    _return_http_data_only=True,
+                )  # fmt: skip
+                return _as_kubectl_prints(json.loads(resp.data))
+            except ApiException as e:
+                if e.status == 404 and missing_ok:
+                    return None
+        got = self.kubectl("get", *args, "-o", "json", check=not missing_ok)
+        if got.returncode != 0 and "NotFound" in got.stderr:
+            return None
+        if got.returncode != 0:
+            raise AssertionError(f"kubectl get {' '.join(args)}: {got.stderr.strip()}")
+        return json.loads(got.stdout)
+
+
+#: The collection path of each kind :meth:`Cluster.get_json` reads through the API client, by
+#: kubectl's names for it; ``{ns}`` where it is namespaced.
+READ_PATHS = {
+    ("pods", "pod", "po"): "/api/v1/namespaces/{ns}/pods",
+    ("persistentvolumeclaims", "persistentvolumeclaim", "pvc"): (
+        "/api/v1/namespaces/{ns}/persistentvolumeclaims"
+    ),
+    ("secrets", "secret"): "/api/v1/namespaces/{ns}/secrets",
+    ("serviceaccounts", "serviceaccount", "sa"): "/api/v1/namespaces/{ns}/serviceaccounts",
+    ("configmaps", "configmap", "cm"): "/api/v1/namespaces/{ns}/configmaps",
+    ("nodes", "node", "no"): "/api/v1/nodes",
+    ("jobs", "job"): "/apis/batch/v1/namespaces/{ns}/jobs",
+    **{
+        (api.plural, api.kind.lower()): f"/apis/{api.group}/{api.version}/namespaces/{{ns}}/"
+        + api.plural
+        for api in (PYTORCHJOB, TRAINJOB, JOBSET)
+    },
+}
+_READ_FLAGS = {"-n": "namespace", "--namespace": "namespace", "-l": "labelSelector"}
+_READ_FLAGS |= {"--selector": "labelSelector", "--field-selector": "fieldSelector"}
+
+
+def _as_kubectl_prints(got: dict[str, Any]) -> dict[str, Any]:
+    """An API answer as ``kubectl get -o json`` prints it: without managedFields, and a list as
+    a ``List`` whose items name their kind and apiVersion (a list of a built-in kind leaves them
+    out of its items)."""
+
+    def shown(obj: dict[str, Any]) -> dict[str, Any]:
+        obj.get("metadata", {}).pop("managedFields", None)
+        return obj
+
+    if "items" not in got or not got.get("kind", "").endswith("List"):
+        return shown(got)
+    kind, version = got["kind"].removesuffix("List"), got.get("apiVersion", "v1")
+    items = [shown({"apiVersion": version, "kind": kind, **item}) for item in got["items"]]
+    return {"apiVersion": "v1", "items": items, "kind": "List", "metadata": {"resourceVersion": ""}}
+
+
+def _read_request(args: tuple[str, ...]) -> tuple[str | None, list[tuple[str, str]]]:
+    """The API path and query of ``kubectl get ARGS``; (None, []) for a form it does not map."""
+    words, options = [], {}
+    it = iter(args)
+    for arg in it:
+        if arg in _READ_FLAGS:
+            options[_READ_FLAGS[arg]] = next(it, "")
+        elif arg.startswith("-"):
+            return None, []
+        else:
+            words.append(arg)
+    kind = words[0] if words else ""
+    base = next((path for names, path in READ_PATHS.items() if kind in names), None)
+    namespace = options.pop("namespace", None)
+    if base is None or len(words) > 2 or (len(words) == 2 and options):
+        return None, []
+    if "{ns}" not in base and namespace is not None:
+        return None, []  # kubectl ignores -n for a cluster-scoped kind: leave it to kubectl
+    path = base.format(ns=namespace or "default")  # kubectl's: the kubeconfig names none
+    return (f"{path}/{words[1]}" if len(words) == 2 else path), sorted(options.items())
 
 
 #: The phases of a volume the PV controller has synced (the claim may already have bound it).

@@ -35,8 +35,7 @@ def ensure_claim(cluster, namespace: str) -> Path:
     """The claim :data:`CLAIM` in ``namespace`` (made once); the host folder behind it."""
     from localkube.node import volumes
 
-    got = cluster.kubectl("get", "pvc", CLAIM, "-n", namespace, check=False)
-    if got.returncode != 0:
+    if cluster.get_json("pvc", CLAIM, "-n", namespace, missing_ok=True) is None:
         cluster.local_volume(namespace, CLAIM)
     return volumes.host_path(namespace, CLAIM)
 
@@ -295,7 +294,7 @@ class Background:
 
 
 def get_json(cluster, *args: str) -> Any:
-    return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
+    return cluster.get_json(*args)
 
 
 def where_things_stand(cluster, namespace: str) -> str:

@@ -10,8 +10,6 @@ test_follow_unit.py; for one rank on this node: test_recovery.py, test_trainjob.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import yaml
 
@@ -161,8 +159,8 @@ def test_a_finished_elastic_job_keeps_the_log_of_a_worker_that_outlived_it(
     pods = [f"{name}-worker-0", f"{name}-worker-1"]
 
     def phase(pod: str) -> str | None:
-        got = real_node.kubectl("get", "pod", pod, "-n", namespace, "-o", "json", check=False)
-        return json.loads(got.stdout)["status"].get("phase") if got.returncode == 0 else None
+        got = real_node.get_json("pod", pod, "-n", namespace, missing_ok=True)
+        return got["status"].get("phase") if got is not None else None
 
     # worker-1 ends on its own, or (deleted as the job ended) is gone.
     wait_until(

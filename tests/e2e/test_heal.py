@@ -115,12 +115,8 @@ def test_a_node_that_failed_the_job_twice_is_avoided_by_its_next_pod(
 
         def placed() -> dict | None:
             # Between the restart's deletion of the pod and the operator's next one, none is.
-            got = cluster.kubectl("get", "pod", pod, "-n", namespace, "-o", "json", check=False)
-            if got.returncode != 0:
-                assert "NotFound" in got.stderr, got.stderr
-                return None
-            p = json.loads(got.stdout)
-            return p if p["spec"].get("nodeName") == node_name else None
+            p = cluster.get_json("pod", pod, "-n", namespace, missing_ok=True)
+            return p if p is not None and p["spec"].get("nodeName") == node_name else None
 
         moved = _wait_for("the next pod on the healthy node", placed, RESTART_AFTER_S + 120)
         job = get_json(cluster, "pytorchjob", name, "-n", namespace)

@@ -71,10 +71,10 @@ def exec_in(cluster, namespace: str, pod_name: str, script: str) -> str:
     once the container runs; its stdout."""
 
     def running() -> bool:
-        got = cluster.kubectl("get", "pod", pod_name, "-n", namespace, "-o", "json", check=False)
-        if got.returncode != 0:
+        got = cluster.get_json("pod", pod_name, "-n", namespace, missing_ok=True)
+        if got is None:
             return False
-        statuses = json.loads(got.stdout).get("status", {}).get("containerStatuses") or []
+        statuses = got.get("status", {}).get("containerStatuses") or []
         return any(s["name"] == "pytorch" and s.get("state", {}).get("running") for s in statuses)
 
     wait_until(f"{pod_name} running", running, 240, 0.3)

@@ -143,10 +143,7 @@ def _job(cluster, name: str, namespace: str, api: str) -> dict:
 
 
 def _config_map(cluster, name: str, namespace: str) -> dict | None:
-    got = cluster.kubectl(
-        "get", "configmap", f"{name}-workdir", "-n", namespace, "-o", "json", check=False
-    )
-    return json.loads(got.stdout) if got.returncode == 0 else None
+    return cluster.get_json("configmap", f"{name}-workdir", "-n", namespace, missing_ok=True)
 
 
 def _submit_and_check(cluster, spec: Path, name: str, namespace: str, api: str, version: str):

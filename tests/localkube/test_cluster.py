@@ -89,12 +89,8 @@ spec:
 """
 
 
-def _get(cluster, *args: str) -> dict:
-    return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
-
-
 def _job_condition(cluster, ns: str, name: str, kind: str) -> bool:
-    job = _get(cluster, "pytorchjob", name, "-n", ns)
+    job = cluster.get_json("pytorchjob", name, "-n", ns)
     return any(
         c["type"] == kind and c["status"] == "True"
         for c in job.get("status", {}).get("conditions", [])
@@ -102,7 +98,9 @@ def _job_condition(cluster, ns: str, name: str, kind: str) -> bool:
 
 
 def _pods(cluster, ns: str, job: str) -> list[dict]:
-    return _get(cluster, "pods", "-n", ns, "-l", f"training.kubeflow.org/job-name={job}")["items"]
+    return cluster.get_json("pods", "-n", ns, "-l", f"training.kubeflow.org/job-name={job}")[
+        "items"
+    ]
 
 
 # What each replica saw: the operator's variables, and what cluster DNS says MASTER_ADDR is
@@ -154,7 +152,7 @@ def test_a_kubeflow_docs_pytorchjob_runs_in_the_image_with_a_dns_master_addr(rea
     # Two pods that each wait for the other: minutes on a loaded node, not seconds.
     _wait("job Succeeded", lambda: _job_condition(cluster, namespace, "envjob", "Succeeded"), 300)
 
-    services = {s["metadata"]["name"] for s in _get(cluster, "svc", "-n", namespace)["items"]}
+    services = {s["metadata"]["name"] for s in cluster.get_json("svc", "-n", namespace)["items"]}
     assert {"envjob-master-0", "envjob-worker-0"} <= services
 
     pods = {p["metadata"]["name"]: p for p in _pods(cluster, namespace, "envjob")}
@@ -175,7 +173,7 @@ def test_a_kubeflow_docs_pytorchjob_runs_in_the_image_with_a_dns_master_addr(rea
         _wait(
             f"{name} terminated",
             lambda n=name: (
-                _get(cluster, "pod", n, "-n", namespace)["status"].get("phase") == "Succeeded"
+                cluster.get_json("pod", n, "-n", namespace)["status"].get("phase") == "Succeeded"
             ),
         )
         out = subprocess.run(
@@ -196,7 +194,7 @@ def test_a_kubeflow_docs_pytorchjob_runs_in_the_image_with_a_dns_master_addr(rea
     assert master_ip and worker["resolved"] == master["resolved"] == master_ip
 
     for name in pods:
-        pod = _get(cluster, "pod", name, "-n", namespace)
+        pod = cluster.get_json("pod", name, "-n", namespace)
         assert pod["spec"]["nodeName"] == kubelet.NODE_NAME
         (status,) = pod["status"]["containerStatuses"]
         assert status["image"].endswith(images.published_ref()) and status["imageID"]
@@ -212,8 +210,7 @@ def test_gpu_request_beyond_node_capacity_stays_pending(real_node, namespace):
     )
 
     def event() -> str | None:
-        events = _get(
-            cluster,
+        events = cluster.get_json(
             "events",
             "-n",
             namespace,
@@ -227,7 +224,7 @@ def test_gpu_request_beyond_node_capacity_stays_pending(real_node, namespace):
 
     message = _wait("FailedScheduling event", event, 60)
     assert "Insufficient nvidia.com/gpu" in message
-    pod = _get(cluster, "pod", "toobig-master-0", "-n", namespace)
+    pod = cluster.get_json("pod", "toobig-master-0", "-n", namespace)
     assert pod["status"]["phase"] == "Pending"
     assert not pod["spec"].get("nodeName")
 
@@ -282,7 +279,7 @@ def test_a_cpu_pod_never_lands_on_a_kwok_node(real_node, namespace):
     cluster.kubectl("apply", "-f", "-", input_text=json.dumps(manifest))
 
     def unschedulable() -> str | None:
-        conditions = _get(cluster, "pod", "pinned", "-n", namespace)["status"].get("conditions")
+        conditions = cluster.get_json("pod", "pinned", "-n", namespace)["status"].get("conditions")
         scheduled = next((c for c in conditions or [] if c["type"] == "PodScheduled"), {})
         return scheduled.get("message") if scheduled.get("reason") == "Unschedulable" else None
 
@@ -357,7 +354,7 @@ def test_exit_code_143_is_retried_and_succeeds(real_node, namespace):
         input_text=_job_yaml("retry", namespace, cmd, restart="ExitCode", volume=volume),
     )
     _wait("job Succeeded", lambda: _job_condition(cluster, namespace, "retry", "Succeeded"), 120)
-    pod = _get(cluster, "pod", "retry-master-0", "-n", namespace)
+    pod = cluster.get_json("pod", "retry-master-0", "-n", namespace)
     term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert term["exitCode"] == 0
     logs = cluster.kubectl("logs", "retry-master-0", "-n", namespace).stdout
@@ -379,7 +376,7 @@ def test_exit_code_1_fails_the_job(real_node, namespace):
         ),
     )
     _wait("job Failed", lambda: _job_condition(cluster, namespace, "broken", "Failed"), 120)
-    pod = _get(cluster, "pod", "broken-master-0", "-n", namespace)
+    pod = cluster.get_json("pod", "broken-master-0", "-n", namespace)
     assert pod["status"]["phase"] == "Failed"
     term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert (term["exitCode"], term["reason"]) == (1, "Error")
@@ -405,11 +402,11 @@ def test_sigkill_reports_137(real_node, namespace):
     _wait(
         "pod Failed",
         lambda: (
-            _get(cluster, "pod", "killed-master-0", "-n", namespace)["status"].get("phase")
+            cluster.get_json("pod", "killed-master-0", "-n", namespace)["status"].get("phase")
             == "Failed"
         ),
     )
-    pod = _get(cluster, "pod", "killed-master-0", "-n", namespace)
+    pod = cluster.get_json("pod", "killed-master-0", "-n", namespace)
     assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 137
 
 
@@ -433,6 +430,38 @@ def test_rbac_is_enforced(cluster):
     """RBAC is on: an unprivileged identity cannot list pods."""
     proc = cluster.kubectl("auth", "can-i", "list", "pods", "--as", "someone", check=False)
     assert proc.stdout.strip() == "no"
+
+
+def test_get_json_reads_what_kubectl_get_prints(cluster, namespace):
+    """``Cluster.get_json`` (the API client, for the forms tests poll with) answers as
+    ``kubectl get -o json`` does: an object, a list by label, nothing for what does not exist."""
+    from localkube.procs import LocalkubeError
+
+    for name in ("a", "b"):
+        config_map = {"metadata": {"name": name, "labels": {"get-json": name}}, "data": {"k": name}}
+        cluster.core_api().create_namespaced_config_map(namespace, config_map)
+
+    def kubectl(*args: str):
+        return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
+
+    for args in (
+        ("configmap", "a", "-n", namespace),
+        ("configmaps", "-n", namespace, "-l", "get-json=b"),
+        ("configmaps", "-n", namespace, "--field-selector", "metadata.name=a"),
+        ("sa", "default", "-n", namespace),
+    ):
+        assert cluster.get_json(*args) == kubectl(*args), args
+    labelled = cluster.get_json("cm", "-n", namespace, "-l", "get-json")["items"]
+    assert [(c["kind"], c["metadata"]["name"]) for c in labelled] == [
+        ("ConfigMap", "a"), ("ConfigMap", "b"),
+    ]  # fmt: skip
+    nodes = cluster.get_json("nodes")["items"]
+    assert sorted(n["metadata"]["name"] for n in nodes) == sorted(
+        n["metadata"]["name"] for n in kubectl("nodes")["items"]
+    ) and {(n["apiVersion"], n["kind"]) for n in nodes} == {("v1", "Node")}
+    assert cluster.get_json("pod", "none", "-n", namespace, missing_ok=True) is None
+    with pytest.raises(LocalkubeError, match="NotFound"):
+        cluster.get_json("pod", "none", "-n", namespace)
 
 
 def test_operator_webhook_validates(real_node, namespace):
@@ -487,7 +516,7 @@ def test_on_failure_restarts_in_place_with_restart_count(real_node, namespace):
         "python", "-c", "open('/state/go', 'w')",
     )  # fmt: skip
     _wait("job Succeeded", lambda: _job_condition(cluster, namespace, "inplace", "Succeeded"), 120)
-    pod = _get(cluster, "pod", "inplace-master-0", "-n", namespace)
+    pod = cluster.get_json("pod", "inplace-master-0", "-n", namespace)
     status = pod["status"]["containerStatuses"][0]
     assert (status["restartCount"], status["state"]["terminated"]["exitCode"]) == (1, 0)
     assert "run 2 ok" in cluster.kubectl("logs", "inplace-master-0", "-n", namespace).stdout

@@ -27,10 +27,6 @@ def namespace(cluster):
         yield name
 
 
-def _get(cluster, *args: str) -> dict:
-    return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
-
-
 def _state(cluster) -> dict:
     return json.loads((cluster.control_plane.state_dir / "state.json").read_text())
 
@@ -39,7 +35,7 @@ def test_crds_webhooks_and_conversions_are_served_by_the_kueue_process(cluster):
     kueue.require()
     port = _state(cluster)["ports"]["kueue-webhook"]
     names = kueue.crd_names(_state_manifests(cluster))
-    crds = _get(cluster, "crd", *names)["items"]
+    crds = cluster.get_json("crd", *names)["items"]
     assert {c["metadata"]["name"] for c in crds} == set(names)
     for crd in crds:
         established = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
@@ -49,13 +45,13 @@ def test_crds_webhooks_and_conversions_are_served_by_the_kueue_process(cluster):
             url = conversion["webhook"]["clientConfig"]["url"]
             assert url == f"https://127.0.0.1:{port}/convert"
     for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
-        hooks = _get(cluster, kind, f"kueue-{kind.removesuffix('webhookconfiguration')}"
+        hooks = cluster.get_json(kind, f"kueue-{kind.removesuffix('webhookconfiguration')}"
                      "-webhook-configuration")["webhooks"]  # fmt: skip
         assert hooks and all(
             h["clientConfig"]["url"].startswith(f"https://127.0.0.1:{port}/") for h in hooks
         )
     # A v1beta1 read goes through the conversion webhook (the storage version is v1beta2).
-    old = _get(cluster, "localqueues.v1beta1.kueue.x-k8s.io", "user-queue", "-n", "default")
+    old = cluster.get_json("localqueues.v1beta1.kueue.x-k8s.io", "user-queue", "-n", "default")
     assert old["apiVersion"] == "kueue.x-k8s.io/v1beta1"
     assert old["spec"]["clusterQueue"] == kueue.CLUSTER_QUEUE
 
@@ -66,11 +62,11 @@ def _state_manifests(cluster) -> Path:
 
 def test_the_quick_start_queues_hold_the_real_nodes_cpu_and_memory_and_the_kwok_gpus(cluster):
     kueue.require()
-    cq = _get(cluster, "clusterqueue", kueue.CLUSTER_QUEUE)
+    cq = cluster.get_json("clusterqueue", kueue.CLUSTER_QUEUE)
     (group,) = cq["spec"]["resourceGroups"]
     (flavor,) = group["flavors"]
     quota = {r["name"]: str(r["nominalQuota"]) for r in flavor["resources"]}
-    allocatable = _get(cluster, "node", kubelet.NODE_NAME)["status"]["allocatable"]
+    allocatable = cluster.get_json("node", kubelet.NODE_NAME)["status"]["allocatable"]
     assert flavor["name"] == kueue.FLAVOR
     assert quota == {
         "cpu": allocatable["cpu"],
@@ -79,10 +75,10 @@ def test_the_quick_start_queues_hold_the_real_nodes_cpu_and_memory_and_the_kwok_
     }
     active = {c["type"]: c["status"] for c in cq["status"]["conditions"]}
     assert active["Active"] == "True"
-    lq = _get(cluster, "localqueue", kueue.LOCAL_QUEUE, "-n", kueue.LOCAL_QUEUE_NAMESPACE)
+    lq = cluster.get_json("localqueue", kueue.LOCAL_QUEUE, "-n", kueue.LOCAL_QUEUE_NAMESPACE)
     assert lq["spec"]["clusterQueue"] == kueue.CLUSTER_QUEUE
     assert {c["type"]: c["status"] for c in lq["status"]["conditions"]}["Active"] == "True"
-    _get(cluster, "resourceflavor", kueue.FLAVOR)
+    cluster.get_json("resourceflavor", kueue.FLAVOR)
     # Not installed: the visibility API (its APIService needs a Service; DIFFERENCES).
     services = cluster.kubectl("get", "apiservices", "-o", "name").stdout
     assert "visibility.kueue.x-k8s.io" not in services
@@ -156,18 +152,18 @@ def test_a_job_without_a_queue_is_left_alone_and_one_with_a_queue_gets_a_workloa
     cluster.kubectl("create", "-n", namespace, "-f", "-", input_text=job("free", {}))
     queued = {kubeflow.LABEL_QUEUE: "q"}
     cluster.kubectl("create", "-n", namespace, "-f", "-", input_text=job("queued", queued))
-    got = _get(cluster, "pytorchjob", "queued", "-n", namespace)
+    got = cluster.get_json("pytorchjob", "queued", "-n", namespace)
     # Kueue's webhook suspended it on create (our renderer does it too; this job did not).
     uid = got["metadata"]["uid"]
 
     def workload():
-        items = _get(cluster, "workloads", "-n", namespace)["items"]
+        items = cluster.get_json("workloads", "-n", namespace)["items"]
         return [w for w in items if w["metadata"]["labels"].get(kubeflow.LABEL_JOB_UID) == uid]
 
     (wl,) = wait_until("the queued job's Workload", workload, 30)
     assert wl["spec"]["queueName"] == "q"
-    free = _get(cluster, "pytorchjob", "free", "-n", namespace)
+    free = cluster.get_json("pytorchjob", "free", "-n", namespace)
     assert free["spec"]["runPolicy"]["suspend"] is False
-    items = _get(cluster, "workloads", "-n", namespace)["items"]
+    items = cluster.get_json("workloads", "-n", namespace)["items"]
     owners = {o["name"] for w in items for o in w["metadata"].get("ownerReferences", [])}
     assert owners == {"queued"}

@@ -48,10 +48,6 @@ def ns(real_node):
         yield name
 
 
-def _get(cluster, *args: str) -> dict:
-    return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
-
-
 def pod_spec(name: str, ns: str, script: str, **extra) -> dict:
     """A restricted pod on the real node running ``sh -c script`` in the init (busybox) image.
 
@@ -85,7 +81,7 @@ def create(cluster, obj: dict) -> None:
 
 
 def pod(cluster, ns: str, name: str) -> dict:
-    return _get(cluster, "pod", name, "-n", ns)
+    return cluster.get_json("pod", name, "-n", ns)
 
 
 def wait_phase(cluster, ns: str, name: str, phases: tuple[str, ...], timeout: float = 60) -> dict:
@@ -124,7 +120,7 @@ def terminated(p: dict) -> dict:
 def test_real_node_is_ready_beside_the_kwok_nodes(real_node):
     """One kubelet node (containerd, node IP = bridge gateway, no taint: every pod runs here) and
     the kwok nodes (GPU capacity, tainted as managed clusters taint GPU nodes)."""
-    nodes = {n["metadata"]["name"]: n for n in _get(real_node, "nodes")["items"]}
+    nodes = {n["metadata"]["name"]: n for n in real_node.get_json("nodes")["items"]}
     assert {kubelet.NODE_NAME, "kwok-node-0", "kwok-node-1"} <= set(nodes)
     for name in (kubelet.NODE_NAME, "kwok-node-0", "kwok-node-1"):
         ready = [c for c in nodes[name]["status"]["conditions"] if c["type"] == "Ready"]
@@ -282,7 +278,7 @@ def test_pytorchjob_master_name_resolves_through_the_operators_service(real_node
     create(real_node, manifest)
 
     def condition(kind: str) -> bool:
-        status = _get(real_node, "pytorchjob", job, "-n", ns).get("status", {})
+        status = real_node.get_json("pytorchjob", job, "-n", ns).get("status", {})
         return any(
             c["type"] == kind and c["status"] == "True" for c in status.get("conditions", [])
         )
@@ -443,7 +439,7 @@ def test_trainer_image_trains_across_two_pods(real_node, ns):
     create(real_node, job)
 
     def finished():
-        status = _get(real_node, "pytorchjob", "ddp", "-n", ns).get("status", {})
+        status = real_node.get_json("pytorchjob", "ddp", "-n", ns).get("status", {})
         done = [c["type"] for c in status.get("conditions", []) if c["status"] == "True"]
         return next((c for c in done if c in ("Succeeded", "Failed")), None)
 
@@ -493,7 +489,7 @@ def test_a_podman_container_beside_the_node_leaves_every_pod_removable(real_node
     real_node.kubectl("delete", "pod", "before", "-n", ns, "--wait=false")
 
     def gone() -> bool:
-        listed = _get(real_node, "pods", "-n", ns, "--field-selector", "metadata.name=before")
+        listed = real_node.get_json("pods", "-n", ns, "--field-selector", "metadata.name=before")
         return not listed["items"]
 
     wait_until("the pod to be removed", gone, 60, 0.5)

@@ -42,10 +42,6 @@ def namespace(real_node):
         yield name
 
 
-def _get(cluster, *args: str) -> dict:
-    return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
-
-
 def _trainjob(
     name: str,
     num_nodes: int = 2,
@@ -81,7 +77,7 @@ def _create(cluster, ns: str, manifest: str, check: bool = True) -> subprocess.C
 def _owned(cluster, kind: str, ns: str, jobset: str) -> list[dict]:
     """The pods or Jobs of a JobSet (= of the TrainJob of that name), by JobSet's label."""
     selector = f"{kubeflow.LABEL_JOBSET_NAME}={jobset}"
-    return _get(cluster, kind, "-n", ns, "-l", selector)["items"]
+    return cluster.get_json(kind, "-n", ns, "-l", selector)["items"]
 
 
 def _pods(cluster, ns: str, jobset: str, count: int | None = None) -> list[dict]:
@@ -97,7 +93,7 @@ def _condition(obj: dict, kind: str) -> dict | None:
 
 def _condition_true(cluster, kind: str, ns: str, name: str, condition: str) -> dict | None:
     """The object once its ``condition`` is True, else None."""
-    obj = _get(cluster, kind, name, "-n", ns)
+    obj = cluster.get_json(kind, name, "-n", ns)
     return obj if (_condition(obj, condition) or {}).get("status") == "True" else None
 
 
@@ -135,7 +131,7 @@ def _is_subset(want, got) -> bool:
 def test_crds_served_and_torch_runtime_installed(cluster):
     """The four CRDs are Established and served; torch-distributed is upstream's runtime with
     our image and nothing else changed."""
-    crds = _get(cluster, "crd", *trainer_v2.CRDS)["items"]
+    crds = cluster.get_json("crd", *trainer_v2.CRDS)["items"]
     established = {
         c["metadata"]["name"]
         for c in crds
@@ -148,7 +144,7 @@ def test_crds_served_and_torch_runtime_installed(cluster):
 
     manifests = gotools.tools_dir() / "manifests"
     upstream = yaml.safe_load((manifests / "trainer-torch-distributed.yaml").read_text())
-    installed = _get(cluster, "clustertrainingruntime", kubeflow.DEFAULT_RUNTIME)
+    installed = cluster.get_json("clustertrainingruntime", kubeflow.DEFAULT_RUNTIME)
     # Ours differs from upstream's file in the node container's image only: this checkout's
     # trainer image, the one `up` imports into the node.
     (node,) = installed["spec"]["template"]["spec"]["replicatedJobs"]
@@ -169,7 +165,7 @@ def test_the_sdks_public_configmap_is_readable_by_any_user(cluster):
     """Upstream's kubeflow-trainer-public ConfigMap (the Trainer version the Kubeflow SDK reads
     when a TrainerClient starts) in kubeflow-system, readable by every authenticated user and
     nothing else there."""
-    cm = _get(cluster, "configmap", trainer_v2.PUBLIC, "-n", "kubeflow-system")
+    cm = cluster.get_json("configmap", trainer_v2.PUBLIC, "-n", "kubeflow-system")
     assert cm["data"] == {"kubeflow_trainer_version": kubeflow.TRAINER_VERSION}
     as_anyone = ("--as", "someone", "--as-group", "system:authenticated", "-n", "kubeflow-system")
     can = cluster.kubectl("auth", "can-i", "get", f"configmap/{trainer_v2.PUBLIC}", *as_anyone)
@@ -213,7 +209,7 @@ def test_two_node_trainjob_becomes_indexed_jobset_with_pet_env(cluster, namespac
 
     jobs = wait_until("Job", lambda: _owned(cluster, "jobs", namespace, name), 60)
     assert [j["spec"]["completionMode"] for j in jobs] == ["Indexed"]
-    service = _get(cluster, "service", name, "-n", namespace)
+    service = cluster.get_json("service", name, "-n", namespace)
     assert service["spec"]["clusterIP"] == "None"  # headless: <host>.<jobset> resolves to a pod
 
     pods = wait_until("2 pods", lambda: _pods(cluster, namespace, name, count=2), 60)
@@ -322,7 +318,7 @@ def test_suspended_trainjob_creates_no_pods_until_resumed(cluster, namespace):
     wait_until("2 pods after resume", lambda: _pods(cluster, namespace, name, count=2), 60)
 
     def resumed():
-        cond = _condition(_get(cluster, "trainjob", name, "-n", namespace), "Suspended")
+        cond = _condition(cluster.get_json("trainjob", name, "-n", namespace), "Suspended")
         return cond if cond and cond["status"] == "False" else None
 
     assert wait_until("Suspended=False", resumed, 30)["reason"] == "Resumed"
@@ -378,8 +374,8 @@ def test_reconcile_failure_is_only_a_warning_event(cluster, namespace):
     _create(cluster, namespace, _trainjob(name, num_nodes=1))
 
     def warning():
-        events = _get(
-            cluster, "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}"
+        events = cluster.get_json(
+            "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}"
         )["items"]
         return next(
             (
@@ -394,7 +390,7 @@ def test_reconcile_failure_is_only_a_warning_event(cluster, namespace):
     event = wait_until("TrainJobResourcesCreationFailed event", warning, 60)
     assert event["type"] == "Warning"
     assert 'admission webhook "vjobset.kb.io" denied' in event["message"]
-    trainjob = _get(cluster, "trainjob", name, "-n", namespace)
+    trainjob = cluster.get_json("trainjob", name, "-n", namespace)
     assert _condition(trainjob, "Failed") is None
     assert _condition(trainjob, "Complete") is None
     assert [j["name"] for j in _jobset(cluster, namespace, name)["spec"]["replicatedJobs"]] == [
@@ -433,7 +429,7 @@ def test_pytorchjob_still_gets_its_pods(cluster, namespace):
 
     def v1_pods():
         selector = f"{kubeflow.LABEL_JOB_NAME}=v1job"
-        items = _get(cluster, "pods", "-n", namespace, "-l", selector)["items"]
+        items = cluster.get_json("pods", "-n", namespace, "-l", selector)["items"]
         return items if len(items) == 2 else None
 
     pods = wait_until("PyTorchJob pods", v1_pods, 60)

@@ -388,8 +388,7 @@ def _small_trainer_args(tmp_path: Path) -> list[str]:
 
 
 def _job(cluster, namespace: str, name: str) -> dict[str, Any]:
-    out = cluster.kubectl("get", "pytorchjob", name, "-n", namespace, "-o", "json", check=False)
-    return json.loads(out.stdout) if out.returncode == 0 else {}
+    return cluster.get_json("pytorchjob", name, "-n", namespace, missing_ok=True) or {}
 
 
 def _condition(job: dict[str, Any]) -> str | None:
