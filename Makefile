@@ -108,6 +108,11 @@ PYTEST := $(PY) -m pytest
 # one takes less. Below it, make test says so first: short of disk, the failures say only "No
 # space left on device", in image builds and in torch.compile's cache.
 TEST_DISK_GB ?= 20
+# $(call background,WHAT,LOG,COMMAND): COMMAND in the background of make test's recipe, its output
+# in LOG, whose last line then says when WHAT ended (seconds since the recipe's $$start); $$! is
+# its pid.
+background = ( $(3); code=$$?; echo "$(1) done at $$(( $$(date +%s) - start ))s"; \
+	exit $$code ) > $(2) 2>&1 &
 # Bytecode is written while the tests run, even where PYTHONDONTWRITEBYTECODE is set (as on CI
 # machines): they start hundreds of Python processes (each pytest worker collects every test
 # module; the trainer and CLI processes they run), and without .pyc files each compiles this
@@ -130,15 +135,13 @@ test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, 
 	if ! $(PY) -m localkube status > /dev/null 2>&1; then ours=1; \
 		$(PY) -m localkube up >> $(BUILD_LOG) 2>&1 || echo "make test: the cluster did not" \
 			"start ($(BUILD_LOG)); the tests that need it say why" >&2; fi; t2=$$SECONDS; \
-	( nice -n $(OFFLINE_NICE) $(PYTEST) $(DURATIONS) -n $(OFFLINE_WORKERS) --phase-order --maxschedchunk 1 \
-		-m "not cluster and not built"; code=$$?; \
-		echo "offline tests done at $$(( $$(date +%s) - start ))s"; exit $$code ) \
-		> $(OFFLINE_LOG) 2>&1 & offline=$$!; \
+	$(call background,offline tests,$(OFFLINE_LOG),nice -n $(OFFLINE_NICE) $(PYTEST) $(DURATIONS) \
+		-n $(OFFLINE_WORKERS) --phase-order --maxschedchunk 1 -m "not cluster and not built") \
+		offline=$$!; \
 	grep -E "^\[(cluster|images)\] (built|wheelhouse|preloaded|not preloaded)" $(BUILD_LOG) || true; \
 	$(PY) -m ruff check . || rc=1; \
-	( $(PYTEST) $(DURATIONS) -m "built and not cluster"; code=$$?; \
-		echo "image tests done at $$(( $$(date +%s) - start ))s"; exit $$code ) \
-		> $(IMAGES_LOG) 2>&1 & beside=$$!; \
+	$(call background,image tests,$(IMAGES_LOG),$(PYTEST) $(DURATIONS) -m "built and not cluster") \
+		beside=$$!; \
 	$(PYTEST) $(DURATIONS) -m "disruptive or whole_node" || rc=1; t3=$$SECONDS; \
 	$(PYTEST) $(DURATIONS) -n $(TEST_WORKERS) \
 		-m "cluster and not (disruptive or whole_node)" || rc=1; t4=$$SECONDS; \
