@@ -43,6 +43,7 @@ from controller.kubeflow import (
 from .builds import gotools
 from .cluster import ControlPlane
 from .node import host, images, kubelet, podlogs, volumes
+from .procs import LocalkubeError
 
 
 @contextlib.contextmanager
@@ -317,11 +318,11 @@ class Cluster:
                 if e.status == 404 and missing_ok:
                     return None
         got = self.kubectl("get", *args, "-o", "json", check=not missing_ok)
-        if got.returncode != 0 and "NotFound" in got.stderr:
+        if got.returncode == 0:
+            return json.loads(got.stdout)
+        if "NotFound" in got.stderr:  # only with missing_ok: kubectl raised otherwise
             return None
-        if got.returncode != 0:
-            raise AssertionError(f"kubectl get {' '.join(args)}: {got.stderr.strip()}")
-        return json.loads(got.stdout)
+        raise LocalkubeError(f"localkube: kubectl get {' '.join(args)}: {got.stderr.strip()}")
 
 
 #: The collection path of each kind :meth:`Cluster.get_json` reads through the API client, by
