@@ -134,9 +134,9 @@ def s3_checkpoints(
     from localkube.addons import s3
 
     secret = "s3-wrong" if secret_key is not None else s3.SECRET
-    if cluster.kubectl("get", "secret", secret, "-n", namespace, check=False).returncode != 0:
-        out = cluster.kubectl("get", "secret", s3.SECRET, "-n", s3.SECRET_NAMESPACE, "-o", "json")
-        creds = {k: base64.b64decode(v).decode() for k, v in json.loads(out.stdout)["data"].items()}
+    if cluster.get_json("secret", secret, "-n", namespace, missing_ok=True) is None:
+        data = cluster.get_json("secret", s3.SECRET, "-n", s3.SECRET_NAMESPACE)["data"]
+        creds = {k: base64.b64decode(v).decode() for k, v in data.items()}
         if secret_key is not None:
             creds["AWS_SECRET_ACCESS_KEY"] = secret_key
         literals = [f"--from-literal={k}={v}" for k, v in creds.items()]
@@ -293,21 +293,17 @@ class Background:
         self._err.close()
 
 
-def get_json(cluster, *args: str) -> Any:
-    return cluster.get_json(*args)
-
-
 def where_things_stand(cluster, namespace: str) -> str:
     """The namespace's pods with each container's state, and its jobs' conditions: what a test
     that timed out waiting on a job adds to its failure, so the next look starts from there."""
-    pods = get_json(cluster, "pods", "-n", namespace)["items"]
+    pods = cluster.get_json("pods", "-n", namespace)["items"]
     lines = [
         f"pod {p['metadata']['name']}: {p['status'].get('phase')}, containers "
         f"{json.dumps([c.get('state') for c in p['status'].get('containerStatuses', [])])}"
         for p in pods
     ]
     for kind in ("pytorchjobs", "trainjobs"):
-        for job in get_json(cluster, kind, "-n", namespace)["items"]:
+        for job in cluster.get_json(kind, "-n", namespace)["items"]:
             conditions = [
                 (c["type"], c["status"], c.get("reason"))
                 for c in job.get("status", {}).get("conditions", [])

@@ -29,7 +29,6 @@ from tests.e2e.helpers import (
     Background,
     ddpjob,
     events,
-    get_json,
     latest_step,
     paced_spec,
     where_things_stand,
@@ -52,7 +51,7 @@ def _one_error_line(r, *, code: int = 1) -> str:
 
 
 def _trainjob_rank_pod(cluster, name: str, namespace: str, rank: int) -> dict:
-    pods = get_json(cluster, "pods", "-n", namespace, "-l", f"{JOBSET_NAME}={name}")["items"]
+    pods = cluster.get_json("pods", "-n", namespace, "-l", f"{JOBSET_NAME}={name}")["items"]
     (pod,) = [
         p
         for p in pods
@@ -122,7 +121,7 @@ def test_context_picks_the_server_and_namespace(cluster, namespace, tmp_path):
     r = cli("submit", str(spec), context="here")
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"submitted pytorchjob {namespace}/ctx" in r.stdout
-    assert get_json(cluster, "pytorchjob", "ctx", "-n", namespace)["spec"]["runPolicy"]["suspend"]
+    assert cluster.get_json("pytorchjob", "ctx", "-n", namespace)["spec"]["runPolicy"]["suspend"]
 
     r = cli("status", "ctx", context="here")
     assert r.returncode == 0, r.stderr
@@ -299,7 +298,7 @@ def test_plot_of_a_trainjob_reads_rank_0(cluster, namespace, tmp_path):
         )
         assert f"PyTorchJob {namespace}/{name}" in line and "not found" in line, (command, line)
     assert not refused.exists()
-    get_json(cluster, "trainjob", name, "-n", namespace)  # still there
+    cluster.get_json("trainjob", name, "-n", namespace)  # still there
 
     r = ddpjob(cluster, "delete", name, "-n", namespace, "--api", "trainjob", "--wait", timeout=150)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -375,7 +374,7 @@ def test_api_picks_one_of_two_jobs_of_the_same_name(cluster, namespace, tmp_path
     assert f"deleted trainjob {namespace}/{name} and its pods" in r.stdout
     gone = cluster.kubectl("get", "trainjob", name, "-n", namespace, check=False)
     assert gone.returncode != 0 and "NotFound" in gone.stderr
-    assert get_json(cluster, "pytorchjob", name, "-n", namespace)["metadata"]["name"] == name
+    assert cluster.get_json("pytorchjob", name, "-n", namespace)["metadata"]["name"] == name
     line = _one_error_line(ddpjob(cluster, "delete", name, "-n", namespace, "--api", "trainjob"))
     assert f"TrainJob {namespace}/{name}" in line and "not found" in line, line
     st = json.loads(ddpjob(cluster, "status", name, "-n", namespace, "-o", "json").stdout)

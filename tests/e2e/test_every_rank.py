@@ -15,7 +15,7 @@ import yaml
 
 from controller import kubeflow
 from localkube.handle import wait_until
-from tests.e2e.helpers import Background, ddpjob, get_json, write_spec
+from tests.e2e.helpers import Background, ddpjob, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -52,7 +52,7 @@ def test_logs_all_follows_every_rank_of_a_three_pod_trainjob(real_node, namespac
     assert rc == 0, err[-3000:]
 
     selector = f"{kubeflow.LABEL_JOBSET_NAME}={name}"
-    pods = get_json(real_node, "pods", "-n", namespace, "-l", selector)["items"]
+    pods = real_node.get_json("pods", "-n", namespace, "-l", selector)["items"]
     rank_of = {
         p["metadata"]["name"]: p["metadata"]["labels"][kubeflow.LABEL_JOB_COMPLETION_INDEX]
         for p in pods
@@ -173,5 +173,5 @@ def test_a_finished_elastic_job_keeps_the_log_of_a_worker_that_outlived_it(
     assert hellos == ["hello from rank 0 of 2", "hello from rank 1 of 2"], once.stdout
     assert all(shown[pod] for pod in pods), shown
     assert [phase(pod) for pod in pods] == ["Succeeded", "Succeeded"]
-    job = get_json(real_node, "pytorchjob", name, "-n", namespace)
+    job = real_node.get_json("pytorchjob", name, "-n", namespace)
     assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "None"

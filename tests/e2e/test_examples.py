@@ -16,7 +16,7 @@ import yaml
 
 from localkube.builds import images
 from localkube.node import containerd, kubelet
-from tests.e2e.helpers import REPO, ddpjob, events, get_json
+from tests.e2e.helpers import REPO, ddpjob, events
 
 SHORT = (
     *("--set", "trainer.max_steps=20", "--set", "trainer.warmup_steps=2"),
@@ -63,7 +63,7 @@ def test_the_trainjob_example_as_written_succeeds(cluster, namespace):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert f"job {namespace}/trainjob Succeeded" in r.stdout
     selector = "jobset.sigs.k8s.io/jobset-name=trainjob"
-    pods = get_json(cluster, "pods", "-n", namespace, "-l", selector)["items"]
+    pods = cluster.get_json("pods", "-n", namespace, "-l", selector)["items"]
     assert len(pods) == 2
     _ran_our_image(cluster, pods)
     st = json.loads(ddpjob(cluster, "status", "trainjob", "-n", namespace, "-o", "json").stdout)
@@ -94,7 +94,7 @@ def test_helm_install_of_a_rendered_example_succeeds(cluster, namespace, tmp_pat
         (done,) = events(log, "done")
         assert (done["reason"], done["step"]) == ("completed", 20)
         selector = "training.kubeflow.org/job-name=quickstart"
-        pods = get_json(cluster, "pods", "-n", namespace, "-l", selector)["items"]
+        pods = cluster.get_json("pods", "-n", namespace, "-l", selector)["items"]
         _ran_our_image(cluster, [p for p in pods if p["metadata"]["name"].endswith("master-0")])
     finally:
         cluster.helm("uninstall", "quickstart", "-n", namespace, "--wait", check=False)
@@ -118,7 +118,7 @@ def test_the_workdir_example_as_written_runs_its_own_code_on_the_stock_image(clu
     (done,) = events(log, "done")
     assert (done["reason"], done["step"]) == ("completed", 20)
     selector = "training.kubeflow.org/job-name=workdir"
-    pods = get_json(cluster, "pods", "-n", namespace, "-l", selector)["items"]
+    pods = cluster.get_json("pods", "-n", namespace, "-l", selector)["items"]
     _ran_our_image(cluster, pods)
     for pod in pods:  # the image's own code is not what ran: the pod unpacked the project
         (container,) = pod["spec"]["containers"]

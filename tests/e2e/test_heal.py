@@ -27,7 +27,6 @@ from tests.e2e import hangtask
 from tests.e2e.helpers import (
     Background,
     ddpjob,
-    get_json,
     project,
     s3_checkpoints,
     trainer_account,
@@ -99,7 +98,7 @@ def test_a_node_that_failed_the_job_twice_is_avoided_by_its_next_pod(
         wait = Background(cluster, tmp_path, "wait", "wait", name, "-n", namespace)
 
         def faults() -> list[dict]:
-            return read_node_faults(get_json(cluster, "pytorchjob", name, "-n", namespace))[0]
+            return read_node_faults(cluster.get_json("pytorchjob", name, "-n", namespace))[0]
 
         # The first run hangs and restarts: one fault on the real node, recorded on the job.
         _wait_for("the first fault", lambda: len(faults()) == 1, 300)
@@ -119,7 +118,7 @@ def test_a_node_that_failed_the_job_twice_is_avoided_by_its_next_pod(
             return p if p is not None and p["spec"].get("nodeName") == node_name else None
 
         moved = _wait_for("the next pod on the healthy node", placed, RESTART_AFTER_S + 120)
-        job = get_json(cluster, "pytorchjob", name, "-n", namespace)
+        job = cluster.get_json("pytorchjob", name, "-n", namespace)
         recorded, avoided = read_node_faults(job)
         assert [(f["node"], f["rank"], f["cause"]) for f in recorded] == [
             (kubelet.NODE_NAME, 1, CAUSE)

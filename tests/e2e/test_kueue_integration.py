@@ -23,7 +23,7 @@ import yaml
 
 from localkube.addons import kueue
 from localkube.handle import temporary_namespace
-from tests.e2e.helpers import ddpjob, get_json, write_spec
+from tests.e2e.helpers import ddpjob, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.disruptive]
 
@@ -122,12 +122,12 @@ def _while_kueue_ignores_both_kinds(cluster, tmp_path, ns, specs, config) -> Non
         "error: submit: preflight Kueue (PyTorchJob) failed: Kueue does not manage PyTorchJobs"
     ), r.stderr
     assert "Traceback" not in r.stderr
-    assert get_json(cluster, "pytorchjobs", "-n", ns)["items"] == []
+    assert cluster.get_json("pytorchjobs", "-n", ns)["items"] == []
 
     # Submitted anyway: held with no Workload; status and wait say why.
     r = ddpjob(cluster, "submit", str(specs["PyTorchJob"]), "--no-preflight")
     assert r.returncode == 0, r.stdout + r.stderr
-    job = get_json(cluster, "pytorchjob", "held", "-n", ns)
+    job = cluster.get_json("pytorchjob", "held", "-n", ns)
     assert job["spec"]["runPolicy"]["suspend"] is True
     st = json.loads(ddpjob(cluster, "status", "held", "-n", ns, "-o", "json").stdout)
     assert st["queue"]["workload"] is None
@@ -143,7 +143,7 @@ def _while_kueue_ignores_both_kinds(cluster, tmp_path, ns, specs, config) -> Non
         f"job held: queue user-queue -> {kueue.CLUSTER_QUEUE}: Kueue does not manage PyTorchJobs"
         in r.stderr
     ), r.stderr
-    assert get_json(cluster, "workloads", "-n", ns)["items"] == []
+    assert cluster.get_json("workloads", "-n", ns)["items"] == []
     cluster.kubectl("delete", "pytorchjob", "held", "-n", ns, "--wait=false")
 
     # A manifest install's ConfigMap: doctor reads it beside the webhook.

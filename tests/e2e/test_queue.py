@@ -34,7 +34,6 @@ from tests.e2e.helpers import (
     assert_same_lines,
     ddpjob,
     events,
-    get_json,
     last_step,
     local_queue,
     paced,
@@ -132,10 +131,10 @@ def test_a_job_submitted_to_user_queue_is_queued_admitted_and_succeeds(
     assert r.returncode == 0, r.stdout + r.stderr
     assert "job queued: admitted by cluster-queue at " in r.stderr, r.stderr
     assert f"job {namespace}/queued Succeeded" in r.stdout
-    (workload,) = get_json(cluster, "workloads", "-n", namespace)["items"]
+    (workload,) = cluster.get_json("workloads", "-n", namespace)["items"]
     assert workload["spec"]["queueName"] == "user-queue"
     assert workload["status"]["admission"]["clusterQueue"] == kueue.CLUSTER_QUEUE
-    manifest = get_json(cluster, api, "queued", "-n", namespace)
+    manifest = cluster.get_json(api, "queued", "-n", namespace)
     assert manifest["metadata"]["labels"][kubeflow.LABEL_QUEUE] == "user-queue"
     st = _status(cluster, "queued", namespace)
     assert st["queue"]["local_queue"] == "user-queue"
@@ -186,7 +185,7 @@ def test_a_queued_job_says_what_it_waits_for_and_wait_waits_through_the_queue(
         rows = {line.split()[0]: line.split() for line in listed.splitlines()[1:]}
         assert rows["second"][2:4] == ["Queued", "user-queue"], listed
         assert (
-            get_json(cluster, "pods", "-n", ns, "-l", "training.kubeflow.org/job-name=second")[
+            cluster.get_json("pods", "-n", ns, "-l", "training.kubeflow.org/job-name=second")[
                 "items"
             ]
             == []
@@ -237,7 +236,7 @@ def test_a_job_larger_than_its_queue_is_said_so_by_status_and_wait_in_kueues_wor
     last = r.stderr.strip().splitlines()
     timeout_line = next(x for x in last if "has not ended after 15 s" in x)
     assert "Kueue says Pending: " in timeout_line, r.stderr
-    assert get_json(cluster, "pods", "-n", ns)["items"] == []
+    assert cluster.get_json("pods", "-n", ns)["items"] == []
 
 
 def test_a_missing_queue_or_priority_class_is_refused_before_submit(cluster, namespace, tmp_path):
@@ -250,7 +249,7 @@ def test_a_missing_queue_or_priority_class_is_refused_before_submit(cluster, nam
     assert r.returncode == 2, r.stdout + r.stderr
     assert "priority_class: no WorkloadPriorityClass no-such-class" in r.stderr.splitlines()[-1]
     assert "Traceback" not in r.stderr
-    assert get_json(cluster, "pytorchjobs", "-n", namespace)["items"] == []  # nothing submitted
+    assert cluster.get_json("pytorchjobs", "-n", namespace)["items"] == []  # nothing submitted
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,7 +341,7 @@ def test_a_low_priority_job_preempted_by_a_high_one_checkpoints_resumes_and_lose
 
 def _job_events(cluster, ns: str) -> list[tuple]:
     """The low job's events, as goodput reads Kueue's in them (for a failure's message)."""
-    items = get_json(cluster, "events", "-n", ns, "--field-selector", "involvedObject.name=low")
+    items = cluster.get_json("events", "-n", ns, "--field-selector", "involvedObject.name=low")
     return [
         (e["involvedObject"].get("kind"), e.get("reason"), e.get("message"), e.get("count"),
          e.get("firstTimestamp") or e.get("eventTime"), e.get("lastTimestamp"), e.get("series"))

@@ -36,7 +36,6 @@ from tests.e2e.helpers import (
     Background,
     ddpjob,
     events,
-    get_json,
     paced,
     where_things_stand,
     write_spec,
@@ -63,7 +62,7 @@ def checkpoints_in_tmp(spec: Path) -> Path:
 
 
 def pod(cluster, namespace: str, name: str) -> dict:
-    return get_json(cluster, "pod", name, "-n", namespace)
+    return cluster.get_json("pod", name, "-n", namespace)
 
 
 def exec_in(cluster, namespace: str, pod_name: str, script: str) -> str:
@@ -353,7 +352,7 @@ def test_a_secret_env_reaches_the_trainer_and_is_printed_nowhere(real_node, rns,
         assert proc.returncode == 0, (proc.args, proc.stderr)
         assert value not in proc.stdout + proc.stderr, proc.args
     assert value not in out + err
-    manifest = get_json(real_node, "pytorchjob", "sec", "-n", rns)
+    manifest = real_node.get_json("pytorchjob", "sec", "-n", rns)
     assert value not in json.dumps(manifest)
     env = manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     ref = next(e for e in env["env"] if e["name"] == "API_TOKEN")

@@ -13,7 +13,6 @@ import pytest
 from tests.e2e.helpers import (
     Background,
     events,
-    get_json,
     s3_checkpoints,
     s3_url,
     write_spec,
@@ -74,7 +73,7 @@ def test_a_missing_bucket_or_a_wrong_secret_key_exits_2_at_start_and_wait_says_w
         assert f"error: job {namespace}/{name} Failed: replica master-0" in err, err
         assert "exit code 2" in err and "bad command-line or config" in err, err
         assert line in err, err
-        pod = get_json(cluster, "pod", f"{name}-master-0", "-n", namespace)
+        pod = cluster.get_json("pod", f"{name}-master-0", "-n", namespace)
         log = cluster.kubectl("logs", f"{name}-master-0", "-n", namespace, "-c", "pytorch").stdout
         # One line, before any step, and the container ran once (exit 2 is not retried).
         assert [x for x in log.splitlines() if x.startswith(line)] != [], log[-3000:]

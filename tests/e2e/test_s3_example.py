@@ -14,7 +14,7 @@ import yaml
 
 from localkube.addons import s3
 from localkube.builds import images
-from tests.e2e.helpers import REPO, ddpjob, events, get_json
+from tests.e2e.helpers import REPO, ddpjob, events
 from tests.e2e.test_examples import SHORT
 
 EXAMPLE = REPO / "examples" / "s3-checkpoints.yaml"
@@ -85,9 +85,7 @@ def test_the_s3_example_as_written_checkpoints_into_the_clusters_bucket(cluster,
     assert manifest["step"] == 20
     assert manifest["objects"]["state.pt"]["bytes"] == state["ContentLength"] == saved["bytes"]
     # No volume: the pods' only one is their /dev/shm.
-    pods = get_json(
-        cluster, "pods", "-n", namespace, "-l", f"training.kubeflow.org/job-name={name}"
-    )
+    pods = cluster.get_json("pods", "-n", namespace, "-l", f"training.kubeflow.org/job-name={name}")
     assert pods["items"]
     for pod in pods["items"]:
         assert all("persistentVolumeClaim" not in v for v in pod["spec"].get("volumes", [])), pod

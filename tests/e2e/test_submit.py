@@ -13,7 +13,6 @@ from localkube.handle import wait_until
 from tests.e2e.helpers import (
     QUICKSTART,
     ddpjob,
-    get_json,
     plugin_on_claim,
     write_spec,
 )
@@ -87,7 +86,7 @@ def test_quickstart_submit_wait_follow_succeeds(real_node, namespace, tmp_path):
 
     gone = ddpjob(cluster, "delete", "quickstart", "-n", namespace, "--wait")
     assert gone.returncode == 0, gone.stderr
-    assert get_json(cluster, "pods", "-n", namespace)["items"] == []
+    assert cluster.get_json("pods", "-n", namespace)["items"] == []
 
 
 def test_a_task_that_raises_fails_with_replica_exit_code_and_last_lines(
@@ -142,7 +141,7 @@ def test_a_job_no_node_can_fit_is_refused_and_with_force_says_why_it_waits(
     assert r.returncode == 1
     assert "a Master pod asks nvidia.com/gpu: 16 but the largest node has 8 allocatable" in r.stderr
     assert "--force" in r.stderr and "Traceback" not in r.stderr
-    assert get_json(cluster, "pytorchjobs", "-n", namespace)["items"] == []
+    assert cluster.get_json("pytorchjobs", "-n", namespace)["items"] == []
 
     r = ddpjob(cluster, "submit", str(spec), "--force")
     assert r.returncode == 0, r.stderr
@@ -156,7 +155,7 @@ def test_a_job_no_node_can_fit_is_refused_and_with_force_says_why_it_waits(
     st = wait_until("status to say Insufficient nvidia.com/gpu", pending, 60, 1)
     assert st["condition"] in ("Created", "Pending", "Running")
     text = ddpjob(cluster, "status", "huge", "-n", namespace)
-    nodes = len(get_json(cluster, "nodes")["items"])
+    nodes = len(cluster.get_json("nodes")["items"])
     assert f"pending: huge-master-0: Unschedulable: 0/{nodes} nodes are available" in text.stdout
 
     logs = ddpjob(cluster, "logs", "huge", "-n", namespace)

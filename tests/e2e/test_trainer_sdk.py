@@ -12,7 +12,7 @@ import pytest
 
 from controller import kubeflow
 from localkube.handle import wait_until
-from tests.e2e.helpers import ddpjob, get_json
+from tests.e2e.helpers import ddpjob
 from tests.e2e.test_trainjob import _trainjob_spec
 from trainer.contract import is_event, parse_event
 
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 def _rank0_pod(cluster, name: str, namespace: str) -> str:
     selector = f"{kubeflow.LABEL_JOBSET_NAME}={name},{kubeflow.LABEL_JOB_COMPLETION_INDEX}=0"
-    (pod,) = get_json(cluster, "pods", "-n", namespace, "-l", selector)["items"]
+    (pod,) = cluster.get_json("pods", "-n", namespace, "-l", selector)["items"]
     return pod["metadata"]["name"]
 
 
@@ -69,7 +69,7 @@ def test_trainer_client_reads_a_trainjob_ddpjob_submitted(real_node, namespace, 
     assert (job.name, job.status, job.num_nodes) == (name, "Complete", 2)
     assert job.runtime.name == kubeflow.DEFAULT_RUNTIME
     assert job.runtime.trainer.framework == "torch"
-    pods = get_json(cluster, "pods", "-n", namespace, "-l", f"{kubeflow.LABEL_JOBSET_NAME}={name}")[
+    pods = cluster.get_json("pods", "-n", namespace, "-l", f"{kubeflow.LABEL_JOBSET_NAME}={name}")[
         "items"
     ]
     by_index = {p["metadata"]["labels"][kubeflow.LABEL_JOB_COMPLETION_INDEX]: p for p in pods}

@@ -39,7 +39,6 @@ from tests.e2e.helpers import (
     assert_same_lines,
     ddpjob,
     events,
-    get_json,
     last_step,
     paced,
     plugin_on_claim,
@@ -61,7 +60,7 @@ def _trainjob_spec(cluster, tmp_path, name: str, namespace: str, **fields):
 
 
 def _pods(cluster, name: str, namespace: str) -> list[dict]:
-    return get_json(cluster, "pods", "-n", namespace, "-l", f"{JOBSET_NAME}={name}")["items"]
+    return cluster.get_json("pods", "-n", namespace, "-l", f"{JOBSET_NAME}={name}")["items"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -88,7 +87,7 @@ def test_submit_status_list_events_delete_a_suspended_trainjob(cluster, namespac
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"submitted trainjob {namespace}/tj-susp" in r.stdout
     assert "preflight: ok" in r.stderr, r.stderr
-    job = get_json(cluster, "trainjob", "tj-susp", "-n", namespace)
+    job = cluster.get_json("trainjob", "tj-susp", "-n", namespace)
     # The webhook kept what render wrote and stamped our runtime patch. (Kueue's TrainJob
     # webhook appends an empty one of its own, manager kueue.x-k8s.io/manager, to every TrainJob,
     # queued or not.)
@@ -258,7 +257,7 @@ def test_quickstart_as_a_trainjob_succeeds(cluster, namespace, tmp_path, real_no
     # and `status` and `list` show it.
     # What rank 0 said of its posts, if anything (a failed post is logged as 'progress: ...').
     said = [line for line in out.splitlines() if "progress:" in line]
-    status = get_json(cluster, "trainjob", "tj-quick", "-n", namespace)["status"]
+    status = cluster.get_json("trainjob", "tj-quick", "-n", namespace)["status"]
     assert "trainerStatus" in status, (status, said)
     reported = status["trainerStatus"]
     assert (reported["progressPercentage"], reported["estimatedRemainingSeconds"]) == (100, 0), (
@@ -291,7 +290,7 @@ def test_a_suspended_trainjob_resumed_succeeds(cluster, namespace, tmp_path, rea
     assert rc == 0, out + err
     st = json.loads(ddpjob(cluster, "status", "tj-later", "-n", namespace, "-o", "json").stdout)
     assert st["condition"] == "Succeeded" and st["progress"]["step"] == 20
-    trainjob = get_json(cluster, "trainjob", "tj-later", "-n", namespace)
+    trainjob = cluster.get_json("trainjob", "tj-later", "-n", namespace)
     suspended = next(c for c in trainjob["status"]["conditions"] if c["type"] == "Suspended")
     assert (suspended["status"], suspended["reason"]) == ("False", "Resumed")
 
@@ -320,7 +319,7 @@ def test_a_failing_trainjob_is_explained(cluster, namespace, tmp_path, real_node
     assert "log lines of node-0:" in r.stderr
     assert "RuntimeError: injected failure at call 6 on rank 0" in r.stderr
     # The report outlived the pods: the Job deleted them when it gave up.
-    job = get_json(cluster, "job", "tj-fail-node-0", "-n", namespace)
+    job = cluster.get_json("job", "tj-fail-node-0", "-n", namespace)
     failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "BackoffLimitExceeded"
     wait_until("the failed pods deleted", lambda: _pods(cluster, "tj-fail", namespace) == [], 60)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from controller import kubeflow
-from tests.e2e.helpers import ddpjob, events, get_json, write_spec
+from tests.e2e.helpers import ddpjob, events, write_spec
 from tests.projects import git_repository
 from trainer.contract import split_rank
 
@@ -122,7 +122,7 @@ def _pod_logs(cluster, name: str, namespace: str, api: str) -> list[str]:
         selector, container = f"{JOBSET_NAME}={name}", kubeflow.TRAINJOB_CONTAINER
     else:
         selector, container = f"training.kubeflow.org/job-name={name}", kubeflow.CONTAINER
-    pods = get_json(cluster, "pods", "-n", namespace, "-l", selector)["items"]
+    pods = cluster.get_json("pods", "-n", namespace, "-l", selector)["items"]
     pods.sort(key=lambda p: ("master" not in p["metadata"]["name"], p["metadata"]["name"]))
     return [
         cluster.kubectl("logs", p["metadata"]["name"], "-n", namespace, "-c", container).stdout
@@ -139,7 +139,7 @@ def _probes(log: str) -> list[dict]:
 
 def _job(cluster, name: str, namespace: str, api: str) -> dict:
     plural = "trainjobs" if api == "trainjob" else "pytorchjobs"
-    return get_json(cluster, plural, name, "-n", namespace)
+    return cluster.get_json(plural, name, "-n", namespace)
 
 
 def _config_map(cluster, name: str, namespace: str) -> dict | None:

@@ -28,8 +28,8 @@ pytestmark = pytest.mark.cluster
 
 
 def _secret(cluster, namespace: str = s3.SECRET_NAMESPACE) -> dict[str, str]:
-    out = cluster.kubectl("get", "secret", s3.SECRET, "-n", namespace, "-o", "json").stdout
-    return {k: base64.b64decode(v).decode() for k, v in json.loads(out)["data"].items()}
+    data = cluster.get_json("secret", s3.SECRET, "-n", namespace)["data"]
+    return {k: base64.b64decode(v).decode() for k, v in data.items()}
 
 
 def test_the_server_answers_s3_at_its_host_endpoint(cluster):
@@ -165,8 +165,7 @@ def _run_pod(cluster, namespace: str, name: str, script: str) -> dict:
     cluster.kubectl("create", "-n", namespace, "-f", "-", input_text=json.dumps(pod))
 
     def finished():
-        out = cluster.kubectl("get", "pod", name, "-n", namespace, "-o", "json").stdout
-        phase = json.loads(out)["status"].get("phase")
+        phase = cluster.get_json("pod", name, "-n", namespace)["status"].get("phase")
         return phase if phase in ("Succeeded", "Failed") else None
 
     phase = wait_until(f"pod {name} finished", finished, 180, 0.5)

@@ -98,8 +98,7 @@ def _condition_true(cluster, kind: str, ns: str, name: str, condition: str) -> d
 
 
 def _jobset(cluster, ns: str, name: str) -> dict | None:
-    proc = cluster.kubectl("get", "jobset", name, "-n", ns, "-o", "json", check=False)
-    return json.loads(proc.stdout) if proc.returncode == 0 else None
+    return cluster.get_json("jobset", name, "-n", ns, missing_ok=True)
 
 
 def _node_template(jobset: dict) -> dict:
