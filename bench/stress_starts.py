@@ -21,7 +21,7 @@ checkpoints), launched one of three ways, as the tests and the operators do:
 - ``pods``: two ``python -m trainer`` with RANK/WORLD_SIZE/MASTER_* (a PyTorchJob, one process
   per pod);
 - ``trainjob``: two ``python -m trainer`` with only the five ``PET_*`` variables of a Trainer v2
-  TrainJob (each re-launches itself under torchrun, as in the image on the real node).
+  TrainJob (each takes its node's rank from them, as in the image on the real node).
 
 Each job is started twice in the same checkpoint folder: *fresh*, then *resume*, which loads the
 final checkpoint, evaluates and exits at once (what a retried pod of a finished job does). Each

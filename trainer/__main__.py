@@ -7,8 +7,9 @@ Runbook::
     accelerate launch --multi_gpu --num_processes 2 -m trainer       # the same, through accelerate
     # A Kubeflow pod runs exactly `python -m trainer key=value ...`. In a PyTorchJob with
     # nprocPerNode > 1 (or an elastic one) it re-launches itself under torchrun (one process per
-    # GPU). In a Trainer v2 TrainJob, which sets only PET_NNODES, PET_NPROC_PER_NODE (a count or
-    # auto), PET_NODE_RANK and PET_MASTER_ADDR/PORT and starts no torchrun, it always does.
+    # GPU). A Trainer v2 TrainJob sets only PET_NNODES, PET_NPROC_PER_NODE (a count or auto),
+    # PET_NODE_RANK and PET_MASTER_ADDR/PORT and starts no torchrun: with more than one process
+    # per pod it re-launches the same way; with one, it runs as that node's rank.
 
 Exit codes: 0 done, 1 failure (NaN/inf loss, an exception), 2 bad configuration,
 138 a peer rank was lost (128 + SIGUSR1: the operator's code for a user-defined retryable
@@ -37,6 +38,7 @@ from trainer.launch import (
     record_config_problems,
     record_exit,
     relaunch_under_torchrun,
+    take_trainjob_place,
 )
 
 
@@ -84,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             finally:  # the workers' metrics folder: a restarted container's /tmp keeps it
                 if METRICS_DIR_ENV in worker_env:
                     shutil.rmtree(worker_env[METRICS_DIR_ENV], ignore_errors=True)
+        take_trainjob_place()
         from trainer.train import run
 
         code = record_exit(run(cfg))

@@ -105,6 +105,9 @@ EXIT_BARRIER_MEMBERS_KEY = "torchelastic/agent/terminal_state/num_members"
 #: How long the host node's last worker waits for the other agents to enter that barrier, and
 #: how often it looks (seconds).
 EXIT_ORDER_S, EXIT_ORDER_POLL_S = 60.0, 0.05
+#: Without torchrun: the key rank 0 sets in its store once its group has formed, and how often
+#: a rank that found it there looks whether that store has gone (seconds).
+FORMED_KEY, STALE_STORE_POLL_S = "ddpjob/group_formed", 0.5
 #: Where torch's agent keeps each node's ranks, under the run id
 #: (``SimpleElasticAgent._assign_worker_ranks``, torch 2.15): a name that is not torch's sends
 #: every worker away, which tests/trainer/test_launch.py's TrainJob runs would show.
@@ -119,6 +122,9 @@ def _join(
     rendezvous it came from is over (exit ``EXIT_STALE_RENDEZVOUS``)."""
     placed = _placement_check()
     formed = _join_watchdog(rank, placed)
+    own_store = TORCHELASTIC_RUN_ID not in os.environ and world_size > 1
+    if own_store and rank > 0:
+        _wait_while_the_store_holds_a_formed_group(rank, timeout.total_seconds())
     try:
         dist.init_process_group(
             backend=backend,
@@ -136,6 +142,8 @@ def _join(
             _leave_stale_rendezvous(rank, f"{type(e).__name__}: {str(e)[:200]}")
         raise
     formed.set()
+    if own_store and rank == 0:
+        _store_client(timeout.total_seconds()).set(FORMED_KEY, "1")
 
 
 def _join_watchdog(rank: int, placed: Callable[[], bool | None] | None) -> threading.Event:
@@ -156,8 +164,9 @@ def _join_watchdog(rank: int, placed: Callable[[], bool | None] | None) -> threa
     means that the round it was started from is over: it exits ``EXIT_STALE_RENDEZVOUS`` and the
     pod's launcher starts torchrun again, whose agent meets the master's current one. Past
     ``$DDPJOB_JOIN_TIMEOUT_S`` (default :data:`JOIN_TIMEOUT_S`) it exits 138 (retryable),
-    whatever the cause. (A PyTorchJob pod without torchrun has no agent: its worker's wait for
-    its peers is the rendezvous itself, which an image pull may make long.)"""
+    whatever the cause. (A pod without torchrun has no agent: its worker's wait for its peers is
+    the rendezvous itself, which an image pull may make long; its own guard against a store of
+    the last group is :func:`_wait_while_the_store_holds_a_formed_group`.)"""
     done = threading.Event()
     if TORCHELASTIC_RUN_ID not in os.environ:
         return done
@@ -182,6 +191,55 @@ def _join_watchdog(rank: int, placed: Callable[[], bool | None] | None) -> threa
 
     threading.Thread(target=watch, name="ddpjob-join-watchdog", daemon=True).start()
     return done
+
+
+def _store_client(timeout_s: float) -> dist.TCPStore:
+    """A client of the store at MASTER_ADDR:MASTER_PORT; its constructor waits (at most
+    ``timeout_s``) for one to answer."""
+    return dist.TCPStore(
+        os.environ[MASTER_ADDR], int(os.environ[MASTER_PORT]), is_master=False,
+        timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
+    )  # fmt: skip
+
+
+def _wait_while_the_store_holds_a_formed_group(rank: int, timeout_s: float) -> None:
+    """Without torchrun (a PyTorchJob or TrainJob pod of one process, RANK and WORLD_SIZE set by
+    hand), the store is rank 0's own, and rank 0 marks it (:data:`FORMED_KEY`) once its group
+    has formed. A rank started again while rank 0 has not yet found its last run gone (a
+    container restarted in place within seconds, rank 0 in a checkpoint write or an evaluation)
+    would meet that store: gloo would then connect it to a group that is full and fail after
+    minutes. Such a rank waits instead until that store has gone (rank 0 exits when it finds its
+    peer lost) and joins the next one. Past ``timeout_s`` it exits 138 (retryable); with no store
+    answering in that time, the join itself fails and says so."""
+    deadline, said = time.monotonic() + timeout_s, False
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            store = _store_client(left)
+        except dist.DistError:
+            return
+        try:
+            if not store.check([FORMED_KEY]):
+                return  # a store whose group is still forming: join it
+        except dist.DistError:
+            continue  # that store went away while asked: the next one
+        del store  # asked again on a new connection: one that the store's end cuts makes noise
+        if not said:
+            said = True
+            print(
+                f"[rank {rank}] the store at {os.environ[MASTER_ADDR]}:{os.environ[MASTER_PORT]} "
+                "belongs to a group that formed before this process started; waiting for rank 0 "
+                "to start the next one",
+                file=sys.stderr,
+                flush=True,
+            )
+        time.sleep(STALE_STORE_POLL_S)
+    print(
+        f"[rank {rank}] no new group started within {timeout_s:.0f} s; exiting "
+        f"{EXIT_PEER_LOST} so this container restarts",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(record_exit(EXIT_PEER_LOST))
 
 
 def _placement_check() -> Callable[[], bool | None] | None:
@@ -211,11 +269,7 @@ def _placement_check() -> Callable[[], bool | None] | None:
 def _agent_store(timeout_s: float) -> dist.Store:
     """The store of torchrun's agents (the one at MASTER_ADDR:MASTER_PORT, which the node of
     group rank 0 hosts), as the agents see it: under the run's id."""
-    client = dist.TCPStore(
-        os.environ[MASTER_ADDR], int(os.environ[MASTER_PORT]), is_master=False,
-        timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
-    )  # fmt: skip
-    return dist.PrefixStore(os.environ[TORCHELASTIC_RUN_ID], client)
+    return dist.PrefixStore(os.environ[TORCHELASTIC_RUN_ID], _store_client(timeout_s))
 
 
 def leave_after_the_other_agents() -> None:

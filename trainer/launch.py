@@ -13,8 +13,10 @@ Four launchers, one contract (see docs/architecture.md, "The launcher contracts"
   sets the per-process variables. Elastic jobs (``PET_RDZV_ENDPOINT``) always go through torchrun;
 - a Kubeflow Trainer v2 TrainJob (torch-distributed runtime): only ``PET_NNODES``,
   ``PET_NPROC_PER_NODE`` (a count or ``auto``), ``PET_NODE_RANK``, ``PET_MASTER_ADDR`` and
-  ``PET_MASTER_PORT``, and no torchrun started. Nothing names this process's rank or the world
-  size, so the trainer always re-launches itself under torchrun there, even for one process.
+  ``PET_MASTER_PORT``, and no torchrun started. With one process per pod, the node rank is the
+  process's rank: it takes RANK, WORLD_SIZE and MASTER_ADDR/PORT from them and runs as a
+  PyTorchJob pod of one process does. With more (or ``auto``), only torchrun turns node ranks
+  into global ranks, and the trainer re-launches itself under it.
 """
 
 from __future__ import annotations
@@ -81,12 +83,31 @@ def needs_torchrun() -> bool:
     """
     if LOCAL_RANK in os.environ:
         return False
-    if elastic() or trainjob():
-        # Only torchrun speaks the c10d rendezvous (elastic), and only torchrun turns a TrainJob's
-        # node rank into global ranks: both even for one process per pod.
+    if elastic():
+        # Only torchrun speaks the c10d rendezvous, even for one process per pod.
         return True
     nproc = nproc_per_node_from_env()
+    if trainjob():
+        # Only torchrun turns a TrainJob's node rank into the global ranks of several processes;
+        # the one process of a pod takes its node's place itself (take_trainjob_place).
+        return nproc != "1"
     return int(nproc) > 1 if nproc.isdigit() else nproc in _SYMBOLIC_NPROC
+
+
+def take_trainjob_place() -> None:
+    """In a TrainJob pod of one process, which no torchrun starts: set what a PyTorchJob pod of
+    one process is given (RANK, WORLD_SIZE, MASTER_ADDR/PORT) from Trainer v2's variables (the
+    node rank, the node count, the master's). Anywhere else: nothing."""
+    if LOCAL_RANK in os.environ or elastic() or not trainjob() or nproc_per_node_from_env() != "1":
+        return
+    os.environ.update(
+        {
+            RANK: _env_first(PET_NODE_RANK, default="0"),
+            WORLD_SIZE: _env_first(PET_NNODES, default="1"),
+            MASTER_ADDR: _env_first(PET_MASTER_ADDR, default="127.0.0.1"),
+            MASTER_PORT: _env_first(PET_MASTER_PORT, default="29500"),
+        }
+    )
 
 
 def elastic() -> bool:

@@ -317,9 +317,9 @@ def test_an_elastic_spec_runs_locally_through_the_rendezvous(tmp_path, write_spe
 
 
 @pytest.mark.slow
-def test_a_trainjob_spec_trains_locally_through_torchrun(tmp_path, write_spec):
-    """With only the PET_* variables the trainer re-launches itself under torchrun, which
-    turns node ranks into global ranks: one rank 0, a world of two, as in a TrainJob's pods."""
+def test_a_trainjob_spec_trains_locally_from_the_pet_variables(tmp_path, write_spec):
+    """With only the PET_* variables and one process per node, each node's trainer takes its
+    node's rank: one rank 0, a world of two, as in a TrainJob's pods."""
     spec = write_spec(
         minimal(
             nodes=2,

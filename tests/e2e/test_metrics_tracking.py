@@ -172,7 +172,7 @@ def test_a_trainjobs_pods_are_scraped_the_same_way(real_node, namespace, tmp_pat
         return {r["metric"]["rank"]: r["metric"]["pod"] for r in answer["data"]["result"]}
 
     try:
-        # Each node's pod serves its own rank (its launcher, for the worker under its torchrun).
+        # Each node's pod serves its own rank.
         pods = wait_until(
             "both of the TrainJob's ranks in Prometheus",
             lambda: (got := pod_by_rank()).keys() == {"0", "1"} and got,

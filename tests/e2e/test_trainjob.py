@@ -237,7 +237,7 @@ def test_quickstart_as_a_trainjob_succeeds(cluster, namespace, tmp_path, real_no
     assert f"job {namespace}/tj-quick Succeeded" in w.stdout
     assert rc == 0, err[-3000:]
     (start,) = events(out, "start")
-    assert start["world_size"] == 2  # both nodes in one process group, through torchrun
+    assert start["world_size"] == 2  # both nodes in one process group
     train = events(out, "train")
     assert [e["step"] for e in train] == list(range(5, 41, 5))
     assert all(e["loss"] == e["loss"] for e in train)  # real numbers: it trained
@@ -390,10 +390,10 @@ def test_a_trainjob_recovers(cluster, namespace, tmp_path, real_node, how):
     peer = 1 - rank
     by_rank = {r: [(pod, code) for pod, index, code in runs if index == str(r)] for r in (0, 1)}
     assert [code for _, code in by_rank[peer]] == [codes[1], 0], runs
-    # A container killed in place restarts within seconds, and its torchrun agent may meet the
-    # master's previous store while that one is still going: its launcher then starts torchrun
-    # again inside the same container (trainer.distributed._join_watchdog), so the container
-    # itself runs exactly twice.
+    # A container killed in place restarts within seconds, and may meet the master's previous
+    # store while that one is still going: it then waits for the master's next one
+    # (trainer.distributed._wait_while_the_store_holds_a_formed_group), so the container itself
+    # runs exactly twice.
     victim_codes = [code for _, code in by_rank[rank]]
     assert victim_codes == [codes[0], 0], runs
     (peer_pod,) = _rank_pods(cluster, name, namespace, peer)

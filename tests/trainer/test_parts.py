@@ -6,6 +6,7 @@ import io
 import itertools
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from torch.utils.data import TensorDataset
 from tests.trainer.conftest import REPO, base_env
 from trainer.config import ConfigError
 from trainer.contract import TORCHRUN_PIECE_PREFIX
-from trainer.launch import needs_torchrun, torchrun_argv
+from trainer.launch import needs_torchrun, take_trainjob_place, torchrun_argv
 from trainer.parts.loader import MicroBatches, build_loader
 from trainer.parts.optimizer import lr_factor
 from trainer.tasks import load_task
@@ -168,9 +169,13 @@ def test_relaunch_decision_and_command(monkeypatch) -> None:
     assert needs_torchrun() and "--nproc-per-node gpu" in " ".join(torchrun_argv([], "/tmp"))
 
 
-def test_trainjob_pod_relaunches_with_the_pet_master(monkeypatch) -> None:
-    """A TrainJob pod has only PET_* (no MASTER_ADDR, RANK, WORLD_SIZE): even one process per
-    pod goes through torchrun, pointed at PET_MASTER_ADDR/PORT, not at a default."""
+def test_a_trainjob_pod_of_one_process_takes_its_nodes_place_and_of_more_relaunches(
+    monkeypatch,
+) -> None:
+    """A TrainJob pod has only PET_* (no MASTER_ADDR, RANK, WORLD_SIZE). With one process per
+    pod, that process is its node's rank: it takes what a PyTorchJob pod of one process is
+    given, the PET master's address and port, not a default. With more, it goes through
+    torchrun, pointed at the same."""
     for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     trainjob = {
@@ -182,11 +187,28 @@ def test_trainjob_pod_relaunches_with_the_pet_master(monkeypatch) -> None:
     }
     for name, value in trainjob.items():
         monkeypatch.setenv(name, value)
-    assert needs_torchrun()
-    assert " ".join(torchrun_argv(["lr=1e-3"], "/tmp/logs")[9:]) == (
-        "--nnodes 3 --node-rank 2 --nproc-per-node 1 --master-addr tj-node-0-0.tj "
-        "--master-port 29500 -m trainer lr=1e-3"
-    )
+    assert not needs_torchrun()
+    take_trainjob_place()
+    given = {n: os.environ.get(n) for n in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    assert given == {
+        "RANK": "2",
+        "WORLD_SIZE": "3",
+        "MASTER_ADDR": "tj-node-0-0.tj",
+        "MASTER_PORT": "29500",
+    }
+    assert "LOCAL_RANK" not in os.environ and not needs_torchrun()  # as a PyTorchJob's pod
+
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name)
+    for nproc in ("2", "auto"):
+        monkeypatch.setenv("PET_NPROC_PER_NODE", nproc)
+        assert needs_torchrun()
+        take_trainjob_place()  # nothing: torchrun gives each process its place
+        assert "RANK" not in os.environ and "WORLD_SIZE" not in os.environ
+        assert " ".join(torchrun_argv(["lr=1e-3"], "/tmp/logs")[9:]) == (
+            f"--nnodes 3 --node-rank 2 --nproc-per-node {nproc} --master-addr tj-node-0-0.tj "
+            "--master-port 29500 -m trainer lr=1e-3"
+        )
     monkeypatch.setenv("LOCAL_RANK", "0")  # torchrun's workers: no second relaunch
     monkeypatch.setenv("WORLD_SIZE", "3")
     assert not needs_torchrun()

@@ -328,7 +328,7 @@ def test_a_trainjob_run_posts_from_rank_0_only_at_upstreams_rate_and_100_at_the_
     results = run_pods(envs, args)
     took = time.monotonic() - started
     assert [r.rc for r in results] == [0, 0], results[0].stderr[-2000:]
-    # One process a pod, under the torchrun each pod's trainer starts: one group of two, and
+    # One process a pod, each its node's rank (no torchrun): one group of two, and
     # only rank 0's pod prints events.
     (start,) = results[0].of("start")
     assert start["world_size"] == 2 and results[1].events == []

@@ -1,9 +1,11 @@
-"""A TrainJob node restarted in place while the master's previous torchrun agent still serves the
-store (``trainer.distributed._join_watchdog``), with real processes: each pod's container is
-``python -m trainer`` with a TrainJob's five variables, which starts the real torchrun; the test
-plays the kubelet (a container that ends is started again in the same pod) and forces the one
-ordering that makes the restarted agent read the last group's ranks, rather than leaving it to
-chance:
+"""A TrainJob node restarted in place while rank 0's last group still holds the store, with real
+processes: each pod's container is ``python -m trainer`` with a TrainJob's five variables; the
+test plays the kubelet (a container that ends is started again in the same pod) and forces the
+one ordering that makes the restarted node meet the last group's store, rather than leaving it
+to chance.
+
+Through torchrun (``numProcPerNode: auto`` on a pod of one CPU: one worker, as on a pod of one
+GPU; ``trainer.distributed._join_watchdog``):
 
 1. the master's worker is stopped (SIGSTOP), so it cannot notice its lost peer and its agent goes
    on serving the store;
@@ -18,11 +20,17 @@ chance:
 The restarted pod must then join the master's new agent without its container ending again:
 its workers see that the rendezvous they were started from is over, and its launcher starts
 torchrun again at once.
+
+Without torchrun (one process per pod; ``_wait_while_the_store_holds_a_formed_group``): the
+master's trainer, which serves the store itself, is held in its main thread (its store goes on
+answering) while the other pod is killed and started again; the restarted trainer must wait for
+the master's next store instead of joining the last group's, with no third run.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import signal
 import socket
 import subprocess
@@ -44,6 +52,18 @@ if "LOCAL_RANK" in os.environ:
     while not os.path.exists(os.environ["TEST_GATE"]):
         time.sleep(0.05)
 """
+# On SIGUSR2, holds the process's main thread (its other threads, the store's among them, go on)
+# until TEST_HOLD_GATE exists, having said so in TEST_HOLD_GATE.held.
+HOLD_SITECUSTOMIZE = """\
+import os, signal, time
+def hold(signum, frame):
+    gate = os.environ["TEST_HOLD_GATE"]
+    open(gate + ".held", "w").close()
+    while not os.path.exists(gate):
+        time.sleep(0.05)
+if "TEST_HOLD_GATE" in os.environ:
+    signal.signal(signal.SIGUSR2, hold)
+"""
 
 
 class Pod:
@@ -51,8 +71,10 @@ class Pod:
     its workers in sessions of their own, so a kill ends the whole tree, as a container's PID
     namespace ends."""
 
-    def __init__(self, name: str, env: dict[str, str], args: list[str], logs: Path):
-        self.name, self.env, self.args, self.logs = name, env, args, logs
+    def __init__(
+        self, name: str, env: dict[str, str], args: list[str], logs: Path, cpus: set[int] | None
+    ):
+        self.name, self.env, self.args, self.logs, self.cpus = name, env, args, logs, cpus
         self.runs: list[subprocess.Popen] = []
 
     @property
@@ -67,7 +89,12 @@ class Pod:
         ):
             self.runs.append(
                 subprocess.Popen(
-                    trainer_cmd(*self.args), cwd=REPO, env=self.env | env, stdout=out, stderr=err
+                    trainer_cmd(*self.args),
+                    cwd=REPO,
+                    env=self.env | env,
+                    stdout=out,
+                    stderr=err,
+                    preexec_fn=(lambda: os.sched_setaffinity(0, self.cpus)) if self.cpus else None,
                 )
             )
 
@@ -157,11 +184,12 @@ def _connected(proc: psutil.Process, port: int, *, gone: bool = False) -> bool:
 def test_a_node_restarted_while_the_master_agent_exits_joins_without_another_restart(
     tmp_path: Path, held: str
 ) -> None:
-    envs = trainjob_envs(2, "1")
+    envs = trainjob_envs(2, "auto")
     port = int(envs[0]["PET_MASTER_PORT"])
     for env in envs:
         # Far above what the rejoin takes here: a worker rescued by the watchdog exits 138.
         env[JOIN_TIMEOUT_ENV] = "120"
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU pod even on a GPU host, where auto counts GPUs
     args = common_args(
         tmp_path,
         max_steps=MAX_STEPS,
@@ -171,7 +199,10 @@ def test_a_node_restarted_while_the_master_agent_exits_joins_without_another_res
     gate = tmp_path / "gate"
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(GATE_SITECUSTOMIZE)
-    master, node = (Pod(n, e, args, tmp_path) for n, e in (("master", envs[0]), ("node", envs[1])))
+    # One CPU each (the first and the last this test may use): auto is one worker per pod.
+    cpus = sorted(os.sched_getaffinity(0))
+    master = Pod("master", envs[0], args, tmp_path, {cpus[0]})
+    node = Pod("node", envs[1], args, tmp_path, {cpus[-1]})
     try:
         master.start()
         node.start()
@@ -207,6 +238,59 @@ def test_a_node_restarted_while_the_master_agent_exits_joins_without_another_res
     assert stderr.count("placed by a rendezvous that is over") == 1, stderr[-5000:]
     assert stderr.count("starting torchrun again (attempt 2 of 5)") == 1, stderr[-5000:]
     assert "did not form within" not in stderr
+    events = master.events(1)
+    (resumed,) = [e for e in events if e["event"] == "resume"]
+    assert 10 <= resumed["step"] < MAX_STEPS
+    done = [e for e in events if e["event"] == "done"]
+    assert [(d["reason"], d["step"]) for d in done] == [("completed", MAX_STEPS)]
+
+
+@pytest.mark.slow
+def test_a_node_restarted_while_rank_0_holds_the_last_groups_store_waits_for_the_next(
+    tmp_path: Path,
+) -> None:
+    envs = trainjob_envs(2, "1")
+    args = common_args(
+        tmp_path,
+        max_steps=MAX_STEPS,
+        log_every=5,
+        **{"task_args.sleep_s": 0.1, "checkpoint.every_steps": 10},
+    )
+    gate = tmp_path / "gate"
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(HOLD_SITECUSTOMIZE)
+    hold = {"PYTHONPATH": str(tmp_path / "site"), "TEST_HOLD_GATE": str(gate)}
+    master = Pod("master", envs[0], args, tmp_path, None)
+    node = Pod("node", envs[1], args, tmp_path, None)
+    try:
+        master.start(**hold)
+        node.start()
+        _until("a checkpoint", lambda: "checkpoint" in [e["event"] for e in master.events(0)])
+        # No torchrun: each pod's trainer is its node's rank, and the master's serves the store.
+        pods = master.tree() + node.tree()
+        assert not [p for p in pods if "torch.distributed.run" in _cmdline(p)], pods
+        master.proc.send_signal(signal.SIGUSR2)
+        _until("the master held", (tmp_path / "gate.held").exists)
+        node.kill()
+        node.start()
+        _until(
+            "the restarted node at the last group's store",
+            lambda: "belongs to a group that formed before" in node.err(1),
+        )
+        gate.touch()
+        assert master.wait(120) == EXIT_PEER_LOST, master.err(0)[-3000:]
+        master.start()  # the kubelet restarts the master's container in place
+        assert node.wait(600) == 0, node.err(1)[-5000:]
+        assert master.wait(600) == 0, master.err(1)[-5000:]
+    finally:
+        for pod in (master, node):
+            if pod.runs and pod.proc.poll() is None:
+                pod.kill()
+
+    assert [p.returncode for p in master.runs] == [EXIT_PEER_LOST, 0]
+    assert [p.returncode for p in node.runs] == [-signal.SIGKILL, 0]  # no third container run
+    assert node.err(1).count("belongs to a group that formed before") == 1
+    assert "no new group started" not in node.err(1)
     events = master.events(1)
     (resumed,) = [e for e in events if e["event"] == "resume"]
     assert 10 <= resumed["step"] < MAX_STEPS
