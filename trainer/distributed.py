@@ -180,14 +180,11 @@ def _join_watchdog(rank: int, placed: Callable[[], bool | None] | None) -> threa
             if placed is not None and placed() is False and not done.is_set():
                 _leave_stale_rendezvous(rank, "its node's ranks are not in the store")
             if time.monotonic() >= deadline and not done.is_set():
-                print(
-                    f"[rank {rank}] the process group did not form within {limit:.0f} s of "
-                    f"torchrun's rendezvous; exiting {EXIT_PEER_LOST} so this container restarts",
-                    file=sys.stderr,
-                    flush=True,
-                )
                 # The re-launching parent exits with the worker's code.
-                os._exit(record_exit(EXIT_PEER_LOST))
+                _exit_peer_lost(
+                    f"[rank {rank}] the process group did not form within {limit:.0f} s of "
+                    "torchrun's rendezvous"
+                )
 
     threading.Thread(target=watch, name="ddpjob-join-watchdog", daemon=True).start()
     return done
@@ -233,11 +230,12 @@ def _wait_while_the_store_holds_a_formed_group(rank: int, timeout_s: float) -> N
                 flush=True,
             )
         time.sleep(STALE_STORE_POLL_S)
+    _exit_peer_lost(f"[rank {rank}] no new group started within {timeout_s:.0f} s")
+
+
+def _exit_peer_lost(what: str) -> NoReturn:
     print(
-        f"[rank {rank}] no new group started within {timeout_s:.0f} s; exiting "
-        f"{EXIT_PEER_LOST} so this container restarts",
-        file=sys.stderr,
-        flush=True,
+        f"{what}; exiting {EXIT_PEER_LOST} so this container restarts", file=sys.stderr, flush=True
     )
     os._exit(record_exit(EXIT_PEER_LOST))
 

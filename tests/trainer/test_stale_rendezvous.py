@@ -178,6 +178,43 @@ def _connected(proc: psutil.Process, port: int, *, gone: bool = False) -> bool:
         return gone
 
 
+def _second_runs_end_well(master: Pod, node: Pod) -> None:
+    """Each pod's second run ends well, and no pod runs a third time: the master's (its first
+    lost its peer) resumed from a checkpoint and trained to the end."""
+    assert node.wait(600) == 0, node.err(1)[-5000:]
+    assert master.wait(600) == 0, master.err(1)[-5000:]
+    assert [p.returncode for p in master.runs] == [EXIT_PEER_LOST, 0]
+    assert [p.returncode for p in node.runs] == [-signal.SIGKILL, 0]
+    events = master.events(1)
+    (resumed,) = [e for e in events if e["event"] == "resume"]
+    assert 10 <= resumed["step"] < MAX_STEPS
+    done = [e for e in events if e["event"] == "done"]
+    assert [(d["reason"], d["step"]) for d in done] == [("completed", MAX_STEPS)]
+
+
+def _kill_what_runs(*pods: Pod) -> None:
+    for pod in pods:
+        if pod.runs and pod.proc.poll() is None:
+            pod.kill()
+
+
+def _paced_args(tmp_path: Path) -> list[str]:
+    """A run of MAX_STEPS paced steps, checkpointed every 10."""
+    return common_args(
+        tmp_path,
+        max_steps=MAX_STEPS,
+        log_every=5,
+        **{"task_args.sleep_s": 0.1, "checkpoint.every_steps": 10},
+    )
+
+
+def _site(tmp_path: Path, sitecustomize: str) -> Path:
+    """A folder for PYTHONPATH holding ``sitecustomize``; the gate file it waits for."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(sitecustomize)
+    return tmp_path / "gate"
+
+
 @pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.parametrize("held", ["before the store", "on the old store"])
@@ -190,15 +227,7 @@ def test_a_node_restarted_while_the_master_agent_exits_joins_without_another_res
         # Far above what the rejoin takes here: a worker rescued by the watchdog exits 138.
         env[JOIN_TIMEOUT_ENV] = "120"
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU pod even on a GPU host, where auto counts GPUs
-    args = common_args(
-        tmp_path,
-        max_steps=MAX_STEPS,
-        log_every=5,
-        **{"task_args.sleep_s": 0.1, "checkpoint.every_steps": 10},
-    )
-    gate = tmp_path / "gate"
-    (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "sitecustomize.py").write_text(GATE_SITECUSTOMIZE)
+    args, gate = _paced_args(tmp_path), _site(tmp_path, GATE_SITECUSTOMIZE)
     # One CPU each (the first and the last this test may use): auto is one worker per pod.
     cpus = sorted(os.sched_getaffinity(0))
     master = Pod("master", envs[0], args, tmp_path, {cpus[0]})
@@ -225,24 +254,14 @@ def test_a_node_restarted_while_the_master_agent_exits_joins_without_another_res
         if held == "before the store":
             assert not _connected(held_worker, port)
             gate.touch()
-        assert node.wait(600) == 0, node.err(1)[-5000:]
-        assert master.wait(600) == 0, master.err(1)[-5000:]
+        _second_runs_end_well(master, node)
     finally:
-        for pod in (master, node):
-            if pod.runs and pod.proc.poll() is None:
-                pod.kill()
+        _kill_what_runs(master, node)
 
-    assert [p.returncode for p in master.runs] == [EXIT_PEER_LOST, 0]
-    assert [p.returncode for p in node.runs] == [-signal.SIGKILL, 0]  # no third container run
     stderr = node.err(1)
     assert stderr.count("placed by a rendezvous that is over") == 1, stderr[-5000:]
     assert stderr.count("starting torchrun again (attempt 2 of 5)") == 1, stderr[-5000:]
     assert "did not form within" not in stderr
-    events = master.events(1)
-    (resumed,) = [e for e in events if e["event"] == "resume"]
-    assert 10 <= resumed["step"] < MAX_STEPS
-    done = [e for e in events if e["event"] == "done"]
-    assert [(d["reason"], d["step"]) for d in done] == [("completed", MAX_STEPS)]
 
 
 @pytest.mark.slow
@@ -250,15 +269,7 @@ def test_a_node_restarted_while_rank_0_holds_the_last_groups_store_waits_for_the
     tmp_path: Path,
 ) -> None:
     envs = trainjob_envs(2, "1")
-    args = common_args(
-        tmp_path,
-        max_steps=MAX_STEPS,
-        log_every=5,
-        **{"task_args.sleep_s": 0.1, "checkpoint.every_steps": 10},
-    )
-    gate = tmp_path / "gate"
-    (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "sitecustomize.py").write_text(HOLD_SITECUSTOMIZE)
+    args, gate = _paced_args(tmp_path), _site(tmp_path, HOLD_SITECUSTOMIZE)
     hold = {"PYTHONPATH": str(tmp_path / "site"), "TEST_HOLD_GATE": str(gate)}
     master = Pod("master", envs[0], args, tmp_path, None)
     node = Pod("node", envs[1], args, tmp_path, None)
@@ -280,22 +291,12 @@ def test_a_node_restarted_while_rank_0_holds_the_last_groups_store_waits_for_the
         gate.touch()
         assert master.wait(120) == EXIT_PEER_LOST, master.err(0)[-3000:]
         master.start()  # the kubelet restarts the master's container in place
-        assert node.wait(600) == 0, node.err(1)[-5000:]
-        assert master.wait(600) == 0, master.err(1)[-5000:]
+        _second_runs_end_well(master, node)
     finally:
-        for pod in (master, node):
-            if pod.runs and pod.proc.poll() is None:
-                pod.kill()
+        _kill_what_runs(master, node)
 
-    assert [p.returncode for p in master.runs] == [EXIT_PEER_LOST, 0]
-    assert [p.returncode for p in node.runs] == [-signal.SIGKILL, 0]  # no third container run
     assert node.err(1).count("belongs to a group that formed before") == 1
     assert "no new group started" not in node.err(1)
-    events = master.events(1)
-    (resumed,) = [e for e in events if e["event"] == "resume"]
-    assert 10 <= resumed["step"] < MAX_STEPS
-    done = [e for e in events if e["event"] == "done"]
-    assert [(d["reason"], d["step"]) for d in done] == [("completed", MAX_STEPS)]
 
 
 def test_a_rendezvous_still_stale_after_the_last_attempt_is_a_lost_peer_to_the_operator() -> None:
