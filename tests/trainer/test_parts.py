@@ -176,6 +176,8 @@ def test_a_trainjob_pod_of_one_process_takes_its_nodes_place_and_of_more_relaunc
     pod, that process is its node's rank: it takes what a PyTorchJob pod of one process is
     given, the PET master's address and port, not a default. With more, it goes through
     torchrun, pointed at the same."""
+    # take_trainjob_place writes os.environ: this test's own copy, which no later test sees.
+    monkeypatch.setattr(os, "environ", os.environ.copy())
     for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     trainjob = {
