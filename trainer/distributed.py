@@ -206,14 +206,11 @@ def _wait_while_the_store_holds_a_formed_group(rank: int, timeout_s: float) -> N
     container restarted in place within seconds, rank 0 in a checkpoint write or an evaluation)
     would meet that store: gloo would then connect it to a group that is full and fail after
     minutes. Such a rank waits instead until that store has gone (rank 0 exits when it finds its
-    peer lost) and joins the next one. Past ``timeout_s`` it exits 138 (retryable); with no store
-    answering in that time, the join itself fails and says so."""
+    peer lost) and joins the next one. Past ``timeout_s`` it exits 138 (retryable); no store
+    answering in that time raises what ``init_process_group`` raises then."""
     deadline, said = time.monotonic() + timeout_s, False
     while (left := deadline - time.monotonic()) > 0:
-        try:
-            store = _store_client(left)
-        except dist.DistError:
-            return
+        store = _store_client(left)
         try:
             if not store.check([FORMED_KEY]):
                 return  # a store whose group is still forming: join it
