@@ -108,6 +108,8 @@ EXIT_ORDER_S, EXIT_ORDER_POLL_S = 60.0, 0.05
 #: Without torchrun: the key rank 0 sets in its store once its group has formed, and how often
 #: a rank that found it there looks whether that store has gone (seconds).
 FORMED_KEY, STALE_STORE_POLL_S = "ddpjob/group_formed", 0.5
+#: How long one bare connection to that store may take (seconds).
+STORE_ATTEMPT_S = 5.0
 #: Where torch's agent keeps each node's ranks, under the run id
 #: (``SimpleElasticAgent._assign_worker_ranks``, torch 2.15): a name that is not torch's sends
 #: every worker away, which tests/trainer/test_launch.py's TrainJob runs would show.
@@ -206,17 +208,24 @@ def _wait_while_the_store_holds_a_formed_group(rank: int, timeout_s: float) -> N
     container restarted in place within seconds, rank 0 in a checkpoint write or an evaluation)
     would meet that store: gloo would then connect it to a group that is full and fail after
     minutes. Such a rank waits instead until that store has gone (rank 0 exits when it finds its
-    peer lost) and joins the next one. Past ``timeout_s`` it exits 138 (retryable); no store
-    answering in that time raises what ``init_process_group`` raises then."""
+    peer lost) and joins the next one. Past ``timeout_s`` it exits 138 (retryable).
+
+    Until a store answers, it only opens a bare connection every :data:`STALE_STORE_POLL_S`,
+    each to the address the master's name gives then: a master's pod started again has a new
+    address, while the name gives the old one for a while (a TCPStore client would keep trying
+    that one for its whole timeout, and print a C++ traceback for each failed attempt)."""
     deadline, said = time.monotonic() + timeout_s, False
     while (left := deadline - time.monotonic()) > 0:
-        store = _store_client(left)
+        if not _answers(min(left, STORE_ATTEMPT_S)):
+            time.sleep(min(STALE_STORE_POLL_S, max(deadline - time.monotonic(), 0)))
+            continue
         try:
-            if not store.check([FORMED_KEY]):
-                return  # a store whose group is still forming: join it
+            # Asked on a new connection each time: one that the store's end cuts makes noise.
+            formed = _store_client(min(left, STORE_ATTEMPT_S)).check([FORMED_KEY])
         except dist.DistError:
             continue  # that store went away while asked: the next one
-        del store  # asked again on a new connection: one that the store's end cuts makes noise
+        if not formed:
+            return  # a store whose group is still forming: join it
         if not said:
             said = True
             print(
@@ -228,6 +237,18 @@ def _wait_while_the_store_holds_a_formed_group(rank: int, timeout_s: float) -> N
             )
         time.sleep(STALE_STORE_POLL_S)
     _exit_peer_lost(f"[rank {rank}] no new group started within {timeout_s:.0f} s")
+
+
+def _answers(timeout_s: float) -> bool:
+    """Whether something accepts a connection at MASTER_ADDR:MASTER_PORT within ``timeout_s``,
+    the name resolved now."""
+    try:
+        socket.create_connection(
+            (os.environ[MASTER_ADDR], int(os.environ[MASTER_PORT])), timeout=timeout_s
+        ).close()
+        return True
+    except OSError:
+        return False
 
 
 def _exit_peer_lost(what: str) -> NoReturn:
