@@ -217,7 +217,7 @@ def _wait_while_the_store_holds_a_formed_group(rank: int, timeout_s: float) -> N
     deadline, said = time.monotonic() + timeout_s, False
     while (left := deadline - time.monotonic()) > 0:
         if not _answers(min(left, STORE_ATTEMPT_S)):
-            time.sleep(min(STALE_STORE_POLL_S, max(deadline - time.monotonic(), 0)))
+            time.sleep(STALE_STORE_POLL_S)
             continue
         try:
             # Asked on a new connection each time: one that the store's end cuts makes noise.
@@ -265,14 +265,11 @@ def _placement_check() -> Callable[[], bool | None] | None:
     not this pod's own static torchrun, or torch's fast path, which writes no ranks."""
     if not under_own_static_torchrun() or os.environ.get("TORCH_ELASTIC_WORKER_IDENTICAL") == "1":
         return None
-    addr, port = os.environ[MASTER_ADDR], int(os.environ[MASTER_PORT])
     key = ASSIGNED_RANKS_KEY + os.environ[GROUP_RANK]
 
     def check() -> bool | None:
-        try:
-            # A bare connection first: a TCPStore client retries a refused one until its timeout.
-            socket.create_connection((addr, port), timeout=10).close()
-        except OSError:
+        # A bare connection first: a TCPStore client retries a refused one until its timeout.
+        if not _answers(10):
             return False
         try:
             return _agent_store(30).check([key])

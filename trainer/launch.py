@@ -98,7 +98,7 @@ def take_trainjob_place() -> None:
     """In a TrainJob pod of one process, which no torchrun starts: set what a PyTorchJob pod of
     one process is given (RANK, WORLD_SIZE, MASTER_ADDR/PORT) from Trainer v2's variables (the
     node rank, the node count, the master's). Anywhere else: nothing."""
-    if LOCAL_RANK in os.environ or elastic() or not trainjob() or nproc_per_node_from_env() != "1":
+    if LOCAL_RANK in os.environ or not trainjob() or needs_torchrun():
         return
     os.environ.update(
         {
