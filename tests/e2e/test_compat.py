@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from localkube.handle import wait_until
 from tests.e2e.helpers import ddpjob, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -29,8 +30,17 @@ def test_kubeflow_sdk_reads_our_job(real_node, namespace, tmp_path):
     logs, _ = sdk.get_job_logs("compat")
     assert list(logs) == ["compat-master-0"]
     assert '"event": "done"' in logs["compat-master-0"]
-    # The same pods kubectl lists (a Worker still exiting when the Master finished is removed
-    # by cleanPodPolicy: Running, so the list is compared, not assumed).
+
+    # The same pods kubectl lists. A Worker still running when the Master finished is deleted
+    # by cleanPodPolicy: Running, so both lists are read once no pod of the job runs or is
+    # being deleted, and compared, not assumed.
+    def settled() -> bool:
+        return all(
+            p["status"].get("phase") != "Running" and not p["metadata"].get("deletionTimestamp")
+            for p in cluster.job_pods("compat", namespace)
+        )
+
+    wait_until("the job's pods settled after cleanPodPolicy", settled, timeout=60)
     listed = cluster.kubectl("get", "pods", "-n", namespace, "-o", "name").stdout.split()
     pods = sdk.get_job_pod_names("compat", is_master=False)
     assert "compat-master-0" in pods
