@@ -42,9 +42,10 @@ def _wait(what: str, probe, timeout: float = 120, interval: float = 0.5):
     return wait_until(what, probe, timeout, interval)
 
 
-def _ensure_namespace(cluster, name: str, level: str = "restricted") -> str:
-    """Create (or keep) a namespace enforcing Pod Security ``level``, like k8s/namespace.yaml."""
-    labels = {f"pod-security.kubernetes.io/{m}": level for m in ("enforce", "audit", "warn")}
+def _ensure_namespace(cluster, name: str) -> str:
+    """Create (or keep) a namespace enforcing Pod Security ``restricted``, like
+    k8s/namespace.yaml."""
+    labels = {f"pod-security.kubernetes.io/{m}": "restricted" for m in ("enforce", "audit", "warn")}
     ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
     _apply(cluster, ns)
     _wait(
@@ -443,85 +444,25 @@ def _job_pods(cluster, namespace: str, release: str) -> list[dict[str, Any]]:
     return sorted(json.loads(out.stdout)["items"], key=lambda p: p["metadata"]["name"])
 
 
-def test_helm_install_runs_a_job_to_succeeded_in_a_restricted_namespace(
+def test_helm_install_runs_a_two_node_job_to_succeeded_in_a_restricted_namespace(
     cluster, restricted, tmp_path
 ):
-    with _helm_job(cluster, restricted, 1, tmp_path) as (release, notes):
+    """Master + Worker through the real operator (rendezvous, RANK, WORLD_SIZE), admitted by the
+    real PodSecurity plugin. Worker pods carry the operator's init container: upstream's
+    template sets no securityContext and PodSecurity refuses it; the local control plane runs the
+    operator with k8s/operator/init-container-restricted.yaml, so the whole job is admitted."""
+    with _helm_job(cluster, restricted, 2, tmp_path) as (release, notes):
         # NOTES.txt printed the exact commands to follow the job.
         assert f"kubectl -n {restricted} get pods -l training.kubeflow.org/job-name={release}" in (
             notes
         )
         assert f"python -m controller logs {release} -n {restricted} -f" in notes
-        job = _wait_finished(cluster, restricted, release)
-        master = f"{release}-master-0"
-        logs = cluster.kubectl("logs", master, "-n", restricted, "-c", "pytorch").stdout
-        assert _condition(job) == "Succeeded", (job.get("status"), logs[-2000:])
-        assert '"event": "done"' in logs
-        pods = _job_pods(cluster, restricted, release)
-        # Created by the real operator and admitted by the real PodSecurity plugin.
-        assert [p["metadata"]["name"] for p in pods] == [master]
-        labels = pods[0]["metadata"]["labels"]
-        assert labels["app.kubernetes.io/instance"] == release
-        assert labels["app.kubernetes.io/managed-by"] == "Helm"
-        assert pods[0]["spec"]["securityContext"]["runAsUser"] == 1000
-
-
-def test_helm_install_runs_a_two_node_job_to_succeeded(cluster, tmp_path):
-    """Master + Worker through the real operator (rendezvous, RANK, WORLD_SIZE), in a
-    `baseline` namespace: see the next test for `restricted`."""
-    namespace = _ensure_namespace(cluster, "pkg-baseline", "baseline")
-    with _helm_job(cluster, namespace, 2, tmp_path) as (release, _):
-        job = _wait_finished(cluster, namespace, release)
-        logs = cluster.kubectl(
-            "logs", f"{release}-master-0", "-n", namespace, "-c", "pytorch"
-        ).stdout
-        assert _condition(job) == "Succeeded", (job.get("status"), logs[-2000:])
-        assert '"event": "done"' in logs
-        # rank 0 finished a DDP run of WORLD_SIZE 2: the process group only forms when the
-        # worker joins. (The worker pod itself may be gone: cleanPodPolicy Running deletes it if
-        # the job ended before its status did.)
-        master = next(
-            p
-            for p in _job_pods(cluster, namespace, release)
-            if p["metadata"]["name"] == f"{release}-master-0"
-        )
-        env = {e["name"]: e.get("value") for e in master["spec"]["containers"][0]["env"]}
-        assert env["WORLD_SIZE"] == "2" and env["PET_NNODES"] == "2", env
-        events = cluster.kubectl(
-            "get",
-            "events",
-            "-n",
-            namespace,
-            "-o",
-            "json",
-            "--field-selector",
-            f"involvedObject.name={release},reason=SuccessfulCreatePod",
-        )
-        created = {e["message"] for e in json.loads(events.stdout)["items"]}
-        assert f"Created pod: {release}-worker-0" in created, created
-
-
-def test_a_two_node_job_in_a_restricted_namespace(cluster, restricted, tmp_path):
-    """Worker pods carry the operator's init container. Upstream's template sets no
-    securityContext and PodSecurity refuses it; the local control plane runs the operator with
-    k8s/operator/init-container-restricted.yaml, so the whole job is admitted and succeeds."""
-    with _helm_job(cluster, restricted, 2, tmp_path) as (release, _):
-        worker = f"{release}-worker-0"
+        master, worker = f"{release}-master-0", f"{release}-worker-0"
 
         def outcome():
             if _condition(_job(cluster, restricted, release)) in ("Succeeded", "Failed"):
                 return "finished"
-            events = cluster.kubectl(
-                "get",
-                "events",
-                "-n",
-                restricted,
-                "-o",
-                "json",
-                "--field-selector",
-                f"involvedObject.name={release},reason=FailedCreatePod",
-            )
-            for event in json.loads(events.stdout)["items"]:
+            for event in _events(cluster, restricted, release, "FailedCreatePod"):
                 if worker in event["message"] and PSA_REFUSAL in event["message"]:
                     return event["message"]
             return None
@@ -531,7 +472,40 @@ def test_a_two_node_job_in_a_restricted_namespace(cluster, restricted, tmp_path)
             "PodSecurity refused the worker; is the operator running with "
             f"--pytorch-init-container-template-file? (got: {seen})"
         )
-        assert _condition(_job(cluster, restricted, release)) == "Succeeded"
+        job = _job(cluster, restricted, release)
+        logs = cluster.kubectl("logs", master, "-n", restricted, "-c", "pytorch").stdout
+        assert _condition(job) == "Succeeded", (job.get("status"), logs[-2000:])
+        assert '"event": "done"' in logs
+        # Created by the real operator. rank 0 finished a DDP run of WORLD_SIZE 2: the process
+        # group only forms when the worker joins. (The worker pod itself may be gone:
+        # cleanPodPolicy Running deletes it if the job ended before its status did.)
+        created = {
+            e["message"] for e in _events(cluster, restricted, release, "SuccessfulCreatePod")
+        }
+        assert {f"Created pod: {master}", f"Created pod: {worker}"} <= created, created
+        pods = {p["metadata"]["name"]: p for p in _job_pods(cluster, restricted, release)}
+        assert master in pods and set(pods) <= {master, worker}, list(pods)
+        labels = pods[master]["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == release
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert pods[master]["spec"]["securityContext"]["runAsUser"] == 1000
+        env = {e["name"]: e.get("value") for e in pods[master]["spec"]["containers"][0]["env"]}
+        assert env["WORLD_SIZE"] == "2" and env["PET_NNODES"] == "2", env
+
+
+def _events(cluster, namespace: str, release: str, reason: str) -> list[dict[str, Any]]:
+    """The job's events of ``reason`` (the operator's, about the pods it creates)."""
+    events = cluster.kubectl(
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "-o",
+        "json",
+        "--field-selector",
+        f"involvedObject.name={release},reason={reason}",
+    )
+    return json.loads(events.stdout)["items"]
 
 
 # ------------------------------------------------------------------------------------------
