@@ -141,24 +141,17 @@ def test_custom_task_plugin_from_the_command_line(tmp_path) -> None:
     assert set(r.of("eval")[-1]["metrics"]) == {"loss", "mae"}
 
 
-@pytest.mark.slow
-def test_kubeflow_two_pods_of_two_processes(tmp_path) -> None:
-    """nodes=2, nprocPerNode=2: each pod re-launches torchrun; 4 ranks join one group."""
-    env0 = kubeflow_env(nproc_per_node=2, world_size=4, rank=0)
-    envs = [env0 | {"RANK": str(node), "PET_NODE_RANK": str(node)} for node in (0, 1)]
-    _check_pods(run_pods(envs, common_args(tmp_path, batch_size=4)), world_size=4)
-
-
 #: A line of tasks.py's chatter as it must reach a pod's output: named by the rank that printed
 #: it, whole (its 40 pieces of 50 characters), once per training step.
 CHATTER_LINE = re.compile(r"\[rank (\d+)\] CHATTER (\d+) (\d+)( x{50}){40}")
 
 
 @pytest.mark.slow
-def test_each_process_of_a_pod_reaches_its_output_in_whole_lines_named_by_rank(tmp_path) -> None:
-    """nodes=2, nprocPerNode=2, every rank printing a long line at every step unbuffered (one
-    write per argument of print): each pod's output holds each of its two ranks' lines whole,
-    after its global rank, and a run that succeeded prints no traceback."""
+def test_kubeflow_two_pods_of_two_processes_join_one_group_and_print_whole_lines(tmp_path) -> None:
+    """nodes=2, nprocPerNode=2: each pod re-launches torchrun; 4 ranks join one group. Every
+    rank prints a long line at every step unbuffered (one write per argument of print): each
+    pod's output holds each of its two ranks' lines whole, after its global rank, and a run that
+    succeeded prints no traceback."""
     env0 = kubeflow_env(nproc_per_node=2, world_size=4, rank=0)
     envs = [env0 | {"RANK": str(node), "PET_NODE_RANK": str(node)} for node in (0, 1)]
     args = [*common_args(tmp_path, batch_size=4), "task_args=" + json.dumps({"chatter": 40})]
