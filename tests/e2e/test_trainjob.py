@@ -222,20 +222,38 @@ def _running(cluster, name: str, namespace: str, rank: int) -> dict | None:
     return None
 
 
-def test_quickstart_as_a_trainjob_succeeds(cluster, namespace, tmp_path, real_node):
-    """Two pods on the real node train one model (world size 2 = nodes), and `logs -f` shows
-    rank 0's events: every line rank 0's container printed, once."""
+def test_quickstart_as_a_trainjob_resumed_succeeds(cluster, namespace, tmp_path, real_node):
+    """Submitted suspended, it runs nothing, and `wait` and `logs -f`, started then, ride
+    through its resumption. Two pods on the real node train one model (world size 2 = nodes),
+    and `logs -f` shows rank 0's events: every line rank 0's container printed, once."""
     from localkube.node.kubelet import NODE_NAME
 
-    spec = _trainjob_spec(cluster, tmp_path, "tj-quick", namespace, max_steps=40)
+    spec = _trainjob_spec(cluster, tmp_path, "tj-quick", namespace, max_steps=40, suspend=True)
     r = ddpjob(cluster, "submit", str(spec))
     assert r.returncode == 0, r.stdout + r.stderr
-    follow = Background(cluster, tmp_path, "tj-quick", "logs", "tj-quick", "-n", namespace, "-f")
-    w = ddpjob(cluster, "wait", "tj-quick", "-n", namespace, "--timeout", "500", timeout=520)
+    follow = Background(cluster, tmp_path, "follow", "logs", "tj-quick", "-n", namespace, "-f")
+    wait = Background(
+        cluster, tmp_path, "wait", "wait", "tj-quick", "-n", namespace, "--timeout", "500"
+    )
+
+    def condition(kind: str) -> dict | None:
+        status = cluster.get_json("trainjob", "tj-quick", "-n", namespace).get("status", {})
+        return next((c for c in status.get("conditions", []) if c["type"] == kind), None)
+
+    wait_until("the Suspended condition", lambda: (condition("Suspended") or {}).get("status"))
+    assert condition("Suspended")["status"] == "True"
+    assert _pods(cluster, "tj-quick", namespace) == []  # suspended: nothing runs
+    cluster.kubectl(
+        "patch", "trainjob", "tj-quick", "-n", namespace, "--type", "merge",
+        "-p", '{"spec":{"suspend":false}}',
+    )  # fmt: skip
+    wrc, wout, werr = wait.result(timeout=520)
     rc, out, err = follow.result(timeout=120)
-    assert w.returncode == 0, w.stdout + w.stderr
-    assert f"job {namespace}/tj-quick Succeeded" in w.stdout
+    assert wrc == 0, wout + werr
+    assert f"job {namespace}/tj-quick Succeeded" in wout
     assert rc == 0, err[-3000:]
+    suspended = condition("Suspended")
+    assert (suspended["status"], suspended["reason"]) == ("False", "Resumed")
     (start,) = events(out, "start")
     assert start["world_size"] == 2  # both nodes in one process group
     train = events(out, "train")
@@ -273,26 +291,6 @@ def test_quickstart_as_a_trainjob_succeeds(cluster, namespace, tmp_path, real_no
     listed = ddpjob(cluster, "list", "-n", namespace).stdout.splitlines()
     assert listed[0].split() == ["NAME", "KIND", "STATUS", "QUEUE", "NODES", "PROGRESS", "AGE"]
     assert listed[1].split()[:6] == ["tj-quick", "TrainJob", "Succeeded", "-", "2", "100%"]
-
-
-def test_a_suspended_trainjob_resumed_succeeds(cluster, namespace, tmp_path, real_node):
-    spec = _trainjob_spec(cluster, tmp_path, "tj-later", namespace, max_steps=20, suspend=True)
-    r = ddpjob(cluster, "submit", str(spec))
-    assert r.returncode == 0, r.stdout + r.stderr
-    wait = Background(cluster, tmp_path, "tj-later", "wait", "tj-later", "-n", namespace)
-    time.sleep(5)
-    assert _pods(cluster, "tj-later", namespace) == []  # suspended: nothing runs
-    cluster.kubectl(
-        "patch", "trainjob", "tj-later", "-n", namespace, "--type", "merge",
-        "-p", '{"spec":{"suspend":false}}',
-    )  # fmt: skip
-    rc, out, err = wait.result(timeout=400)
-    assert rc == 0, out + err
-    st = json.loads(ddpjob(cluster, "status", "tj-later", "-n", namespace, "-o", "json").stdout)
-    assert st["condition"] == "Succeeded" and st["progress"]["step"] == 20
-    trainjob = cluster.get_json("trainjob", "tj-later", "-n", namespace)
-    suspended = next(c for c in trainjob["status"]["conditions"] if c["type"] == "Suspended")
-    assert (suspended["status"], suspended["reason"]) == ("False", "Resumed")
 
 
 def test_a_failing_trainjob_is_explained(cluster, namespace, tmp_path, real_node):
