@@ -12,6 +12,7 @@ from typing import Any
 
 from controller.errors import ClusterError, DdpjobError, Forbidden, NotFound
 from controller.jobs.read.queue import (
+    ADMITTED_STATE,
     CONFIG_KEY,
     CONFIG_MAP_NAME,
     CONFIG_MAP_NAMESPACE,
@@ -182,16 +183,19 @@ def _get(cluster: Cluster, api: Any, name: str, namespace: str | None = None) ->
 class QueueNotes:
     """Lines about a job's place in its queue, fed the job each time it changes (``wait``,
     ``--follow``): where it waits and for what when it is queued (again after a preemption),
-    and by what it was admitted when Kueue starts it. Reads the queue only then, never on a
-    timer. State across calls (was the job queued?), hence a class."""
+    and by what it was admitted when Kueue starts it, also when Kueue had already admitted it
+    by the first version seen. Reads the queue only then, never on a timer. State across calls
+    (was the job queued? was it seen before?), hence a class."""
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.was_queued = False
+        self.seen = False
         self.last: str | None = None
 
     def see(self, job: dict[str, Any]) -> str | None:
         """The line to print for this version of ``job``, or None (nothing new)."""
+        first, self.seen = not self.seen, True
         if queued(job):
             view = read_queue(Snapshot(self.cluster, job))
             line = summary(view) if view is not None else None
@@ -199,10 +203,14 @@ class QueueNotes:
             if line and preempted and not self.was_queued and view.state == PENDING:
                 line += f" ({preempted})"  # queued again: say why
             self.was_queued = True
-        elif self.was_queued and queue_name(job):
-            self.was_queued = False
+        elif (self.was_queued or first) and queue_name(job):
+            # Admitted while we looked, or before the first version we saw (Kueue unsuspends
+            # the job before its operator's status says so): by what. A job first seen further
+            # on (finished, say) needs no queue line.
             view = read_queue(Snapshot(self.cluster, job))
-            line = summary(view) if view is not None else None
+            admitted = view is not None and (self.was_queued or view.state == ADMITTED_STATE)
+            self.was_queued = False
+            line = summary(view) if admitted else None
         else:
             return None
         if line is None or line == self.last:

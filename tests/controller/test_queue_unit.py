@@ -788,3 +788,31 @@ def test_status_of_a_held_job_without_a_workload_says_kueue_ignores_its_kind():
     cluster = StatusCluster([workload(conditions=PENDING)], objects=OBJECTS, integration=False)
     view = read_queue(Snapshot(cluster, job()))
     assert cluster.created == [] and (view.state, view.reason) == (q.PENDING, "Pending")
+
+
+def test_wait_says_by_what_a_job_was_admitted_also_when_kueue_was_first():
+    """QueueNotes (``wait``, ``--follow``): seen queued, then started, it says where the job
+    waited and by what it was admitted; first seen already started (Kueue unsuspends the job
+    before its operator's status says so), it still says by what. A job first seen further on
+    gets no queue line, nor does a job without a queue."""
+    from controller.jobs.queue import QueueNotes
+
+    admitted = [workload(conditions=ADMITTED, admitted_cq="cluster-queue")]
+    said = "admitted by cluster-queue at 2026-11-25T23:52:15Z"
+    cluster = StatusCluster([workload(conditions=PENDING)], objects=OBJECTS)
+    notes = QueueNotes(cluster)
+    assert notes.see(job()).startswith("queued in user-queue -> cluster-queue")
+    cluster.workloads = admitted
+    assert notes.see(job(suspend=False)) == said
+    assert notes.see(job(suspend=False)) is None  # nothing new
+
+    assert QueueNotes(StatusCluster(admitted, objects=OBJECTS)).see(job(suspend=False)) == said
+    finished = [
+        workload(
+            conditions=[*ADMITTED, cond("Finished", "True", reason="Succeeded")],
+            admitted_cq="cluster-queue",
+        )
+    ]
+    assert QueueNotes(StatusCluster(finished, objects=OBJECTS)).see(job(suspend=False)) is None
+    no_queue = QueueNotes(StatusCluster(admitted, objects=OBJECTS))
+    assert no_queue.see(job(suspend=False, queue=None)) is None
