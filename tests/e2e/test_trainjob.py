@@ -31,6 +31,7 @@ import pytest
 import yaml
 
 from controller import kubeflow
+from controller.jobs.read.queue import conditions
 from localkube.handle import wait_until
 from tests.e2e.helpers import (
     REPO,
@@ -236,12 +237,13 @@ def test_quickstart_as_a_trainjob_resumed_succeeds(cluster, namespace, tmp_path,
         cluster, tmp_path, "wait", "wait", "tj-quick", "-n", namespace, "--timeout", "500"
     )
 
-    def condition(kind: str) -> dict | None:
-        status = cluster.get_json("trainjob", "tj-quick", "-n", namespace).get("status", {})
-        return next((c for c in status.get("conditions", []) if c["type"] == kind), None)
+    def suspended() -> dict:
+        return conditions(cluster.get_json("trainjob", "tj-quick", "-n", namespace)).get(
+            "Suspended", {}
+        )
 
-    wait_until("the Suspended condition", lambda: (condition("Suspended") or {}).get("status"))
-    assert condition("Suspended")["status"] == "True"
+    wait_until("the Suspended condition", lambda: suspended().get("status"))
+    assert suspended()["status"] == "True"
     assert _pods(cluster, "tj-quick", namespace) == []  # suspended: nothing runs
     cluster.kubectl(
         "patch", "trainjob", "tj-quick", "-n", namespace, "--type", "merge",
@@ -252,8 +254,8 @@ def test_quickstart_as_a_trainjob_resumed_succeeds(cluster, namespace, tmp_path,
     assert wrc == 0, wout + werr
     assert f"job {namespace}/tj-quick Succeeded" in wout
     assert rc == 0, err[-3000:]
-    suspended = condition("Suspended")
-    assert (suspended["status"], suspended["reason"]) == ("False", "Resumed")
+    resumed = suspended()
+    assert (resumed["status"], resumed["reason"]) == ("False", "Resumed")
     (start,) = events(out, "start")
     assert start["world_size"] == 2  # both nodes in one process group
     train = events(out, "train")

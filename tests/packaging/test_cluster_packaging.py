@@ -495,17 +495,8 @@ def test_helm_install_runs_a_two_node_job_to_succeeded_in_a_restricted_namespace
 
 def _events(cluster, namespace: str, release: str, reason: str) -> list[dict[str, Any]]:
     """The job's events of ``reason`` (the operator's, about the pods it creates)."""
-    events = cluster.kubectl(
-        "get",
-        "events",
-        "-n",
-        namespace,
-        "-o",
-        "json",
-        "--field-selector",
-        f"involvedObject.name={release},reason={reason}",
-    )
-    return json.loads(events.stdout)["items"]
+    selector = f"involvedObject.name={release},reason={reason}"
+    return cluster.get_json("events", "-n", namespace, "--field-selector", selector)["items"]
 
 
 # ------------------------------------------------------------------------------------------
