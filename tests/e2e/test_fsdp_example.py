@@ -1,8 +1,13 @@
-"""examples/fsdp.yaml runs as written on the local cluster (only shorter), as a 2-pod PyTorchJob
-and as a TrainJob: the lm task sharded over both pods (strategy fsdp), every rank writing its
-own shard of each checkpoint into the cluster's S3 server. A worker pod deleted mid-run: its
-SIGTERM stops both ranks at one step, whose checkpoint every rank writes before exiting 143; the
-pods that follow resume at exactly that step and the job Succeeds.
+"""examples/fsdp.yaml runs as written on the local cluster (only shorter), as a 2-pod PyTorchJob:
+the lm task sharded over both pods (strategy fsdp), every rank writing its own shard of each
+checkpoint into the cluster's S3 server. A worker pod deleted mid-run: its SIGTERM stops both
+ranks at one step, whose checkpoint every rank writes before exiting 143; the pods that follow
+resume at exactly that step and the job Succeeds.
+
+The example as a TrainJob (``--set api=trainjob``) renders and validates offline
+(test_the_fsdp_example_renders_as_a_trainjob_too); a TrainJob's pods recovering from a deleted
+pod through a checkpoint on S3 is test_trainjob.py's ``test_a_trainjob_recovers[preempt]``. The
+strategy is the trainer's, the same under either API.
 
 The Secret is copied into the test's namespace (a spec's ``secret_env`` reads the job's own), and
 the example's prefix emptied first (it resumes: ``resume: auto``)."""
@@ -14,12 +19,14 @@ import json
 import pytest
 import yaml
 
+from controller.kubeflow import LABEL_JOB_NAME
+from controller.render.trainjob import render_trainjob
+from controller.spec import load_spec
 from localkube.addons import s3
 from localkube.builds import images
 from localkube.handle import wait_until
 from tests.e2e.helpers import REPO, Background, ExitCodes, ddpjob, events, last_step
 from tests.e2e.test_s3_example import _client, _copy_secret, _keys
-from tests.e2e.test_trainjob import _running
 from trainer.sizing import parameter_count
 
 EXAMPLE = REPO / "examples" / "fsdp.yaml"
@@ -28,11 +35,6 @@ PREFIX = SPEC["trainer"]["checkpoint"]["dir"].removeprefix(f"s3://{s3.BUCKET}/")
 #: The run is shortened (as test_examples.py's are), from the example's 150 steps: the worker is
 #: deleted past step 30, and 50 steps more leave it time to stop the job before it ends.
 MAX_STEPS = 80
-#: Per API: the selector of the job's pods, and the deleted pod (rank 1) by its name or rank.
-APIS = {
-    "pytorchjob": ("training.kubeflow.org/job-name", "worker-0"),
-    "trainjob": ("jobset.sigs.k8s.io/jobset-name", 1),
-}
 
 
 def test_the_fsdp_example_is_the_lm_task_sharded_into_the_clusters_bucket():
@@ -46,33 +48,43 @@ def test_the_fsdp_example_is_the_lm_task_sharded_into_the_clusters_bucket():
     assert t["max_steps"] >= MAX_STEPS > t["checkpoint"]["every_steps"]
 
 
+def test_the_fsdp_example_renders_as_a_trainjob_too():
+    """The example's ``--set api=trainjob`` line: the same trainer settings (strategy fsdp,
+    checkpoints on S3) and environment (the endpoint, the keys from the Secret) reach the
+    TrainJob's two nodes."""
+    spec = load_spec(str(EXAMPLE), ["api=trainjob"])
+    job = render_trainjob(spec)["spec"]["trainer"]
+    assert (job["numNodes"], job["numProcPerNode"]) == (2, 1)
+    args = dict(a.split("=", 1) for a in job["args"])
+    assert (args["task"], args["strategy"]) == ("lm", "fsdp")
+    assert args["checkpoint.dir"] == SPEC["trainer"]["checkpoint"]["dir"]
+    env = {e["name"]: e for e in job["env"]}
+    assert env["AWS_ENDPOINT_URL"]["value"] == s3.ENDPOINT
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        ref = env[key]["valueFrom"]["secretKeyRef"]
+        assert (ref["name"], ref["key"]) == ("s3-credentials", key)
+
+
 @pytest.mark.slow
 @pytest.mark.whole_node
-@pytest.mark.parametrize("api", list(APIS))
 def test_the_fsdp_example_survives_a_deleted_worker_and_resumes_at_its_step(
-    cluster, namespace, tmp_path, api
+    cluster, namespace, tmp_path
 ):
-    name, (label, victim) = SPEC["name"], APIS[api]
+    name = SPEC["name"]
     client = _client(cluster)
     for key in _keys(client, f"{PREFIX}/"):
         client.delete_object(Bucket=s3.BUCKET, Key=key)
     _copy_secret(cluster, namespace)
     shorter = ("--set", f"trainer.max_steps={MAX_STEPS}")
-    r = ddpjob(cluster, "submit", str(EXAMPLE), "-n", namespace, "--set", f"api={api}", *shorter)
+    r = ddpjob(cluster, "submit", str(EXAMPLE), "-n", namespace, *shorter)
     assert r.returncode == 0, r.stdout + r.stderr
-    exits = ExitCodes(cluster, namespace, f"{label}={name}")
+    exits = ExitCodes(cluster, namespace, f"{LABEL_JOB_NAME}={name}")
     follow = Background(cluster, tmp_path, "logs", "logs", name, "-n", namespace, "-f")
     try:
         wait_until(
             "training past step 30", lambda: last_step(follow.out_path.read_text()) >= 30, 300, 0.5
         )
-        if api == "trainjob":
-            pod = _running(cluster, name, namespace, victim)
-            assert pod is not None, "rank 1's pod does not run"
-            victim = pod["metadata"]["name"]
-        else:
-            victim = f"{name}-{victim}"
-        cluster.kubectl("delete", "pod", victim, "-n", namespace, "--wait=false")
+        cluster.kubectl("delete", "pod", f"{name}-worker-0", "-n", namespace, "--wait=false")
         w = ddpjob(cluster, "wait", name, "-n", namespace, "--timeout", "420", timeout=450)
         assert w.returncode == 0, w.stdout + w.stderr
         code, out, err = follow.result(120)
