@@ -5,7 +5,10 @@ local cluster's MLflow server holds the job as one run through a deleted worker,
 max_steps and FINISHED; `status` names the run.
 
 One job serves all of it (a 2-pod PyTorchJob, paced so the scrapes and the delete land while it
-trains); a small TrainJob shows the other API's pods are scraped the same way.
+trains), and the recovery too: no volume holds its checkpoints (they go to the local cluster's
+S3 server); the deleted worker's SIGTERM stops every rank at one step, rank 0 uploads that step
+before both exit 143, and the re-created pods resume from it, every step trained once. A small
+TrainJob shows the other API's pods are scraped the same way.
 """
 
 from __future__ import annotations
@@ -17,10 +20,21 @@ import urllib.request
 import pytest
 
 from controller import dashboard
+from controller.kubeflow import LABEL_JOB_NAME
 from localkube.addons import mlflow, prometheus
 from localkube.handle import wait_until
 from tests.controller.test_dashboard import GRAFANA
-from tests.e2e.helpers import ddpjob, events, latest_step, paced, s3_checkpoints, write_spec
+from tests.e2e.helpers import (
+    ExitCodes,
+    ddpjob,
+    events,
+    latest_step,
+    paced,
+    s3_checkpoints,
+    s3_objects,
+    s3_url,
+    write_spec,
+)
 from tests.trainer.mlflow_server import MlflowApi
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -72,6 +86,73 @@ def test_a_job_is_scraped_by_prometheus_and_one_mlflow_run_through_a_deleted_wor
         **tracked(cluster, namespace, name, fields),
     )
     assert ddpjob(cluster, "submit", str(spec)).returncode == 0
+    exits = ExitCodes(cluster, namespace, f"{LABEL_JOB_NAME}={name}")
+    try:
+        _scraped_through_a_deleted_worker(cluster, namespace, name)
+    finally:
+        runs = exits.stop()
+    # The kubelet's SIGTERM to the worker; the stop rode in the step's all-reduce to rank 0,
+    # which checkpointed: both exited 143 within the grace period, and their next runs 0.
+    for replica in ("master", "worker"):
+        codes = [code for pod, _, code in runs if pod == f"{name}-{replica}-0"]
+        assert codes == [143, 0], runs
+
+    # The delete landed mid-run: rank 0's first run stopped preempted at a step it uploaded to
+    # S3 before exiting, its second resumed there (every step trained once), resumed the job's
+    # MLflow run and completed.
+    rank0 = "\n".join(cluster.pod_log_lines(namespace, f"{name}-master-0"))
+    assert [d["reason"] for d in events(rank0, "done")] == ["preempted", "completed"], rank0
+    first_run, second_run = rank0.split('{"event": "resume"', 1)
+    (stopped,) = events(first_run, "done")
+    assert events(first_run, "checkpoint")[-1]["step"] == stopped["step"] >= DELETE_AT
+    (resumed,) = events(rank0, "resume")
+    where = s3_url(namespace, name)
+    assert (resumed["step"], resumed["path"]) == (
+        stopped["step"], f"{where}/step_{stopped['step']:08d}",
+    )  # fmt: skip
+    assert all(e["step"] > stopped["step"] for e in events(second_run, "train"))
+    assert events(rank0, "done")[-1]["step"] == MAX_STEPS
+    final = f"step_{MAX_STEPS:08d}"  # complete on the server: its manifest is written last
+    assert {f"{final}/state.pt", f"{final}/manifest.json"} <= set(
+        s3_objects(cluster, namespace, name)
+    )
+    tracking = events(rank0, "tracking")
+    assert [t["resumed"] for t in tracking] == [False, True], tracking
+
+    # One MLflow run: the config as params, every log window's loss once, to max_steps; the
+    # restart marked; FINISHED.
+    api = MlflowApi(mlflow.HOST_ENDPOINT)
+    (run,) = api.runs(f"{namespace}-{name}")
+    run_id = run["info"]["run_id"]
+    assert {t["run_id"] for t in tracking} == {run_id}
+    assert run["info"]["status"] == "FINISHED" and run["info"]["run_name"] == name
+    params = {p["key"]: p["value"] for p in run["data"]["params"]}
+    assert params["max_steps"] == str(MAX_STEPS) and params["log_every"] == str(LOG_EVERY)
+    loss_steps = [step for step, _ in api.history(run_id, "loss")]
+    assert loss_steps == list(range(LOG_EVERY, MAX_STEPS + 1, LOG_EVERY))
+    tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+    assert tags["ddpjob.job"] == name and tags["ddpjob.namespace"] == namespace
+    assert tags["ddpjob.api"] == "pytorchjob" and tags["ddpjob.restarts"] == "1"
+    assert tags["ddpjob.checkpoint"].startswith(f"s3://ddpjob/{namespace}/{name}/")
+    # The restart marked once, at the first step the run got after it.
+    ((marked_at, restarts),) = api.history(run_id, "restarts")
+    assert restarts == 1.0 and resumed["step"] <= marked_at <= MAX_STEPS
+
+    st = json.loads(ddpjob(cluster, "status", name, "-n", namespace, "-o", "json").stdout)
+    assert st["condition"] == "Succeeded" and st["progress"]["step"] == MAX_STEPS
+    ckpt = st["checkpoint"]  # the newest, read from the server
+    assert (ckpt["step"], ckpt["path"]) == (MAX_STEPS, f"{where}/{final}")
+    assert ckpt["age_s"] is not None and ckpt["bytes"] > 0
+    assert st["tracking"]["run_id"] == run_id
+    assert (
+        st["tracking"]["url"]
+        == f"{mlflow.ENDPOINT}/#/experiments/{run['info']['experiment_id']}/runs/{run_id}"
+    )
+
+
+def _scraped_through_a_deleted_worker(cluster, namespace: str, name: str) -> None:
+    """The job's worker deleted at step DELETE_AT; Prometheus' answers while it trains; the
+    job waited for to Succeeded."""
     job = f'job_name="{name}", namespace="{namespace}"'
 
     # A worker deleted mid-run, placed by the step alone (as test_recovery places its faults):
@@ -114,39 +195,6 @@ def test_a_job_is_scraped_by_prometheus_and_one_mlflow_run_through_a_deleted_wor
 
     w = ddpjob(cluster, "wait", name, "-n", namespace, "--timeout", "240", timeout=260)
     assert w.returncode == 0, w.stdout + w.stderr
-    # The delete landed mid-run: rank 0's first run stopped preempted, its second resumed the
-    # job's MLflow run and completed.
-    rank0 = "\n".join(cluster.pod_log_lines(namespace, f"{name}-master-0"))
-    assert [d["reason"] for d in events(rank0, "done")] == ["preempted", "completed"], rank0
-    tracking = events(rank0, "tracking")
-    assert [t["resumed"] for t in tracking] == [False, True], tracking
-
-    # One MLflow run: the config as params, every log window's loss once, to max_steps; the
-    # restart marked; FINISHED.
-    api = MlflowApi(mlflow.HOST_ENDPOINT)
-    (run,) = api.runs(f"{namespace}-{name}")
-    run_id = run["info"]["run_id"]
-    assert {t["run_id"] for t in tracking} == {run_id}
-    assert run["info"]["status"] == "FINISHED" and run["info"]["run_name"] == name
-    params = {p["key"]: p["value"] for p in run["data"]["params"]}
-    assert params["max_steps"] == str(MAX_STEPS) and params["log_every"] == str(LOG_EVERY)
-    loss_steps = [step for step, _ in api.history(run_id, "loss")]
-    assert loss_steps == list(range(LOG_EVERY, MAX_STEPS + 1, LOG_EVERY))
-    tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
-    assert tags["ddpjob.job"] == name and tags["ddpjob.namespace"] == namespace
-    assert tags["ddpjob.api"] == "pytorchjob" and tags["ddpjob.restarts"] == "1"
-    assert tags["ddpjob.checkpoint"].startswith(f"s3://ddpjob/{namespace}/{name}/")
-    # The restart marked once, at the first step the run got after it.
-    (resumed,) = events(rank0, "resume")
-    ((marked_at, restarts),) = api.history(run_id, "restarts")
-    assert restarts == 1.0 and resumed["step"] <= marked_at <= MAX_STEPS
-
-    st = json.loads(ddpjob(cluster, "status", name, "-n", namespace, "-o", "json").stdout)
-    assert st["tracking"]["run_id"] == run_id
-    assert (
-        st["tracking"]["url"]
-        == f"{mlflow.ENDPOINT}/#/experiments/{run['info']['experiment_id']}/runs/{run_id}"
-    )
 
 
 def test_a_trainjobs_pods_are_scraped_the_same_way(real_node, namespace, tmp_path):

@@ -1,31 +1,28 @@
-"""Faults on the local control plane: a pod process killed (-9), a pod deleted (SIGTERM), the
-API server restarted. The job recovers from its checkpoint, `wait` and `logs -f` reconnect, and
-a followed log equals what the pods printed: no line lost, none twice.
+"""Faults on the local control plane: a pod process killed (-9), the API server restarted. The
+job recovers from its checkpoint, `wait` and `logs -f` reconnect, and a followed log equals what
+the pods printed: no line lost, none twice.
 
-The pods run on the real node, in containers of this checkout's image: the kubelet sends the
-SIGTERM and its grace period, ``kill -9`` hits a container's PID 1 from outside. The checkpoints
-live on a local PersistentVolume that uid 1000 writes (fsGroup) and the re-created pods read
-back, or on the local cluster's S3 server with no volume for them."""
+The pods run on the real node, in containers of this checkout's image; ``kill -9`` hits a
+container's PID 1 from outside. The checkpoints live on a local PersistentVolume that uid 1000
+writes (fsGroup) and the re-created pods read back. A pod deleted (the kubelet's SIGTERM and its
+grace period), its job checkpointing to the local S3 server with no volume for its checkpoints:
+test_metrics_tracking.py's job (a PyTorchJob), test_fsdp_example.py (every rank's shard) and
+test_trainjob.py (a TrainJob)."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import time
-from datetime import datetime, timezone
 
 import pytest
 
 from controller.jobs.read.goodput import PARTS
-from controller.jobs.read.loglines import split_timestamp
-from controller.kubeflow import LABEL_JOB_NAME
 from localkube.handle import wait_until
 from localkube.node import volumes
 from tests.e2e.helpers import (
     CLAIM,
     Background,
-    ExitCodes,
     assert_same_lines,
     ddpjob,
     events,
@@ -33,24 +30,18 @@ from tests.e2e.helpers import (
     paced,
     paced_spec,
     restart_apiserver,
-    s3_checkpoints,
-    s3_objects,
-    s3_url,
     where_things_stand,
     write_spec,
 )
-from trainer.contract import parse_event
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 MAX_STEPS = 160
 
 
-def _start_job(cluster, namespace, tmp_path, name, s3: bool = False, every_steps: int = 10):
+def _start_job(cluster, namespace, tmp_path, name, every_steps: int = 10):
     # Paced (0.1 s a step): at least 13 s of training left when the fault comes at step 30.
     fields = paced(cluster, namespace, 0.1)
-    if s3:
-        fields = s3_checkpoints(cluster, namespace, name, fields)
     spec = write_spec(
         cluster, tmp_path, name, namespace, max_steps=MAX_STEPS, every_steps=every_steps, **fields
     )
@@ -160,75 +151,6 @@ def _saved_steps(cluster, name: str, namespace: str) -> set[int]:
     """The steps of the checkpoints rank 0's current log says it wrote."""
     got = cluster.kubectl("logs", f"{name}-master-0", "-n", namespace, "-c", "pytorch", check=False)
     return {e["step"] for e in events(got.stdout, "checkpoint")}
-
-
-def _seconds_to_events(cluster, namespace: str, pod: str, since: float) -> dict[str, float]:
-    """Seconds from ``since`` (epoch) to the first ``resume`` and the first ``train`` event
-    after it in the pod's current log, by the kubelet's timestamps."""
-    text = cluster.kubectl("logs", pod, "-n", namespace, "-c", "pytorch", "--timestamps").stdout
-    seen: dict[str, float] = {}
-    for line in text.splitlines():
-        stamp, body = split_timestamp(line)
-        event = parse_event(body)
-        if stamp is None or event is None or event["event"] in seen:
-            continue
-        at = datetime.fromisoformat(stamp[0]).replace(tzinfo=timezone.utc).timestamp()
-        if event["event"] == "resume" or (event["event"] == "train" and "resume" in seen):
-            seen[event["event"]] = at + stamp[1] / 1e9 - since
-    return seen
-
-
-def test_a_deleted_worker_stops_the_job_at_a_step_saved_to_s3_and_it_resumes_there(
-    real_node, namespace, tmp_path
-):
-    """No volume holds the checkpoints: they go to the local cluster's S3 server (the claim
-    the pods mount, read-only, holds the paced task's code). The deleted worker's SIGTERM stops
-    every rank at the same step; rank 0 uploads that step before exiting 143, and the re-created
-    pods resume from it: every step runs once."""
-    cluster, name = real_node, "preempt"
-    follow0, follow1 = _start_job(cluster, namespace, tmp_path, name, s3=True)
-    exits = ExitCodes(cluster, namespace, f"{LABEL_JOB_NAME}={name}")
-    try:
-        wait_until(
-            "training past step 30", lambda: latest_step(cluster, name, namespace) >= 30, 90, 0.5
-        )
-        deleted_at = time.time()
-        cluster.kubectl("delete", "pod", f"{name}-worker-0", "-n", namespace, "--wait=false")
-        _wait_succeeds(cluster, namespace, name, 150, follow0, follow1)
-        code0, out0, err0 = follow0.result(60)
-        code1, _, err1 = follow1.result(60)
-    finally:
-        follow0.stop()
-        follow1.stop()
-        runs = exits.stop()
-    assert code0 == 0 and code1 == 0, err0 + err1
-    # The kubelet's SIGTERM to the worker; the stop rode in the step's all-reduce to rank 0,
-    # which checkpointed: both exited 143 within the grace period, and their next runs 0.
-    for replica in ("master", "worker"):
-        codes = [code for pod, _, code in runs if pod == f"{name}-{replica}-0"]
-        assert codes == [143, 0], runs
-    first_run, second_run = out0.split('{"event": "resume"', 1)
-    (stopped,) = events(first_run, "done")
-    assert stopped["reason"] == "preempted"
-    assert events(first_run, "checkpoint")[-1]["step"] == stopped["step"]
-    (resumed,) = events(out0, "resume")
-    assert resumed["step"] == stopped["step"]
-    assert resumed["path"] == f"{s3_url(namespace, name)}/step_{stopped['step']:08d}"
-    assert all(e["step"] > stopped["step"] for e in events(second_run, "train"))
-    assert _final_step(out0) == MAX_STEPS
-    assert_same_lines(out0, cluster.pod_log_lines(namespace, f"{name}-master-0"), "rank 0")
-    # The upload on the S3 server: the final step complete (its manifest written last).
-    final = f"step_{MAX_STEPS:08d}"
-    assert {f"{final}/state.pt", f"{final}/manifest.json"} <= set(
-        s3_objects(cluster, namespace, name)
-    )
-    st = json.loads(ddpjob(cluster, "status", name, "-n", namespace, "-o", "json").stdout)
-    assert st["condition"] == "Succeeded" and st["progress"]["step"] == MAX_STEPS
-    ckpt = st["checkpoint"]
-    assert (ckpt["step"], ckpt["path"]) == (MAX_STEPS, f"{s3_url(namespace, name)}/{final}")
-    assert ckpt["age_s"] is not None and ckpt["bytes"] > 0
-    took = _seconds_to_events(cluster, namespace, f"{name}-master-0", deleted_at)
-    print(f"seconds from the deletion to rank 0's next run's events: {took}")
 
 
 @pytest.mark.disruptive
