@@ -519,29 +519,14 @@ def _container_pids(cluster, ns: str, name: str) -> list[int]:
 
 
 @pytest.mark.disruptive
-def test_killed_node_is_cleaned_up_by_the_next_up(real_node, ns):
-    """kill -9 of the kubelet and containerd leaves pods running (their shims survive); the
-    next `up` removes them through a temporary containerd before starting afresh."""
-    create(real_node, pod_spec("orphan", ns, "echo up; exec sleep 3600"))
-    wait_running(real_node, ns, "orphan")
-    pids = wait_until("container pids", lambda: _container_pids(real_node, ns, "orphan"))
-    shims = {p: proc_start_time(p) for p in host.node_processes()["containerd-shim"]}
-    assert shims
-    state = real_node.control_plane.read_state()
-    for name in ("kubelet", "containerd"):
-        os.kill(state["processes"][name]["pid"], signal.SIGKILL)
-    time.sleep(0.5)
-    assert all(proc_start_time(p) for p in pids)  # the pod outlived its node
-    _restart(real_node, state["owner"])
-    assert not [p for p in pids if proc_start_time(p)], "the orphaned container still runs"
-    assert not [p for p, start in shims.items() if proc_start_time(p) == start], "old shims"
-
-
-@pytest.mark.disruptive
-def test_cluster_down_restores_the_machine(real_node, ns):
-    """`python -m localkube down` with a pod running: no bridge, veth, KUBE-*/CNI chains,
-    /kubepods cgroups, pod mounts or log entries left; the sysctls the kubelet changed are back
-    to what they were before the node first started; the S3 server and its data gone."""
+def test_a_killed_node_is_cleaned_up_and_down_restores_the_machine(real_node, ns):
+    """kill -9 of the kubelet and containerd leaves a pod running (its shim survives);
+    `python -m localkube down` then removes it through a temporary containerd and leaves no
+    bridge, veth, KUBE-*/CNI chains, /kubepods cgroups, pod mounts or log entries; the sysctls
+    the kubelet changed are back to what they were before the node first started; the S3 server
+    and its data gone. (An `up` after such a crash stops what the state recorded the same way,
+    ``ControlPlane._stop``, before it starts afresh; a graceful stop of a live node differs
+    only in that the kubelet and containerd get a SIGTERM first.)"""
     rec = host.read_record()
     assert rec is not None, "no record of the machine before the node"
     state = real_node.control_plane.read_state()
@@ -560,6 +545,9 @@ def test_cluster_down_restores_the_machine(real_node, ns):
         ),
     )
     wait_running(real_node, ns, "lingering")
+    pids = wait_until("container pids", lambda: _container_pids(real_node, ns, "lingering"))
+    shims = {p: proc_start_time(p) for p in host.node_processes()["containerd-shim"]}
+    assert shims
     during = host.snapshot()
     # What the node changed is visible now (so the checks below can fail).
     assert host.BRIDGE in during["links"]
@@ -567,6 +555,10 @@ def test_cluster_down_restores_the_machine(real_node, ns):
     assert "KUBE-FIREWALL" in during["chains"]["iptables"]["filter"]
     assert any(m.startswith(str(host.KUBELET_ROOT)) for m in during["mounts"])
     assert during["sysctls"]["vm.overcommit_memory"] == "1"
+    for name in ("kubelet", "containerd"):
+        os.kill(state["processes"][name]["pid"], signal.SIGKILL)
+    time.sleep(0.5)
+    assert all(proc_start_time(p) for p in pids)  # the pod outlived its node
 
     down = subprocess.run(
         [sys.executable, "-m", "localkube", "down"],
@@ -578,6 +570,8 @@ def test_cluster_down_restores_the_machine(real_node, ns):
     )
     try:
         assert down.returncode == 0, down.stderr
+        assert not [p for p in pids if proc_start_time(p)], "the orphaned container still runs"
+        assert not [p for p, start in shims.items() if proc_start_time(p) == start], "old shims"
         after = host.snapshot()
         assert after["sysctls"] == before["sysctls"]
         new_links = set(after["links"]) - set(before["links"])

@@ -2,7 +2,7 @@
 cluster, answering S3 at its endpoint from the host and, by its Service's name, from a pod on
 the real node, with boto3 as the trainer uses it; the Secret and the bucket there; wrong
 credentials and a missing bucket answered with S3's own codes. What ``down`` leaves of it:
-test_node.py's ``test_cluster_down_restores_the_machine``."""
+test_node.py's ``test_a_killed_node_is_cleaned_up_and_down_restores_the_machine``."""
 
 from __future__ import annotations
 
