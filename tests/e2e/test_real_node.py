@@ -3,9 +3,12 @@ containerd + CoreDNS), driven as a user would: `helm install` and the CLI, then 
 
 What each test holds, and what would make it fail:
 
-- helm install of the built image in a ``restricted`` namespace: the pods are containers of the
-  image running as uid 1000 (asked from inside), ``MASTER_ADDR`` is the master's DNS name and
-  resolves to its pod IP, the operator's init container ran, the job Succeeds.
+- helm install of the built image in a ``restricted`` namespace: NOTES.txt prints the commands
+  that follow the job; the real operator creates both pods and PodSecurity admits them (the
+  worker's init container is the restricted template the local operator runs with); they are
+  containers of the image running as uid 1000 (asked from inside), labelled by helm,
+  ``MASTER_ADDR`` is the master's DNS name and resolves to its pod IP, WORLD_SIZE and
+  PET_NNODES are 2, the init container ran, the job Succeeds.
 - ``submit examples/quickstart.yaml --wait --follow`` with the built image, then ``kubectl logs``,
   ``exec`` and ``describe`` on its worker pod.
 - A memory limit too small: ``submit --wait`` and ``status`` say OOMKilled and what it means.
@@ -133,11 +136,15 @@ def test_helm_install_of_the_built_image_in_a_restricted_namespace(real_node, rn
     values = ddpjob(real_node, "render", str(spec), "--values")
     assert values.returncode == 0, values.stderr
     (tmp_path / "values.yaml").write_text(values.stdout)
-    real_node.helm(
+    install = real_node.helm(
         "install", "helmjob", str(Path(__file__).resolve().parents[2] / "charts" / "ddpjob"),
         "-n", rns, "-f", str(tmp_path / "values.yaml"),
     )  # fmt: skip
     try:
+        # NOTES.txt printed the exact commands to follow the job.
+        notes = install.stdout
+        assert f"kubectl -n {rns} get pods -l training.kubeflow.org/job-name=helmjob" in notes
+        assert f"python -m controller logs helmjob -n {rns} -f" in notes
         inside = exec_in(
             real_node,
             rns,
@@ -168,6 +175,19 @@ def test_helm_install_of_the_built_image_in_a_restricted_namespace(real_node, rn
             assert status["imageID"].endswith(built_id), (status, built_id)
             assert p["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
         assert init_container_ran(worker), worker["status"]
+        # Both created by the real operator, in a namespace whose PodSecurity refuses upstream's
+        # init container (k8s/operator/init-container-restricted.yaml is what admits the worker).
+        created = real_node.get_json(
+            "events", "-n", rns, "--field-selector",
+            "involvedObject.name=helmjob,reason=SuccessfulCreatePod",
+        )["items"]  # fmt: skip
+        assert {e["message"] for e in created} == {
+            "Created pod: helmjob-master-0", "Created pod: helmjob-worker-0",
+        }  # fmt: skip
+        assert master["metadata"]["labels"]["app.kubernetes.io/instance"] == "helmjob"
+        assert master["spec"]["securityContext"]["runAsUser"] == 1000
+        env = {e["name"]: e.get("value") for e in master["spec"]["containers"][0]["env"]}
+        assert (env["WORLD_SIZE"], env["PET_NNODES"]) == ("2", "2"), env
         log = real_node.kubectl("logs", "helmjob-master-0", "-n", rns, "-c", "pytorch").stdout
         (start,) = events(log, "start")
         assert start["world_size"] == 2

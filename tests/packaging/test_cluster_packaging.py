@@ -4,8 +4,8 @@
   the PyTorchJob CRD and the operator's validating webhook in place.
 - Pods rendered by the chart and by `controller render` are admitted under the `restricted`
   Pod Security profile by the real admission plugin; a pod that breaks it is refused.
-- `helm install` runs a job to Succeeded, its pods created by the real operator in a
-  `restricted` namespace.
+- `helm install` of a job, run to Succeeded on the real node in a `restricted` namespace, is
+  tests/e2e/test_real_node.py's.
 - The shipped Role, bound to its ServiceAccount and used through a token kubeconfig, lets
   `python -m controller` submit, wait, read logs and delete, and refuses Secrets and pods.
 """
@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import re
 import subprocess
@@ -370,133 +369,8 @@ def test_worker_pods_need_the_restricted_init_container_template(cluster, restri
     assert "Warning" not in proc.stderr, proc.stderr
 
 
-# ------------------------------------------------------------------------------------------
-# helm install runs a job
-
-
-def _small_trainer_args(tmp_path: Path) -> list[str]:
-    return [
-        "batch_size=8",
-        f"checkpoint.dir={tmp_path / 'ckpt'}",
-        "device=cpu",
-        "eval_batches=1",
-        "log_every=1",
-        "max_steps=5",
-        "resume=never",
-        "task=vision",
-        "task_args={image_size: 16}",
-    ]
-
-
 def _job(cluster, namespace: str, name: str) -> dict[str, Any]:
     return cluster.get_json("pytorchjob", name, "-n", namespace, missing_ok=True) or {}
-
-
-def _condition(job: dict[str, Any]) -> str | None:
-    for cond in reversed(job.get("status", {}).get("conditions", [])):
-        if cond.get("status") == "True":
-            return cond["type"]
-    return None
-
-
-@contextlib.contextmanager
-def _helm_job(cluster, namespace: str, nodes: int, tmp_path: Path):
-    """`helm install` a small CPU job of ``nodes`` pods; yields (release, install output)."""
-    release = f"pkg-{uuid.uuid4().hex[:6]}"
-    values = {
-        "name": release,
-        "nodes": nodes,
-        "resources": {"gpus": 0, "cpu": "250m", "memory": "2Gi"},
-        "shm_size": "256Mi",
-        "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
-        "args": _small_trainer_args(tmp_path),
-    }
-    path = tmp_path / "values.json"
-    path.write_text(json.dumps(values))
-    install = cluster.helm("install", release, str(CHART), "-n", namespace, "-f", str(path))
-    try:
-        yield release, install.stdout
-    finally:
-        cluster.helm("uninstall", release, "-n", namespace, "--wait", check=False)
-
-
-def _wait_finished(cluster, namespace: str, release: str, timeout: float = 240) -> dict:
-    _wait(
-        f"job {release} Succeeded or Failed",
-        lambda: _condition(_job(cluster, namespace, release)) in ("Succeeded", "Failed"),
-        timeout,
-        1,
-    )
-    return _job(cluster, namespace, release)
-
-
-def _job_pods(cluster, namespace: str, release: str) -> list[dict[str, Any]]:
-    out = cluster.kubectl(
-        "get",
-        "pods",
-        "-n",
-        namespace,
-        "-o",
-        "json",
-        "-l",
-        f"training.kubeflow.org/job-name={release}",
-    )
-    return sorted(json.loads(out.stdout)["items"], key=lambda p: p["metadata"]["name"])
-
-
-def test_helm_install_runs_a_two_node_job_to_succeeded_in_a_restricted_namespace(
-    cluster, restricted, tmp_path
-):
-    """Master + Worker through the real operator (rendezvous, RANK, WORLD_SIZE), admitted by the
-    real PodSecurity plugin. Worker pods carry the operator's init container: upstream's
-    template sets no securityContext and PodSecurity refuses it; the local control plane runs the
-    operator with k8s/operator/init-container-restricted.yaml, so the whole job is admitted."""
-    with _helm_job(cluster, restricted, 2, tmp_path) as (release, notes):
-        # NOTES.txt printed the exact commands to follow the job.
-        assert f"kubectl -n {restricted} get pods -l training.kubeflow.org/job-name={release}" in (
-            notes
-        )
-        assert f"python -m controller logs {release} -n {restricted} -f" in notes
-        master, worker = f"{release}-master-0", f"{release}-worker-0"
-
-        def outcome():
-            if _condition(_job(cluster, restricted, release)) in ("Succeeded", "Failed"):
-                return "finished"
-            for event in _events(cluster, restricted, release, "FailedCreatePod"):
-                if worker in event["message"] and PSA_REFUSAL in event["message"]:
-                    return event["message"]
-            return None
-
-        seen = _wait(f"job {release} to finish or its worker to be refused", outcome, 240, 1)
-        assert seen == "finished", (
-            "PodSecurity refused the worker; is the operator running with "
-            f"--pytorch-init-container-template-file? (got: {seen})"
-        )
-        job = _job(cluster, restricted, release)
-        logs = cluster.kubectl("logs", master, "-n", restricted, "-c", "pytorch").stdout
-        assert _condition(job) == "Succeeded", (job.get("status"), logs[-2000:])
-        assert '"event": "done"' in logs
-        # Created by the real operator. rank 0 finished a DDP run of WORLD_SIZE 2: the process
-        # group only forms when the worker joins. (The worker pod itself may be gone:
-        # cleanPodPolicy Running deletes it if the job ended before its status did.)
-        created = {
-            e["message"] for e in _events(cluster, restricted, release, "SuccessfulCreatePod")
-        }
-        assert {f"Created pod: {master}", f"Created pod: {worker}"} <= created, created
-        pods = {p["metadata"]["name"]: p for p in _job_pods(cluster, restricted, release)}
-        assert master in pods and set(pods) <= {master, worker}, list(pods)
-        labels = pods[master]["metadata"]["labels"]
-        assert labels["app.kubernetes.io/instance"] == release
-        assert labels["app.kubernetes.io/managed-by"] == "Helm"
-        assert pods[master]["spec"]["securityContext"]["runAsUser"] == 1000
-        env = {e["name"]: e.get("value") for e in pods[master]["spec"]["containers"][0]["env"]}
-        assert env["WORLD_SIZE"] == "2" and env["PET_NNODES"] == "2", env
-
-
-def _events(cluster, namespace: str, release: str, reason: str) -> list[dict[str, Any]]:
-    """The job's events of ``reason`` (the operator's, about the pods it creates)."""
-    selector = f"involvedObject.name={release},reason={reason}"
-    return cluster.get_json("events", "-n", namespace, "--field-selector", selector)["items"]
 
 
 # ------------------------------------------------------------------------------------------
