@@ -106,24 +106,24 @@ def test_a_task_that_raises_fails_with_replica_exit_code_and_last_lines(
             "task_args": {"fail_at_call": 6, "image_size": 16},
         },
     )
-    r = ddpjob(cluster, "submit", str(spec), "--wait")
+    # --follow: rank 0's traceback streams by, then the explanation.
+    r = ddpjob(cluster, "submit", str(spec), "--wait", "--follow")
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "Traceback" not in r.stderr.split("last ")[0]  # our own error has no traceback
-    assert (
+    assert "RuntimeError: injected failure at call 6 on rank 0" in r.stdout
+    failed = (
         f"error: job {namespace}/boom Failed: replica master-0 (pod boom-master-0) "
         "exit code 1 (Error"
-    ) in r.stderr
-    assert "RuntimeError: injected failure at call 6 on rank 0" in r.stderr
-    assert "last " in r.stderr and "log lines of master-0:" in r.stderr
+    )
+    assert failed in r.stderr, r.stderr
 
+    # `wait` of the failed job, as `submit --wait` ends: the replica, its exit code and its last
+    # lines, the traceback among them, and no traceback of our own.
     w = ddpjob(cluster, "wait", "boom", "-n", namespace, "--timeout", "30")
-    assert w.returncode == 1 and "replica master-0" in w.stderr
-
-    # The same story with --follow: rank 0's traceback streams by, then the explanation.
-    f = ddpjob(cluster, "submit", str(spec), "--follow", "--replace")
-    assert f.returncode == 1, f.stdout + f.stderr
-    assert "RuntimeError: injected failure at call 6 on rank 0" in f.stdout
-    assert f"error: job {namespace}/boom Failed: replica master-0" in f.stderr
+    assert w.returncode == 1, w.stdout + w.stderr
+    assert "Traceback" not in w.stderr.split("last ")[0]  # our own error has no traceback
+    assert failed in w.stderr, w.stderr
+    assert "RuntimeError: injected failure at call 6 on rank 0" in w.stderr
+    assert "last " in w.stderr and "log lines of master-0:" in w.stderr
 
 
 def test_a_job_no_node_can_fit_is_refused_and_with_force_says_why_it_waits(
