@@ -117,14 +117,15 @@ def _status(cluster, name: str, namespace: str, *flags: str) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
 def test_a_job_submitted_to_user_queue_is_queued_admitted_and_succeeds(
-    cluster, namespace, tmp_path, api
+    cluster, namespace, tmp_path
 ):
     """The quick start's queue: LocalQueue user-queue feeding cluster-queue. The job is created
     suspended, Kueue admits it (``submit --wait`` says by which ClusterQueue; whether it also
     saw it queued first depends on how fast Kueue was) and it succeeds; status and list name
-    the queue."""
+    the queue. (A TrainJob through a queue, admitted, preempted and admitted again: the
+    preemption test's ``[trainjob]``.)"""
+    api = "pytorchjob"
     apply_objects(cluster, local_queue("user-queue", namespace, kueue.CLUSTER_QUEUE))
     spec = _spec(cluster, tmp_path, "queued", namespace, api=api, max_steps=20)
     r = ddpjob(cluster, "submit", str(spec), "--wait", "--timeout", "400", timeout=420)
