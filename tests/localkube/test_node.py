@@ -2,9 +2,13 @@
 
 Pods here are real containers from imported images (the busybox init image: small and fast),
 under the `restricted` Pod Security profile, on the one real node, where every pod lands (the
-kwok nodes' taint keeps pods that do not ask for GPUs off them). The last two
-tests stop the node (kill -9, then `python -m localkube down`) and check what the machine looks
-like afterwards; each brings the cluster back for whatever runs next.
+kwok nodes' taint keeps pods that do not ask for GPUs off them). One test stops the node
+(kill -9 of the kubelet and containerd, then `python -m localkube down`) and checks what the
+machine looks like afterwards; it brings the cluster back for whatever runs next.
+
+The trainer image training across two pods of a rendered PyTorchJob here, MASTER_ADDR its
+master's name resolved by CoreDNS: tests/e2e/test_real_node.py (helm install in a restricted
+namespace) and the e2e tests after it.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 
 from localkube.addons import s3
 from localkube.controlplane import bootstrap
@@ -31,7 +34,6 @@ from localkube.node import host, images, kubelet
 from localkube.procs import proc_start_time
 
 pytestmark = pytest.mark.cluster
-REPO = Path(__file__).resolve().parents[2]
 
 RESTRICTED_CONTAINER = {
     "allowPrivilegeEscalation": False,
@@ -412,49 +414,6 @@ def test_a_pod_reaches_the_api_server_where_the_kubelet_says_it_is(real_node, ns
     )
     env = {e["name"] for e in p["spec"]["containers"][0].get("env") or []}
     assert "KUBERNETES_SERVICE_HOST" not in env  # the kubelet's, not the pod's own
-
-
-# ------------------------------------------------------------------------------------ trainer
-
-
-def test_trainer_image_trains_across_two_pods(real_node, ns):
-    """The quickstart spec, rendered by the controller as for any cluster, on the real node:
-    two pods of the trainer image, DDP over gloo between their bridge IPs, MASTER_ADDR
-    (`<job>-master-0`) through the operator's Service and CoreDNS, rank 0's JSON events."""
-    from controller.render.pytorchjob import render_pytorchjob
-    from controller.spec import validate_spec
-
-    data = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
-    data.update(
-        name="ddp",
-        namespace=ns,
-        image=real_node.trainer_image(),
-        resources={"cpu": "250m", "memory": "1536Mi"},
-        clean_pod_policy="None",  # keep the worker pod to look at
-    )
-    data["trainer"].update(
-        max_steps=40, log_every=10, eval_every=1000, checkpoint={"dir": "/checkpoints"}
-    )
-    job = render_pytorchjob(validate_spec(data))
-    create(real_node, job)
-
-    def finished():
-        status = real_node.get_json("pytorchjob", "ddp", "-n", ns).get("status", {})
-        done = [c["type"] for c in status.get("conditions", []) if c["status"] == "True"]
-        return next((c for c in done if c in ("Succeeded", "Failed")), None)
-
-    assert wait_until("job finished", finished, 600, 2) == "Succeeded"
-    out = logs(real_node, ns, "ddp-master-0")
-    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    kinds = [e.get("event") for e in events]
-    assert "start" in kinds and "done" in kinds, out[-2000:]
-    start = next(e for e in events if e.get("event") == "start")
-    assert start.get("world_size") == 2, start
-    master = pod(real_node, ns, "ddp-master-0")
-    worker = pod(real_node, ns, "ddp-worker-0")
-    assert master["spec"]["nodeName"] == worker["spec"]["nodeName"] == kubelet.NODE_NAME
-    env = {e["name"]: e.get("value") for e in worker["spec"]["containers"][0]["env"]}
-    assert env["MASTER_ADDR"] == "ddp-master-0"  # no rewrite: the name resolves for real
 
 
 def _netns_mounts() -> list[tuple[str, int, int]]:
