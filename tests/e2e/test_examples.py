@@ -3,13 +3,14 @@
 The cluster holds this checkout's trainer image under the name the examples give it
 (``localkube.builds.images.published_ref()``, ``kind load``-style); these runs only shorten the
 training, which proves nothing here. ``submit examples/quickstart.yaml --wait --follow`` is in
-test_submit.py.
+test_submit.py. ``helm install`` of what ``render --values`` writes: the chart's manifest of
+each example is render's (tests/packaging/test_chart.py), and such a release runs on the node
+under the examples' image name in test_real_node.py (and, with a workdir, test_workdir.py).
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
@@ -68,36 +69,6 @@ def test_the_trainjob_example_as_written_succeeds(cluster, namespace):
     _ran_our_image(cluster, pods)
     st = json.loads(ddpjob(cluster, "status", "trainjob", "-n", namespace, "-o", "json").stdout)
     assert st["condition"] == "Succeeded" and st["progress"]["step"] == 20
-
-
-@pytest.mark.slow
-@pytest.mark.whole_node
-def test_helm_install_of_a_rendered_example_succeeds(cluster, namespace, tmp_path: Path):
-    """`helm install` with the values `render --values` writes for the quickstart: the chart's
-    job, the example's image name."""
-    # The test's namespace (the values name the job's: helm's -n only fills in a missing one).
-    here = ("--set", f"namespace={namespace}")
-    values = ddpjob(
-        cluster, "render", str(REPO / "examples" / "quickstart.yaml"), "--values", *SHORT, *here
-    )
-    assert values.returncode == 0, values.stderr
-    assert yaml.safe_load(values.stdout)["image"] == images.published_ref()
-    (tmp_path / "values.yaml").write_text(values.stdout)
-    cluster.helm(
-        "install", "quickstart", str(REPO / "charts" / "ddpjob"),
-        "-n", namespace, "-f", str(tmp_path / "values.yaml"),
-    )  # fmt: skip
-    try:
-        w = ddpjob(cluster, "wait", "quickstart", "-n", namespace, "--timeout", "400", timeout=420)
-        assert w.returncode == 0, w.stdout + w.stderr
-        log = cluster.kubectl("logs", "quickstart-master-0", "-n", namespace).stdout
-        (done,) = events(log, "done")
-        assert (done["reason"], done["step"]) == ("completed", 20)
-        selector = "training.kubeflow.org/job-name=quickstart"
-        pods = cluster.get_json("pods", "-n", namespace, "-l", selector)["items"]
-        _ran_our_image(cluster, [p for p in pods if p["metadata"]["name"].endswith("master-0")])
-    finally:
-        cluster.helm("uninstall", "quickstart", "-n", namespace, "--wait", check=False)
 
 
 @pytest.mark.slow
