@@ -52,9 +52,8 @@ venv: $(STAMP)  ## create .venv and install ddpjob with every extra (torch inclu
 VENV_IMPORTS_TORCH := torch._dynamo torch.distributed.checkpoint torch.distributed.fsdp \
 	trainer.train
 VENV_IMPORTS_TOOLS := controller.cli.main kubernetes.client boto3 mlflow pytest hypothesis
-empty :=
-comma := ,
-venv_import = PYTHONDONTWRITEBYTECODE= $(PY) -c "import $(subst $(empty) $(empty),$(comma),$(strip $(1)))"
+venv_import = PYTHONDONTWRITEBYTECODE= $(PY) -c \
+	"import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]" $(1)
 $(STAMP): pyproject.toml uv.lock requirements/uv.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --require-hashes --no-deps -r requirements/uv.txt
