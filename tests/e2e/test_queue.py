@@ -125,9 +125,8 @@ def test_a_job_submitted_to_user_queue_is_queued_admitted_and_succeeds(
     saw it queued first depends on how fast Kueue was) and it succeeds; status and list name
     the queue. (A TrainJob through a queue, admitted, preempted and admitted again: the
     preemption test's ``[trainjob]``.)"""
-    api = "pytorchjob"
     apply_objects(cluster, local_queue("user-queue", namespace, kueue.CLUSTER_QUEUE))
-    spec = _spec(cluster, tmp_path, "queued", namespace, api=api, max_steps=20)
+    spec = _spec(cluster, tmp_path, "queued", namespace, max_steps=20)
     r = ddpjob(cluster, "submit", str(spec), "--wait", "--timeout", "400", timeout=420)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "job queued: admitted by cluster-queue at " in r.stderr, r.stderr
@@ -135,7 +134,7 @@ def test_a_job_submitted_to_user_queue_is_queued_admitted_and_succeeds(
     (workload,) = cluster.get_json("workloads", "-n", namespace)["items"]
     assert workload["spec"]["queueName"] == "user-queue"
     assert workload["status"]["admission"]["clusterQueue"] == kueue.CLUSTER_QUEUE
-    manifest = cluster.get_json(api, "queued", "-n", namespace)
+    manifest = cluster.get_json("pytorchjob", "queued", "-n", namespace)
     assert manifest["metadata"]["labels"][kubeflow.LABEL_QUEUE] == "user-queue"
     st = _status(cluster, "queued", namespace)
     assert st["queue"]["local_queue"] == "user-queue"
