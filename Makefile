@@ -143,14 +143,14 @@ test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, 
 		"tests run in the background ($(OFFLINE_LOG)) beside the cluster tests"; \
 	$(MAKE) --no-print-directory -j2 tools test-images > $(BUILD_LOG) 2>&1 \
 		|| { tail -n 40 $(BUILD_LOG); rc=1; }; \
+	$(call background,offline tests,$(OFFLINE_LOG),nice -n $(OFFLINE_NICE) $(PYTEST) $(DURATIONS) \
+		-n $(OFFLINE_WORKERS) --phase-order --maxschedchunk 1 -m "not cluster and not built") \
+		offline=$$!; \
 	ours=; trap '[ -z "$$ours" ] || $(PY) -m localkube down >> $(BUILD_LOG) 2>&1' EXIT; \
 	trap 'exit 130' INT TERM; \
 	if ! $(PY) -m localkube status > /dev/null 2>&1; then ours=1; \
 		$(PY) -m localkube up >> $(BUILD_LOG) 2>&1 || echo "make test: the cluster did not" \
 			"start ($(BUILD_LOG)); the tests that need it say why" >&2; fi; t2=$$SECONDS; \
-	$(call background,offline tests,$(OFFLINE_LOG),nice -n $(OFFLINE_NICE) $(PYTEST) $(DURATIONS) \
-		-n $(OFFLINE_WORKERS) --phase-order --maxschedchunk 1 -m "not cluster and not built") \
-		offline=$$!; \
 	grep -E "^\[(cluster|images)\] (built|wheelhouse|preloaded|not preloaded)" $(BUILD_LOG) || true; \
 	$(PY) -m ruff check . || rc=1; \
 	$(call background,image tests,$(IMAGES_LOG),$(PYTEST) $(DURATIONS) -m "built and not cluster") \
