@@ -17,7 +17,9 @@ included, restarts the container in place, in the same pod) and ``backoffLimit: 
 restarts and failed pods of the whole job together). A PyTorchJob under ``ExitCode`` retries
 only 130/137/138/143 and re-creates the pod under the same name; a TrainJob's deleted pod comes
 back under a new name (``<job>-node-0-<index>-<random>``), and when the Job gives up it deletes
-the pods it was restarting, so a failure is explained from what ``wait`` recorded meanwhile.
+the pods it was restarting, so a failure is explained from what ``wait`` recorded meanwhile
+(the failing job runs on a copy of torch-distributed whose backoffLimit is 1, so that it gives
+up after one round of restarts instead of six).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from tests.e2e.helpers import (
     REPO,
     Background,
     ExitCodes,
+    apply_objects,
     assert_same_lines,
     ddpjob,
     events,
@@ -295,10 +298,31 @@ def test_quickstart_as_a_trainjob_resumed_succeeds(cluster, namespace, tmp_path,
     assert listed[1].split()[:6] == ["tj-quick", "TrainJob", "Succeeded", "-", "2", "100%"]
 
 
-def test_a_failing_trainjob_is_explained(cluster, namespace, tmp_path, real_node):
+#: torch-distributed with ``backoffLimit: 1``: a job whose every run fails gives up after one
+#: round of in-place restarts instead of Kubernetes' default six.
+FAIL_FAST_RUNTIME = "ddpjob-test-torch-fail-fast"
+
+
+@pytest.fixture
+def fail_fast_runtime(cluster):
+    """A copy of torch-distributed under :data:`FAIL_FAST_RUNTIME`, its Job's backoffLimit 1;
+    deleted after the test."""
+    runtime = cluster.get_json("clustertrainingruntime", kubeflow.DEFAULT_RUNTIME)
+    runtime["metadata"] = {"name": FAIL_FAST_RUNTIME, "labels": runtime["metadata"]["labels"]}
+    (node,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    node["template"]["spec"]["backoffLimit"] = 1
+    apply_objects(cluster, runtime)
+    yield FAIL_FAST_RUNTIME
+    cluster.kubectl("delete", "clustertrainingruntime", FAIL_FAST_RUNTIME, "--ignore-not-found")
+
+
+def test_a_failing_trainjob_is_explained(
+    cluster, namespace, tmp_path, real_node, fail_fast_runtime
+):
     """Rank 0 raises at its 6th step. The runtime's Job restarts the containers in place
-    (OnFailure: exit 1 too), up to backoffLimit 6 restarts, then fails and deletes the pods; the
-    report still names rank 0's pod, its exit code and reason, and its last lines."""
+    (OnFailure: exit 1 too) up to its backoffLimit (1: a copy of torch-distributed), then fails
+    and deletes the pods; the report still names rank 0's pod, its exit code and reason, and its
+    last lines."""
     env = plugin_on_claim(cluster, namespace, REPO / "tests" / "e2e" / "failing_task.py")
     spec = _trainjob_spec(
         cluster,
@@ -308,6 +332,7 @@ def test_a_failing_trainjob_is_explained(cluster, namespace, tmp_path, real_node
         max_steps=200,
         env=env,  # the task plug-in, from the volume
         trainer={"task": "failing_task:build", "task_args": {"fail_at_call": 6, "image_size": 16}},
+        runtime=fail_fast_runtime,
     )
     r = ddpjob(cluster, "submit", str(spec), "--wait", timeout=600)
     assert r.returncode == 1, r.stdout + r.stderr
