@@ -153,10 +153,10 @@ test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, 
 			"start ($(BUILD_LOG)); the tests that need it say why" >&2; fi; t2=$$SECONDS; \
 	grep -E "^\[(cluster|images)\] (built|wheelhouse|preloaded|not preloaded)" $(BUILD_LOG) || true; \
 	$(PY) -m ruff check . || rc=1; \
-	$(call background,image tests,$(IMAGES_LOG),$(PYTEST) $(DURATIONS) -m "built and not cluster") \
+	$(call background,image tests,$(IMAGES_LOG),$(PYTEST) $(DURATIONS) --built-only -m "built and not cluster") \
 		beside=$$!; \
-	$(PYTEST) $(DURATIONS) -m "disruptive or whole_node" || rc=1; t3=$$SECONDS; \
-	$(PYTEST) $(DURATIONS) -n $(TEST_WORKERS) \
+	$(PYTEST) $(DURATIONS) --built-only -m "disruptive or whole_node" || rc=1; t3=$$SECONDS; \
+	$(PYTEST) $(DURATIONS) -n $(TEST_WORKERS) --built-only \
 		-m "cluster and not (disruptive or whole_node)" || rc=1; t4=$$SECONDS; \
 	wait $$beside || rc=1; wait $$offline || rc=1; t1=$$SECONDS; \
 	echo "make test: the image tests ($(IMAGES_LOG)):"; cat $(IMAGES_LOG); \

@@ -85,7 +85,31 @@ BUILT_FIXTURES = frozenset(
 )
 
 
+#: Where every test marked ``cluster`` or ``built`` lives. make test's sessions of those
+#: collect only these (``--built-only``), not the modules of the thousand offline tests (and the
+#: torch many of them import): that is seconds of CPU in each of their workers. A test of either
+#: kind anywhere else fails the collection of any session that reaches it, as the offline
+#: phase's, which collects everything, does on every run.
+BUILT_PATHS = (
+    "tests/e2e",
+    "tests/localkube",
+    "tests/packaging",
+    "tests/controller/test_local_container.py",
+)
+_BUILT = tuple(Path(_ROOT, p) for p in BUILT_PATHS)
+
+
+def _in_built_paths(path: Path) -> bool:
+    return any(path == p or p in path.parents for p in _BUILT)
+
+
 def pytest_addoption(parser):
+    parser.addoption(
+        "--built-only",
+        action="store_true",
+        help="collect only the files and folders of tests/conftest.py's BUILT_PATHS, where every "
+        "test marked cluster or built lives (make test's sessions of those)",
+    )
     parser.addoption(
         "--phase-order",
         action="store_true",
@@ -105,15 +129,38 @@ def _phase_order(item) -> int:
     return 2 if item.get_closest_marker("slow") else 1
 
 
+def pytest_ignore_collect(collection_path: Path, config):
+    """With ``--built-only``, skip every path that neither lies in :data:`BUILT_PATHS` nor holds
+    one of them."""
+    if config.getoption("--built-only"):
+        path = Path(collection_path)
+        if not (_in_built_paths(path) or any(path in p.parents for p in _BUILT)):
+            return True
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark each test ``cluster`` and ``built`` by the fixtures it uses, directly or not; with
-    ``--phase-order``, order them by :func:`_phase_order`."""
+    """Mark each test ``cluster`` and ``built`` by the fixtures it uses, directly or not (and
+    refuse such a test outside :data:`BUILT_PATHS`); with ``--phase-order``, order them by
+    :func:`_phase_order`."""
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if used & CLUSTER_FIXTURES:
             item.add_marker(pytest.mark.cluster)
         if used & BUILT_FIXTURES:
             item.add_marker(pytest.mark.built)
+    stray = [
+        item.nodeid
+        for item in items
+        if (item.get_closest_marker("cluster") or item.get_closest_marker("built"))
+        and not _in_built_paths(Path(item.path))
+    ]
+    if stray:
+        raise pytest.UsageError(
+            f"{', '.join(stray)}: marked cluster or built outside tests/conftest.py's "
+            "BUILT_PATHS, so make test's cluster and image sessions would not collect it; move "
+            "it, or add its file or folder to BUILT_PATHS"
+        )
     if config.getoption("--phase-order"):
         items.sort(key=_phase_order)
 
