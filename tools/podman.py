@@ -2,8 +2,9 @@
 
 podman runs with ``tools/containers.conf`` (runc, no default ulimits: see that file). Every image
 the project builds here goes through :func:`build_once`: its inputs are hashed into the label
-``io.ddpjob.inputs``, so a second call with the same inputs builds nothing, and a rebuild removes
-the image it took the tag from.
+``io.ddpjob.inputs``, so a second call with the same inputs builds nothing (under another tag, as
+another checkout's trainer image, it tags the image it finds), and a rebuild removes the image it
+took the tag from.
 """
 
 from __future__ import annotations
@@ -111,17 +112,39 @@ def built_inputs(ref: str) -> str | None:
     return (info.get("Labels") or {}).get(INPUTS_LABEL)
 
 
+def built_from(inputs: str) -> list[str]:
+    """The IDs of the images in podman's store labelled with ``inputs``, newest first."""
+    proc = subprocess.run(
+        ["podman", "images", "--quiet", "--no-trunc", "--filter", f"label={INPUTS_LABEL}={inputs}"],
+        env=podman_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return list(dict.fromkeys(proc.stdout.split())) if proc.returncode == 0 else []
+
+
 def build_once(ref: str, inputs: str, build: Callable[[], None], *, log) -> str:
     """``ref`` as built from ``inputs``: nothing to do when podman's copy carries that inputs
-    label, else ``build()`` (which must tag ``ref`` with the label) under a lock of the image's
-    own, so two processes never build it at once. The image the build took the tag from is
-    removed. Returns ``ref``."""
+    label; else ``ref`` tagged onto an image of the same inputs (another checkout's, under its
+    own tag), or ``build()`` (which must tag ``ref`` with the label) when there is none. Either
+    under a lock of the image's own, so two processes never build it at once. The image ``ref``
+    was taken from is removed. Returns ``ref``."""
     if built_inputs(ref) == inputs:
         return ref
     with file_lock(cache_dir() / "locks" / f"image-{ref.replace('/', '_')}.lock"):
         if built_inputs(ref) == inputs:
             return ref
         old = inspect(ref)
+        for same in built_from(inputs):
+            tagged = subprocess.run(
+                ["podman", "tag", same, ref], env=podman_env(), capture_output=True, check=False
+            )
+            if tagged.returncode == 0 and built_inputs(ref) == inputs:  # not removed meanwhile
+                remove_replaced(old, same)
+                short = same.removeprefix("sha256:")[:12]
+                print(f"[images] {ref} is {short}, built from the same inputs", file=log)
+                return ref
         start = time.monotonic()
         build()
         new = inspect(ref)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import random
@@ -41,6 +42,7 @@ from tests.timeouts import outside_test_timeout
 from tools import base as stand_in
 from tools import image as product
 from tools import lock, wheelhouse
+from tools import podman as podman_tools
 from tools.podman import CONTAINERS_CONF, inspect, podman_env
 from trainer.contract import parse_event
 
@@ -533,6 +535,28 @@ def test_pause_image_is_kubernetes_pause_from_scratch(pause_ref):
     # Inputs unchanged: nothing is rebuilt.
     assert cluster_images.pause_image() == pause_ref
     assert inspect(pause_ref)["Id"] == info["Id"]
+
+
+def test_a_tag_whose_inputs_an_image_carries_is_that_image_not_a_build(pause_ref):
+    """Another checkout's trainer image, as the next checkout asks for it under its own tag
+    (here the pause image under a second name): the image of the same inputs label is tagged,
+    nothing is built, and removing the new tag leaves the image."""
+    inputs = podman_tools.built_inputs(pause_ref)
+    assert inputs
+    other = f"localhost/ddpjob-test-same-inputs:{uuid.uuid4().hex[:8]}"
+
+    def build() -> None:
+        raise AssertionError("built though an image of the same inputs is there")
+
+    said = io.StringIO()
+    try:
+        assert podman_tools.build_once(other, inputs, build, log=said) == other
+        assert inspect(other)["Id"] == inspect(pause_ref)["Id"]
+        assert f"[images] {other} is " in said.getvalue()
+        assert podman_tools.build_once(other, inputs, build, log=said) == other  # as it is
+    finally:
+        podman("rmi", other, check=False)
+    assert inspect(other) is None and inspect(pause_ref) is not None
 
 
 @pytest.fixture(scope="module")
