@@ -151,7 +151,7 @@ test: venv  ## the whole suite: unit, multi-process DDP, local cluster, images, 
 	if ! $(PY) -m localkube status > /dev/null 2>&1; then ours=1; \
 		$(PY) -m localkube up >> $(BUILD_LOG) 2>&1 || echo "make test: the cluster did not" \
 			"start ($(BUILD_LOG)); the tests that need it say why" >&2; fi; t2=$$SECONDS; \
-	grep -E "^\[(cluster|images)\] (built|wheelhouse|preloaded|not preloaded)" $(BUILD_LOG) || true; \
+	grep -E "^\[(cluster|images)\] (built|tagged|wheelhouse|preloaded|not preloaded)" $(BUILD_LOG) || true; \
 	$(PY) -m ruff check . || rc=1; \
 	$(call background,image tests,$(IMAGES_LOG),$(PYTEST) $(DURATIONS) --built-only -m "built and not cluster") \
 		beside=$$!; \

@@ -143,7 +143,7 @@ def build_once(ref: str, inputs: str, build: Callable[[], None], *, log) -> str:
             if tagged.returncode == 0 and built_inputs(ref) == inputs:  # not removed meanwhile
                 remove_replaced(old, same)
                 short = same.removeprefix("sha256:")[:12]
-                print(f"[images] {ref} is {short}, built from the same inputs", file=log)
+                print(f"[images] tagged {ref}: {short}, built from the same inputs", file=log)
                 return ref
         start = time.monotonic()
         build()

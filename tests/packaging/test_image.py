@@ -552,7 +552,7 @@ def test_a_tag_whose_inputs_an_image_carries_is_that_image_not_a_build(pause_ref
     try:
         assert podman_tools.build_once(other, inputs, build, log=said) == other
         assert inspect(other)["Id"] == inspect(pause_ref)["Id"]
-        assert f"[images] {other} is " in said.getvalue()
+        assert f"[images] tagged {other}: " in said.getvalue()
         assert podman_tools.build_once(other, inputs, build, log=said) == other  # as it is
     finally:
         podman("rmi", other, check=False)
