@@ -255,6 +255,8 @@ class RankFollower:
                 new += run.cursor.end_pass()
             if not new:
                 return
+            # Kept for the failure report: the pod may be gone before its log can be read.
+            self.view.history.stream((run.uid, run.restart), new)
             with self._emit_lock:
                 if self.every:
                     new = [run.prefix + line for line in new]

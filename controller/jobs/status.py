@@ -22,7 +22,7 @@ from controller.jobs.read.explain import (
     replica_rows,
     sort_events,
 )
-from controller.jobs.read.history import DEFAULT_TAIL_LINES, READ_TAIL_LINES, RunHistory
+from controller.jobs.read.history import DEFAULT_TAIL_LINES, READ_TAIL_LINES, RunHistory, no_log
 from controller.jobs.read.loglines import split_timestamp
 from controller.jobs.read.trainer_events import TrainerEvents
 from controller.jobs.read.view import JobView
@@ -182,10 +182,11 @@ def failure_report(snap: Snapshot, seen: RunHistory | None = None) -> str:
     if seen is not None:
         pods = seen.with_gone(pods) + seen.earlier_errors()
     failure = explain_failure(job, pods)
-    kept_run = seen.run_tails.get(failure.run) if seen is not None and failure.run else None
-    if kept_run:  # read when that run failed: the log now may hold a later run
+    kept_run = seen.run_tail(failure.run) if seen is not None else None
+    if kept_run:  # kept when that run failed: the log now may hold a later run, or be gone
         failure.last_lines = kept_run
     elif failure.pod is not None:
+        kept = seen.tail(failure.pod) if seen is not None else None
         try:
             text = cluster.read_log(
                 failure.pod,
@@ -194,10 +195,13 @@ def failure_report(snap: Snapshot, seen: RunHistory | None = None) -> str:
                 tail_lines=READ_TAIL_LINES,
                 previous=failure.previous,
             )
-            failure.last_lines = log_excerpt(text, DEFAULT_TAIL_LINES)
         except ClusterError as e:
-            kept = seen.tail(failure.pod) if seen is not None else None
             failure.last_lines = kept or [f"(log unavailable: {e})"]
+        else:
+            if no_log(text):  # the pod went as its container ended
+                failure.last_lines = kept or [f"(log unavailable: {text.strip()})"]
+            else:
+                failure.last_lines = log_excerpt(text, DEFAULT_TAIL_LINES)
     text = failure.render(f"{namespace}/{name}")
     # Replicas that died earlier with a retryable code were deleted and re-created by the
     # operator, so no pod shows them; its ExitedWithCode events still do (often the cause).

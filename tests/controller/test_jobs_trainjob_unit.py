@@ -347,6 +347,42 @@ def test_the_history_of_a_wait_stands_in_for_pods_the_job_deleted():
     assert text.endswith("  | step 3\n  | ValueError: boom")
 
 
+#: What the kubelet sends for a container already removed: a 200, and this is all of it.
+GONE = "unable to retrieve container logs for containerd://f419c2720a5e28ae7f8e8c7e841f0e8f\n"
+
+
+def test_a_run_whose_pod_went_before_its_log_was_read_is_told_by_the_lines_streamed():
+    """A Job at its backoff limit deletes its pods as the failed run ends (backoffLimit 0 or 1:
+    at once), so the read of the failed run's log gets only the kubelet's answer: the lines
+    ``wait``'s follower streamed from that run stand in, not the kubelet's answer."""
+    from controller.jobs.status import failure_report
+
+    waiting = {"waiting": {"reason": "CrashLoopBackOff"}}
+    failed_pod = pod(0, state=waiting, last=exited(1, "2026-11-22T10:02:00Z"), restarts=1)
+    name = failed_pod["metadata"]["name"]
+    fake = FakeCluster()
+    fake.logs[(name, True)] = GONE
+    seen = PodHistory()
+    seen.stream(("pod-0", 0), ["[rank 0] step 5", "Traceback (most recent call last):"])
+    seen.stream(("pod-0", 1), ["[rank 0] INFO the next run"])  # the run after it: not this one
+    seen.stream(("pod-0", 0), ["RuntimeError: injected failure at call 6 on rank 0"])
+    seen.see(fake, failed_pod, "ml")  # the watch saw run 0 fail; its read got the answer only
+    assert seen.tail(name) is None and seen.run_tails == {}  # the answer is not kept as a tail
+    fake.logs[(name, False)] = fake.logs[(name, True)] = GONE
+    job = trainjob(cond("Failed", message="jobset failed due to job node failing"))
+    text = failure_report(Snapshot(fake, job, pods=[failed_pod]), seen)
+    assert "replica node-0 (pod tj-node-0-0-abc0d) exit code 1" in text
+    assert text.endswith(
+        "  | [rank 0] step 5\n  | Traceback (most recent call last):\n"
+        "  | RuntimeError: injected failure at call 6 on rank 0"
+    ), text
+    assert "unable to retrieve" not in text
+
+    # Nothing streamed either: the report says the log is gone, not that it is the answer.
+    text = failure_report(Snapshot(fake, job, pods=[failed_pod]), PodHistory())
+    assert text.endswith(f"  | (log unavailable: {GONE.strip()})"), text
+
+
 def test_with_no_pod_left_the_report_gives_the_controllers_events():
     from controller.jobs.status import failure_report
 

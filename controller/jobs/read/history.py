@@ -9,6 +9,7 @@ them. Pure bookkeeping: reading the tail is the caller's (``controller.jobs.stat
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from controller.jobs.read.explain import (
@@ -19,6 +20,7 @@ from controller.jobs.read.explain import (
     pod_kind,
     termination_run,
 )
+from controller.jobs.read.loglines import KUBELET_NO_LOG
 from trainer.contract import RETRYABLE_EXIT_CODES
 
 #: Log lines shown for a failed replica.
@@ -46,9 +48,19 @@ class FailedRun:
         return pod_kind(self.pod).container
 
 
+def no_log(text: str) -> bool:
+    """The kubelet's answer for a container whose record or log file is already gone (the pod
+    deleted as its container ended), not a log: nothing of the run is in it."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return bool(lines) and all(KUBELET_NO_LOG.fullmatch(line.strip()) for line in lines)
+
+
 class RunHistory:
     """The last state of every pod seen, each failed container run in the order seen, and the
-    log tails kept for them."""
+    log tails kept for them: read when the run was seen failing, or, for a run whose log a
+    follower streamed (``wait`` follows rank 0's), its last lines as they were streamed. A Job
+    that fails at its backoff limit deletes its pods at once (a TrainJob's, restarted in place),
+    often before the failed run's log can be read: the streamed lines are then all there is."""
 
     def __init__(self) -> None:
         self.pods: dict[str, dict[str, Any]] = {}  # uid -> the pod as last seen
@@ -56,6 +68,9 @@ class RunHistory:
         self.failed: list[dict[str, Any]] = []  # the pod as seen when a run failed, in order
         self.run_tails: dict[RunKey, list[str]] = {}  # (uid, run) -> its last lines
         self._failed_runs: set[RunKey] = set()
+        # (uid, run) -> the last lines streamed. A follower's reader threads add to it: each
+        # setdefault, extend and list() of a deque is one call into C, whole under the GIL.
+        self._streamed: dict[RunKey, deque[str]] = {}
 
     def record(self, pod: dict[str, Any]) -> FailedRun | None:
         """Record ``pod`` (a deleted pod's last state too); the run that just failed, if its
@@ -79,8 +94,25 @@ class RunHistory:
         return FailedRun(pod, key, previous)
 
     def keep_tail(self, run: FailedRun, text: str) -> None:
-        """Keep the failed run's log (``text``, as read when it failed): its telling lines."""
+        """Keep the failed run's log (``text``, as read when it failed): its telling lines. The
+        kubelet's answer for a log already gone is not kept (the streamed lines stand in)."""
+        if no_log(text):
+            return
         self.tails[run.pod_name] = self.run_tails[run.key] = log_excerpt(text, DEFAULT_TAIL_LINES)
+
+    def stream(self, key: RunKey, lines: list[str]) -> None:
+        """Lines a follower streamed from the run ``key``'s log, in order (any thread)."""
+        self._streamed.setdefault(key, deque(maxlen=READ_TAIL_LINES)).extend(lines)
+
+    def run_tail(self, key: RunKey | None) -> list[str] | None:
+        """The run's telling last lines: as read when it failed, else as streamed; None if
+        neither was kept."""
+        if key is None:
+            return None
+        if key in self.run_tails:
+            return self.run_tails[key]
+        streamed = list(self._streamed.get(key, ()))
+        return log_excerpt("\n".join(streamed), DEFAULT_TAIL_LINES) if streamed else None
 
     def earlier_errors(self) -> list[dict[str, Any]]:
         """The pods as they were when a run of theirs failed with a code no operator retries
