@@ -22,8 +22,8 @@ from controller.jobs.read.explain import (
     replica_rows,
     sort_events,
 )
-from controller.jobs.read.history import DEFAULT_TAIL_LINES, READ_TAIL_LINES, RunHistory, no_log
-from controller.jobs.read.loglines import split_timestamp
+from controller.jobs.read.history import DEFAULT_TAIL_LINES, READ_TAIL_LINES, RunHistory
+from controller.jobs.read.loglines import no_log, split_timestamp
 from controller.jobs.read.trainer_events import TrainerEvents
 from controller.jobs.read.view import JobView
 from controller.jobs.read.why import not_started, pending

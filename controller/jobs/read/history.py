@@ -20,7 +20,7 @@ from controller.jobs.read.explain import (
     pod_kind,
     termination_run,
 )
-from controller.jobs.read.loglines import KUBELET_NO_LOG
+from controller.jobs.read.loglines import no_log
 from trainer.contract import RETRYABLE_EXIT_CODES
 
 #: Log lines shown for a failed replica.
@@ -46,13 +46,6 @@ class FailedRun:
     @property
     def container(self) -> str:
         return pod_kind(self.pod).container
-
-
-def no_log(text: str) -> bool:
-    """The kubelet's answer for a container whose record or log file is already gone (the pod
-    deleted as its container ended), not a log: nothing of the run is in it."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    return bool(lines) and all(KUBELET_NO_LOG.fullmatch(line.strip()) for line in lines)
 
 
 class RunHistory:

@@ -25,6 +25,13 @@ KUBELET_NO_LOG = re.compile(
 )
 
 
+def no_log(text: str) -> bool:
+    """Whether a log read's whole body is :data:`KUBELET_NO_LOG`: the container's record or log
+    file already gone (the pod deleted as its container ended), nothing of the run in it."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return bool(lines) and all(KUBELET_NO_LOG.fullmatch(line) for line in lines)
+
+
 def split_timestamp(line: str) -> tuple[tuple[str, int] | None, str]:
     """``2026-01-02T03:04:05.123456789Z text`` -> (("2026-01-02T03:04:05", 123456789), "text").
 
