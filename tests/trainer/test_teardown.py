@@ -36,18 +36,19 @@ from trainer.config import ConfigError, load_config
 
 PF_EXITING = 0x4  # a task's flags (include/linux/sched.h): it is in do_exit
 
-# This process's running threads by name. A thread that pthread_join has seen end stays listed
-# until the kernel has reaped it (do_exit wakes the joiner before it unlists the thread), with
-# PF_EXITING in its stat's flags (the 9th field): that one has ended.
+# This process's running threads by name (a task's stat: "tid (name) state ... flags ...").
+# A thread that pthread_join has seen end stays listed until the kernel has reaped it (do_exit
+# wakes the joiner before it unlists the thread), with PF_EXITING in its stat's flags (the 9th
+# field): that one has ended.
 def threads():
     names = []
     for t in os.listdir("/proc/self/task"):
         try:
-            name = open(f"/proc/self/task/{t}/comm").read().strip()
             stat = open(f"/proc/self/task/{t}/stat").read()
         except OSError:  # reaped meanwhile
             continue
-        if not int(stat.rsplit(")", 1)[1].split()[6]) & PF_EXITING:
+        name, rest = stat[stat.index("(") + 1 :].rsplit(")", 1)
+        if not int(rest.split()[6]) & PF_EXITING:
             names.append(name)
     return sorted(names)
 
